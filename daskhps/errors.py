@@ -1,0 +1,59 @@
+"""The exceptions daskhps raises.
+
+Every error derives from :class:`DaskHPSError`; each subclass also derives from the built-in
+exception it resembles, so ``except KeyError`` or ``except FileNotFoundError`` keep working.
+Messages name the table, tier, file or key involved and say what would fix the problem.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapacityError",
+    "CommitNotFoundError",
+    "ConfigError",
+    "DaskHPSError",
+    "DataError",
+    "StoreCorruptedError",
+    "StoreLockedError",
+    "StoreMismatchError",
+    "StoreNotFoundError",
+]
+
+
+class DaskHPSError(Exception):
+    """Root of every error raised by daskhps."""
+
+
+class ConfigError(DaskHPSError, ValueError):
+    """A configuration value is missing, of the wrong type, or impossible."""
+
+
+class DataError(DaskHPSError, ValueError):
+    """Input data (keys, rows, gradients, click-log rows) has the wrong type, shape or content."""
+
+
+class CapacityError(DaskHPSError, MemoryError):
+    """A working set does not fit the tier that must hold it."""
+
+
+class StoreNotFoundError(DaskHPSError, FileNotFoundError):
+    """A persistent store does not exist where it was expected."""
+
+
+class CommitNotFoundError(DaskHPSError, KeyError):
+    """A named commit point does not exist in a store."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+class StoreCorruptedError(DaskHPSError, OSError):
+    """A persistent store is damaged: metadata or segment files are missing or unreadable."""
+
+
+class StoreMismatchError(DaskHPSError, ValueError):
+    """A store was opened with a layout (dim, optimizer, width) other than the one it holds."""
+
+
+class StoreLockedError(DaskHPSError, BlockingIOError):
+    """Another writer holds the store's lock."""

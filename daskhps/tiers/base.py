@@ -1,0 +1,210 @@
+"""The one interface every tier of the hierarchy implements.
+
+A tier maps int64 keys to fixed-width float32 rows. Every operation is vectorised over a key
+array; no tier loops over keys in Python. Rows are opaque to tiers: they are moved bit for bit
+(optimizer state, including integer counters stored as float32 bit patterns, travels with them).
+
+::
+
+    keys   int64[n]            k0   k1   k2   ...
+    rows   float32[n, width]   r0   r1   r2   ...     (embedding | optimizer state)
+    found  bool[n]             T    F    T    ...     (rows[i] is zero where found[i] is False)
+    dirty  bool[n]             the row differs from the copy in the tier below
+
+Tiers above the persistent store are caches: they may displace rows to make room (returned as
+:class:`Evicted` so the caller can write dirty ones further down). The persistent store never
+displaces a row.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from daskhps.errors import DataError
+
+__all__ = ["Evicted", "Lookup", "Tier", "TierStats", "check_keys", "check_rows"]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Result of :meth:`Tier.lookup`: ``rows[i]`` is valid where ``found[i]``."""
+
+    rows: torch.Tensor
+    found: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """Rows that left a tier, with whether each differs from the tier below."""
+
+    keys: torch.Tensor
+    rows: torch.Tensor
+    dirty: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @staticmethod
+    def empty(width: int, device: torch.device | str = "cpu") -> Evicted:
+        return Evicted(
+            keys=torch.empty(0, dtype=torch.int64, device=device),
+            rows=torch.empty(0, width, dtype=torch.float32, device=device),
+            dirty=torch.empty(0, dtype=torch.bool, device=device),
+        )
+
+    def to(self, device: torch.device | str) -> Evicted:
+        return Evicted(self.keys.to(device), self.rows.to(device), self.dirty.to(device))
+
+    def only_dirty(self) -> Evicted:
+        d = self.dirty
+        return Evicted(self.keys[d], self.rows[d], d[d])
+
+    @staticmethod
+    def concat(parts: list[Evicted], width: int, device: torch.device | str = "cpu") -> Evicted:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return Evicted.empty(width, device)
+        if len(parts) == 1:
+            return parts[0]
+        return Evicted(
+            torch.cat([p.keys for p in parts]),
+            torch.cat([p.rows for p in parts]),
+            torch.cat([p.dirty for p in parts]),
+        )
+
+
+@dataclass
+class TierStats:
+    """Counters a tier keeps; they feed pass metrics and the dashboard."""
+
+    lookups: int = 0
+    hits: int = 0
+    inserts: int = 0
+    evictions: int = 0
+    rows_written: int = 0
+    rows_read: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d: dict[str, float] = {
+            "lookups": self.lookups,
+            "hits": self.hits,
+            "hit_rate": self.hit_rate,
+            "inserts": self.inserts,
+            "evictions": self.evictions,
+            "rows_written": self.rows_written,
+            "rows_read": self.rows_read,
+        }
+        d.update(self.extra)
+        return d
+
+
+class Tier(ABC):
+    """One level of the hierarchy: a map from int64 keys to float32 rows of ``width`` floats.
+
+    Attributes
+    ----------
+    name:
+        ``"<table>/<tier kind>"``; used in every error message.
+    width:
+        Floats per row (embedding dim plus optimizer state).
+    device:
+        Where the tier's tensors live; results are returned on this device.
+    persistent:
+        True for the bottom store, which never displaces rows.
+    """
+
+    name: str
+    width: int
+    device: torch.device
+    persistent: bool = False
+
+    @property
+    @abstractmethod
+    def capacity_rows(self) -> int | None:
+        """Most rows the tier can hold (``None`` for unbounded)."""
+
+    @abstractmethod
+    def lookup(self, keys: torch.Tensor, *, out: torch.Tensor | None = None) -> Lookup:
+        """Rows of ``keys``; rows of missing keys are zero. ``out`` is an optional
+        preallocated ``float32[n, width]`` buffer on :attr:`device` to fill."""
+
+    @abstractmethod
+    def upsert(self, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
+        """Insert or overwrite the rows of unique ``keys``.
+
+        Returns the rows displaced to make room (never one of ``keys``). Raises
+        :class:`~daskhps.errors.CapacityError` if the rows cannot all be placed.
+        """
+
+    @abstractmethod
+    def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
+        """Remove rows and return them: those of ``keys`` that are present, or else up to ``n``
+        victims chosen by the tier's replacement policy. A persistent tier returns nothing."""
+
+    @abstractmethod
+    def flush(self) -> Evicted:
+        """Return every dirty row (they stay resident) and mark them clean."""
+
+    @abstractmethod
+    def keys(self) -> torch.Tensor:
+        """All resident keys (int64, order unspecified)."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Resident rows."""
+
+    @property
+    @abstractmethod
+    def stats(self) -> TierStats:
+        """Counters since creation."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release resources (files, locks)."""
+
+    def __contains__(self, key: object) -> bool:
+        k = torch.as_tensor([key], dtype=torch.int64)
+        return bool(self.lookup(k).found[0])
+
+
+def check_keys(keys: object, where: str) -> torch.Tensor:
+    """Validate a key array: 1-D int64 torch tensor (numpy int64 arrays are accepted)."""
+    if not isinstance(keys, torch.Tensor):
+        import numpy as np
+
+        if isinstance(keys, np.ndarray) and keys.dtype == np.int64:
+            keys = torch.from_numpy(keys)
+        else:
+            raise DataError(
+                f"{where}: keys must be a 1-D int64 torch tensor (or numpy int64 array), "
+                f"got {type(keys).__name__}; convert with torch.as_tensor(keys, dtype=torch.int64)"
+            )
+    if keys.dtype != torch.int64:
+        raise DataError(
+            f"{where}: keys must be int64, got {keys.dtype}; "
+            f"cast with keys.to(torch.int64) (keys are 64-bit hashes of (field, value))"
+        )
+    if keys.dim() != 1:
+        raise DataError(f"{where}: keys must be 1-D, got shape {tuple(keys.shape)}; flatten first")
+    return keys
+
+
+def check_rows(rows: object, n: int, width: int, where: str) -> torch.Tensor:
+    """Validate a row block: float32 tensor of shape ``[n, width]``."""
+    if not isinstance(rows, torch.Tensor):
+        raise DataError(f"{where}: rows must be a torch tensor, got {type(rows).__name__}")
+    if rows.dtype != torch.float32:
+        raise DataError(f"{where}: rows must be float32, got {rows.dtype}")
+    if rows.dim() != 2 or rows.shape[0] != n or rows.shape[1] != width:
+        raise DataError(
+            f"{where}: rows must have shape [{n}, {width}] (one row of width {width} per key), "
+            f"got {tuple(rows.shape)}"
+        )
+    return rows
