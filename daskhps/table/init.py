@@ -1,0 +1,58 @@
+"""Deterministic row initialisation: a pure function of (table seed, key, column).
+
+A row's starting value never depends on arrival order, shard, worker count or tier sizes, so
+re-sharding, resuming and resizing tiers never change it (DESIGN.md, invariant 2). Values come
+from a counter-based hash (splitmix64) evaluated in torch int64 arithmetic, which wraps on
+overflow identically on CPU and CUDA; only the final scaling is floating point, one IEEE
+multiply, so every device gives the same bits. Golden vectors in the tests pin the function.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["init_embedding", "mix64"]
+
+_U64 = 1 << 64
+
+
+def _s64(x: int) -> int:
+    """An unsigned 64-bit constant as the signed int64 torch stores."""
+    return x - _U64 if x >= 1 << 63 else x
+
+
+_C1 = _s64(0xBF58476D1CE4E5B9)
+_C2 = _s64(0x94D049BB133111EB)
+_GAMMA = _s64(0x9E3779B97F4A7C15)
+
+
+def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser: a bijection on 64-bit integers with full avalanche."""
+    x = x ^ _lsr(x, 30)
+    x = x * _C1
+    x = x ^ _lsr(x, 27)
+    x = x * _C2
+    return x ^ _lsr(x, 31)
+
+
+def init_embedding(keys: torch.Tensor, *, seed: int, dim: int, scale: float) -> torch.Tensor:
+    """Uniform(-scale, scale) embeddings for ``keys``: ``float32[n, dim]`` on ``keys.device``.
+
+    Each 64-bit hash yields two 24-bit uniforms (bits 63..40 and 39..16), which halves the
+    integer work for the common case of many new keys.
+    """
+    n = keys.shape[0]
+    half = (dim + 1) // 2
+    base = mix64(keys ^ mix64(torch.tensor(_s64(seed % _U64), dtype=torch.int64)))
+    cols = torch.arange(1, half + 1, dtype=torch.int64, device=keys.device) * _GAMMA
+    h = mix64(base[:, None] + cols[None, :])  # [n, half]
+    hi = _lsr(h, 40)
+    lo = (h >> 16) & 0xFFFFFF
+    u = torch.stack([hi, lo], dim=2).reshape(n, 2 * half)[:, :dim]
+    out = u.to(torch.float32) * (2.0 / (1 << 24)) - 1.0  # exact: 24-bit integers, power-of-2 scale
+    return out * scale

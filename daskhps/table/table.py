@@ -1,0 +1,433 @@
+"""One shard of one embedding table: device cache -> host memory -> zarr store -> init.
+
+::
+
+    lookup(keys)            unique keys ──► device cache ──hit──────────────────────► rows
+                                              │ miss
+                                              ▼
+                                            host memory ──hit (moved up)──┐
+                                              │ miss                      │
+                                              ▼                           ▼
+                                            zarr store ──hit (copied up)──► device cache
+                                              │ miss                      ▲
+                                              ▼                           │
+                                            init(seed, key) ──────────────┘
+    rows displaced from the device go to host memory; dirty rows displaced from host memory
+    are appended to the zarr store.
+
+The device and host tiers are *exclusive*: a row sits in at most one of them, carrying a dirty
+flag that says whether it differs from the store's copy. Rows that were only initialised are
+clean (the store lacks them, but re-initialising gives the same bits), so looking keys up
+never writes to disk. ``flush`` appends every dirty row to the store; ``commit`` then records
+a named commit point, the state a later ``open(..., commit=name)`` returns to.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from daskhps.errors import CapacityError, DataError
+from daskhps.table.init import init_embedding
+from daskhps.table.optimizers import apply_update, init_state
+from daskhps.table.spec import TableSpec
+from daskhps.tiers.base import Evicted, check_keys
+from daskhps.tiers.device import DeviceCache
+from daskhps.tiers.host import HostMemory
+from daskhps.tiers.zarr_store import CommitInfo, ZarrStore
+
+__all__ = ["EmbeddingTable", "StageReport"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """Where the rows of a staged working set came from."""
+
+    rows: int
+    from_device: int
+    from_host: int
+    from_store: int
+    initialised: int
+    pinned: int
+
+
+class EmbeddingTable:
+    """The tier stack of one shard of one table.
+
+    Build it with :meth:`open`. All operations take int64 key tensors and are vectorised.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        store: ZarrStore,
+        device_cache: DeviceCache,
+        host: HostMemory | None,
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.device_cache = device_cache
+        self.host = host
+        self.device = device_cache.device
+        self._staged = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._sources = {"device": 0, "host": 0, "store": 0, "init": 0}
+        self._read_only = store.read_only
+
+    # -- construction --------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        spec: TableSpec,
+        path: str | Path,
+        *,
+        device_rows: int,
+        host_bytes: int = 0,
+        device: str | torch.device = "cpu",
+        policy: Literal["lru", "lfu"] = "lru",
+        mode: Literal["w", "a", "r"] = "a",
+        commit: str | None = None,
+        snapshot_every: int = 8,
+    ) -> EmbeddingTable:
+        """Open (or create) the shard stored at ``path``.
+
+        Parameters
+        ----------
+        device_rows:
+            Capacity of the device cache in rows (a pass's working set must fit).
+        host_bytes:
+            Budget of the host-memory tier in bytes (rows, index and metadata); 0 disables it.
+        mode:
+            ``"w"`` create, ``"a"`` open or create for writing, ``"r"`` read-only.
+        commit:
+            Open the state of this earlier commit point instead of the latest.
+        """
+        dev = torch.device(device)
+        if device_rows < 1:
+            raise CapacityError(
+                f"table {spec.name!r}: device_rows must be >= 1, got {device_rows}; "
+                "give the device tier room for at least one pass's working set"
+            )
+        store = ZarrStore.open(
+            path,
+            name=f"{spec.name}/zarr",
+            width=spec.width,
+            layout=spec.layout(),
+            mode=mode,
+            commit=commit,
+            snapshot_every=snapshot_every,
+        )
+        try:
+            cache = DeviceCache(
+                f"{spec.name}/device", spec.width, device_rows, device=dev, policy=policy
+            )
+            host = None
+            if host_bytes > 0:
+                host = HostMemory(f"{spec.name}/host", spec.width, host_bytes)
+                if host.capacity_rows == 0:
+                    host = None
+        except BaseException:
+            store.close()
+            raise
+        return cls(spec, store, cache, host)
+
+    # -- lookups -----------------------------------------------------------------
+
+    def lookup(self, keys: torch.Tensor, *, read_only: bool = False) -> torch.Tensor:
+        """Embeddings of ``keys`` (duplicates allowed): ``float32[n, dim]``.
+
+        A training lookup makes the rows resident in the device tier (promoting them from
+        below, initialising unseen keys). A ``read_only`` lookup, for evaluation and
+        inference, changes no tier: an unseen key reads its initial value.
+        """
+        rows = self.peek(keys) if read_only else self._lookup_rows(keys)
+        return rows[:, : self.spec.dim]
+
+    def peek(self, keys: torch.Tensor) -> torch.Tensor:
+        """Full rows (embedding and optimizer state) of ``keys`` without changing any tier."""
+        keys = check_keys(keys, self._where("peek")).to(self.device)
+        ukeys, inv = torch.unique(keys, return_inverse=True)
+        got = self.device_cache.lookup(ukeys)
+        rows, found = got.rows, got.found
+        if not bool(found.all()):
+            miss = (~found).nonzero().squeeze(1)
+            rows[miss] = self._read_below(ukeys[miss])
+        return rows[inv]
+
+    def _lookup_rows(self, keys: torch.Tensor) -> torch.Tensor:
+        self._check_writable("lookup")
+        keys = check_keys(keys, self._where("lookup")).to(self.device)
+        ukeys, inv = torch.unique(keys, return_inverse=True)
+        slots = self._resident_slots(ukeys, "lookup")
+        return self.device_cache.rows.index_select(0, slots)[inv]
+
+    # -- staging -----------------------------------------------------------------
+
+    def stage(self, keys: torch.Tensor) -> StageReport:
+        """Make a pass's working set resident in the device tier and pin it there.
+
+        Pins accumulate (pass k+1 may be staged while pass k is pinned) until :meth:`unpin`.
+        """
+        self._check_writable("stage")
+        keys = check_keys(keys, self._where("stage")).to(self.device)
+        ukeys = torch.unique(keys)
+        new = ukeys[~torch.isin(ukeys, self._staged)] if len(self._staged) else ukeys
+        cap = self.device_cache.capacity_rows
+        if len(self._staged) + len(new) > cap:
+            raise CapacityError(
+                f"table {self.spec.name!r}: staging {len(ukeys):,} rows "
+                f"({len(new):,} new, {len(self._staged):,} already pinned) does not fit the "
+                f"device tier of {cap:,} rows x {self.spec.row_bytes} bytes; "
+                "raise the device tier's size or lower pass.max_working_set"
+            )
+        before = dict(self._sources)
+        self._resident_slots(ukeys, "stage")
+        self.device_cache.pin(new)
+        self._staged = torch.cat([self._staged, new]).sort().values
+        got = {k: self._sources[k] - before[k] for k in before}
+        return StageReport(
+            rows=len(ukeys),
+            from_device=got["device"],
+            from_host=got["host"],
+            from_store=got["store"],
+            initialised=got["init"],
+            pinned=len(self._staged),
+        )
+
+    def unpin(self) -> None:
+        """Release every pinned row (end of a pass)."""
+        self.device_cache.unpin_all()
+        self._staged = self._staged[:0]
+
+    # -- training ----------------------------------------------------------------
+
+    def apply_gradients(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """Sum the gradients of duplicate keys, then update each row's embedding and
+        optimizer state in the device tier."""
+        self._check_writable("apply_gradients")
+        where = self._where("apply_gradients")
+        keys = check_keys(keys, where).to(self.device)
+        dim = self.spec.dim
+        if not isinstance(grads, torch.Tensor) or grads.dtype != torch.float32:
+            got = grads.dtype if isinstance(grads, torch.Tensor) else type(grads).__name__
+            raise DataError(f"{where}: gradients must be a float32 tensor, got {got}")
+        if grads.shape != (keys.shape[0], dim):
+            raise DataError(
+                f"{where}: gradients must have shape [{keys.shape[0]}, {dim}] "
+                f"(one row of dim {dim} per key), got {tuple(grads.shape)}"
+            )
+        grads = grads.to(self.device)
+        finite = torch.isfinite(grads).all(dim=1)
+        if not bool(finite.all()):
+            bad = int(keys[~finite][0])
+            raise DataError(
+                f"{where}: the gradient of key {bad} is not finite (nan or inf); "
+                "nothing was applied: lower the learning rate or clip gradients"
+            )
+        ukeys, inv = torch.unique(keys, return_inverse=True)
+        summed = torch.zeros(len(ukeys), dim, dtype=torch.float32, device=self.device)
+        summed.index_add_(0, inv, grads)
+        slots = self._resident_slots(ukeys, "apply_gradients")
+        slab = self.device_cache.rows
+        block = slab.index_select(0, slots)
+        apply_update(self.spec.optimizer, block, summed, dim)
+        slab.index_copy_(0, slots, block)
+        self.device_cache.mark_dirty(slots)
+
+    # -- persistence -------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Append every dirty row of the device and host tiers to the store; returns rows
+        written. The rows stay resident, now clean."""
+        self._check_writable("flush")
+        parts = [self.device_cache.flush().to("cpu")]
+        if self.host is not None:
+            parts.append(self.host.flush())
+        dirty = Evicted.concat(parts, self.spec.width)
+        if len(dirty):
+            self.store.upsert(dirty.keys, dirty.rows)
+        self.store.flush()
+        return len(dirty)
+
+    def commit(self, name: str, meta: dict[str, Any] | None = None) -> CommitInfo:
+        """Flush, then record a named commit point in the store."""
+        self.flush()
+        return self.store.commit(name, meta)
+
+    def commits(self) -> list[CommitInfo]:
+        return self.store.commits()
+
+    def close(self) -> None:
+        """Release the store's lock. Rows changed since the last commit are not kept."""
+        if not self._read_only:
+            dirty = self.device_cache.stats.extra.get("dirty_rows", 0)
+            if dirty:
+                log.warning(
+                    "closing table %r with %d rows changed since its last commit; "
+                    "call commit() first to keep them",
+                    self.spec.name,
+                    int(dirty),
+                )
+        self.device_cache.close()
+        if self.host is not None:
+            self.host.close()
+        self.store.close()
+
+    def __enter__(self) -> EmbeddingTable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- introspection -----------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per tier and where looked-up rows came from."""
+        total = sum(self._sources.values())
+        out: dict[str, Any] = {
+            "rows_from": dict(self._sources),
+            "hit_rate": {k: (v / total if total else 0.0) for k, v in self._sources.items()},
+            "device": self.device_cache.stats.as_dict(),
+            "store": self.store.stats.as_dict(),
+            "pinned": len(self._staged),
+        }
+        if self.host is not None:
+            out["host"] = self.host.stats.as_dict()
+        return out
+
+    # -- internals ---------------------------------------------------------------
+
+    def _where(self, op: str) -> str:
+        return f"table {self.spec.name!r} ({self.store.path}), {op}"
+
+    def _check_writable(self, op: str) -> None:
+        if self._read_only:
+            raise DataError(
+                f"{self._where(op)}: the table was opened read-only (mode='r'); "
+                "open it with mode='a' to train, or use lookup(keys, read_only=True)"
+            )
+
+    def _resident_slots(self, ukeys: torch.Tensor, op: str) -> torch.Tensor:
+        """Device slots of unique keys, promoting missing rows from below first."""
+        cache = self.device_cache
+        slots = cache.find_slots(ukeys)
+        hit = slots >= 0
+        n_hit = int(hit.sum())
+        self._sources["device"] += n_hit
+        if n_hit == len(ukeys):
+            cache.touch(slots)
+            return slots
+        unpinned_room = cache.capacity_rows - len(self._staged)
+        extra = int(torch.isin(ukeys, self._staged).logical_not_().sum()) if len(self._staged) else len(ukeys)
+        if extra > unpinned_room:
+            raise CapacityError(
+                f"{self._where(op)}: {len(ukeys):,} unique keys ({extra:,} not pinned) do not fit "
+                f"the device tier of {cache.capacity_rows:,} rows with {len(self._staged):,} "
+                "pinned; stage the pass's keys first, use smaller batches or a larger device tier"
+            )
+        miss = ~hit
+        mkeys = ukeys[miss]
+        rows, dirty = self._fetch_below(mkeys)
+        # Keep this batch's resident rows from being displaced by its own missing ones.
+        protect = ukeys[hit]
+        if len(self._staged):
+            protect = protect[~torch.isin(protect, self._staged)]
+        cache.pin(protect)
+        try:
+            displaced = cache.upsert(mkeys, rows, dirty=dirty)
+        finally:
+            cache.unpin(protect)
+        self._push_down(displaced)
+        slots = slots.clone()
+        slots[miss] = cache.find_slots(mkeys)
+        cache.touch(slots)
+        return slots
+
+    def _fetch_below(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of device-missing keys from host (moved), store (copied) or init, with their
+        dirty flags relative to the store."""
+        n, width = len(keys), self.spec.width
+        rows = torch.empty(n, width, dtype=torch.float32)
+        dirty = torch.zeros(n, dtype=torch.bool)
+        ckeys = keys.cpu()
+        todo = torch.ones(n, dtype=torch.bool)
+        if self.host is not None and len(self.host):
+            taken = self.host.evict(keys=ckeys)
+            if len(taken):
+                pos = _positions(ckeys, taken.keys)
+                rows[pos] = taken.rows
+                dirty[pos] = taken.dirty
+                todo[pos] = False
+                self._sources["host"] += len(taken)
+        rest = todo.nonzero().squeeze(1)
+        if len(rest):
+            got = self.store.lookup(ckeys[rest])
+            rows[rest] = got.rows
+            found = rest[got.found]
+            self._sources["store"] += len(found)
+            fresh = rest[~got.found]
+            if len(fresh):
+                rows[fresh] = self._initial_rows(ckeys[fresh])
+                self._sources["init"] += len(fresh)
+        return rows.to(self.device), dirty.to(self.device)
+
+    def _read_below(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of device-missing keys without moving anything."""
+        n, width = len(keys), self.spec.width
+        ckeys = keys.cpu()
+        rows = torch.empty(n, width, dtype=torch.float32)
+        todo = torch.ones(n, dtype=torch.bool)
+        if self.host is not None and len(self.host):
+            got = self.host.lookup(ckeys)
+            rows[got.found] = got.rows[got.found]
+            todo &= ~got.found
+        rest = todo.nonzero().squeeze(1)
+        if len(rest):
+            got = self.store.lookup(ckeys[rest])
+            rows[rest] = got.rows
+            fresh = rest[~got.found]
+            if len(fresh):
+                rows[fresh] = self._initial_rows(ckeys[fresh])
+        return rows.to(self.device)
+
+    def _initial_rows(self, keys: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
+        state = init_state(spec.optimizer, len(keys), spec.dim, keys.device)
+        return torch.cat([emb, state], dim=1)
+
+    def _push_down(self, displaced: Evicted) -> None:
+        """Rows displaced from the device go to host memory; dirty rows that host memory
+        cannot keep are appended to the store."""
+        if not len(displaced):
+            return
+        displaced = displaced.to("cpu")
+        to_store = []
+        if self.host is None:
+            to_store.append(displaced.only_dirty())
+        else:
+            cap = self.host.capacity_rows or 0
+            if len(displaced) > cap:  # more than host memory holds: the rest goes straight down
+                rest = Evicted(displaced.keys[cap:], displaced.rows[cap:], displaced.dirty[cap:])
+                to_store.append(rest.only_dirty())
+                displaced = Evicted(
+                    displaced.keys[:cap], displaced.rows[:cap], displaced.dirty[:cap]
+                )
+            if len(displaced):
+                pushed = self.host.upsert(displaced.keys, displaced.rows, dirty=displaced.dirty)
+                to_store.append(pushed.only_dirty())
+        down = Evicted.concat(to_store, self.spec.width)
+        if len(down):
+            self.store.upsert(down.keys, down.rows)
+
+
+def _positions(keys: torch.Tensor, subset: torch.Tensor) -> torch.Tensor:
+    """Index in ``keys`` (unique) of each element of ``subset`` (all present)."""
+    order = keys.argsort()
+    return order[torch.searchsorted(keys[order], subset)]
