@@ -14,9 +14,11 @@ __all__ = [
     "DaskHPSError",
     "DataError",
     "StoreCorruptedError",
+    "StoreExistsError",
     "StoreLockedError",
     "StoreMismatchError",
     "StoreNotFoundError",
+    "StoreReadOnlyError",
 ]
 
 
@@ -57,3 +59,11 @@ class StoreMismatchError(DaskHPSError, ValueError):
 
 class StoreLockedError(DaskHPSError, BlockingIOError):
     """Another writer holds the store's lock."""
+
+
+class StoreExistsError(DaskHPSError, FileExistsError):
+    """A store (or other data) already exists where a new store was to be created."""
+
+
+class StoreReadOnlyError(DaskHPSError, PermissionError):
+    """A write was attempted on a store opened read-only (or already closed)."""
