@@ -1,0 +1,174 @@
+"""Bad input rows: the policy (skip or fail) and the report of what was dropped.
+
+Nothing bad is silent: under ``skip`` every dropped row is counted by reason and shard (input
+file) and the report is logged and returned; under ``fail`` the first bad row raises a
+:class:`~daskhps.errors.DataError` naming the file, the line and what was wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from daskhps.data._validate import check_keys, get
+from daskhps.errors import DataError
+
+__all__ = ["REASONS", "BadRowPolicy", "BadRowReport", "Reason"]
+
+log = logging.getLogger(__name__)
+
+
+class Reason:
+    """Why a row (or a whole shard) was dropped. Rows with several problems count once, under
+    the first reason in this order."""
+
+    WRONG_COLUMN_COUNT = "wrong_column_count"
+    LABEL_INVALID = "label_invalid"
+    DENSE_NOT_NUMERIC = "dense_not_numeric"
+    EMPTY_SHARD = "empty_shard"
+    UNREADABLE_SHARD = "unreadable_shard"
+    SCHEMA_MISMATCH = "schema_mismatch"
+
+
+REASONS = (
+    Reason.WRONG_COLUMN_COUNT,
+    Reason.LABEL_INVALID,
+    Reason.DENSE_NOT_NUMERIC,
+    Reason.EMPTY_SHARD,
+    Reason.UNREADABLE_SHARD,
+    Reason.SCHEMA_MISMATCH,
+)
+SHARD_REASONS = (Reason.EMPTY_SHARD, Reason.UNREADABLE_SHARD, Reason.SCHEMA_MISMATCH)
+
+
+@dataclass(frozen=True)
+class BadRowPolicy:
+    """``action``: ``skip`` drops and counts bad rows; ``fail`` raises on the first one.
+
+    ``max_fraction`` (skip only): raise when more than this fraction of a shard's rows is bad,
+    because a file that is mostly garbage usually means a wrong schema, not noisy data.
+    """
+
+    action: str = "skip"
+    max_fraction: float = 1.0
+
+    ACTIONS = ("skip", "fail")
+
+    def __post_init__(self) -> None:
+        if self.action not in self.ACTIONS:
+            raise DataError(f"bad-row action {self.action!r}: choose skip or fail")
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "<dict>", prefix: str = "bad_rows") -> BadRowPolicy:
+        if isinstance(d, str):
+            d = {"action": d}
+        d = check_keys(d, ("action", "max_fraction"), source, prefix)
+        frac = get(d, "max_fraction", float, source, prefix, 1.0, minimum=0.0)
+        return cls(
+            action=get(d, "action", str, source, prefix, "skip", cls.ACTIONS),
+            max_fraction=min(frac, 1.0),
+        )
+
+    @property
+    def fail(self) -> bool:
+        return self.action == "fail"
+
+
+@dataclass(frozen=True)
+class BadRowReport:
+    """Counts of dropped rows keyed by ``(shard, reason)``, plus rows read per shard.
+
+    Whole-shard problems (empty, unreadable, schema mismatch) count one per shard.
+    Reports add up with ``+`` so per-partition reports reduce to one per pass.
+    """
+
+    counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    rows: Mapping[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: BadRowReport) -> BadRowReport:
+        return BadRowReport(
+            dict(Counter(self.counts) + Counter(other.counts)),
+            dict(Counter(self.rows) + Counter(other.rows)),
+        )
+
+    @staticmethod
+    def merge(reports: Iterable[BadRowReport]) -> BadRowReport:
+        counts: Counter[tuple[str, str]] = Counter()
+        rows: Counter[str] = Counter()
+        for r in reports:
+            counts.update(r.counts)
+            rows.update(r.rows)
+        return BadRowReport(dict(counts), dict(rows))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def rows_read(self) -> int:
+        """Good rows kept, over all shards."""
+        return sum(self.rows.values())
+
+    def by_reason(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for (_, reason), n in self.counts.items():
+            out[reason] += n
+        return dict(sorted(out.items()))
+
+    def by_shard(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (shard, reason), n in sorted(self.counts.items()):
+            out.setdefault(shard, {})[reason] = n
+        return out
+
+    KEPT = "_kept"  # reason under which to_frame stores the rows kept per shard
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long form ``shard, reason, count`` (rows kept under reason ``_kept``)."""
+        recs = [(s, r, n) for (s, r), n in self.counts.items()]
+        recs += [(s, self.KEPT, n) for s, n in self.rows.items()]
+        return pd.DataFrame(
+            {
+                "shard": pd.Series([x[0] for x in recs], dtype=object),
+                "reason": pd.Series([x[1] for x in recs], dtype=object),
+                "count": pd.Series([x[2] for x in recs], dtype="int64"),
+            }
+        )
+
+    @classmethod
+    def from_frame(cls, df: Any) -> BadRowReport:
+        if hasattr(df, "to_pandas"):
+            df = df.to_pandas()
+        counts: Counter[tuple[str, str]] = Counter()
+        rows: Counter[str] = Counter()
+        for shard, reason, n in zip(df["shard"], df["reason"], df["count"], strict=True):
+            if reason == cls.KEPT:
+                rows[str(shard)] += int(n)
+            else:
+                counts[(str(shard), str(reason))] += int(n)
+        return cls(dict(counts), dict(rows))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: totals, per reason and per shard (for pass metrics)."""
+        return {
+            "rows_kept": self.rows_read,
+            "bad_rows": self.total,
+            "by_reason": self.by_reason(),
+            "by_shard": self.by_shard(),
+        }
+
+    def log_summary(self, logger: logging.Logger = log) -> None:
+        if self.total:
+            parts = ", ".join(f"{r}={n}" for r, n in self.by_reason().items())
+            logger.warning(
+                "dropped %d bad rows/shards (%s) across %d shards; kept %d rows",
+                self.total,
+                parts,
+                len(self.by_shard()),
+                self.rows_read,
+            )

@@ -1,0 +1,188 @@
+"""Feature hashing: ``(field, value) -> int64 key``, one function of the project's own.
+
+Keys must never change between releases or backends (daily retraining finds yesterday's rows
+by key), so the function is written down here and pinned by golden test vectors.
+
+Definition (``hps64``; all arithmetic modulo 2**64)::
+
+    bytes  = UTF-8 of the value, cut into 8-byte little-endian words, the last zero-padded
+    h      = seed XOR (len(bytes) * P1)
+    for w in words:  h = rotl(h XOR (w * P2), 31) * P1
+    hps64(bytes, seed) = fmix(h)           # the splitmix64 finaliser
+
+    salt(field)       = hps64(UTF-8 of the field name, SALT_SEED)
+    key(field, value) = hps64(value, salt(field))                 & (2**63 - 1)
+    key(field, None)  = fmix(salt(field) XOR MISSING_TAG)         & (2**63 - 1)
+
+Keys are non-negative int64 values, so tiers may use negative numbers as sentinels. An 8-digit
+Criteo value is a single word: the common case costs one multiply-rotate and the finaliser.
+
+The implementation works on Arrow string buffers (offsets + bytes) with one numpy pass per word
+position, so there is no per-row Python loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "KEY_MASK",
+    "MISSING_TAG",
+    "SALT_SEED",
+    "field_salt",
+    "fmix64",
+    "hash_bytes",
+    "hash_column",
+    "hash_values",
+    "missing_key",
+]
+
+P1 = np.uint64(0x9E3779B185EBCA87)
+P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+SALT_SEED = 0x6461736B68707331  # "daskhps1"
+MISSING_TAG = 0x4D495353494E4721  # "MISSING!"
+KEY_MASK = (1 << 63) - 1
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_MASK_U = np.uint64(KEY_MASK)
+
+
+def fmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser on a uint64 array (a bijection with full avalanche)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _rotl31(x: np.ndarray) -> np.ndarray:
+    return (x << np.uint64(31)) | (x >> np.uint64(33))
+
+
+_BYTE_MASKS = np.array([(1 << (8 * t)) - 1 for t in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+
+
+# Rows per block: temporaries stay in cache and are reused by the allocator instead of being
+# page-faulted in fresh for every column (which costs more than the arithmetic).
+_BLOCK = 1 << 15
+
+
+def _hash_buffers(
+    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: int
+) -> np.ndarray:
+    """hps64 of ``data[starts[i] : starts[i] + lengths[i]]`` for every i, as uint64."""
+    n = len(starts)
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    # Unaligned 8-byte reads as two aligned uint64 reads and shifts; padding keeps the
+    # second read inside the buffer.
+    nbuf = (len(data) + 7) // 8 + 2
+    padded = np.zeros(nbuf * 8, dtype=np.uint8)
+    padded[: len(data)] = data
+    words = padded.view("<u8")
+    for lo in range(0, n, _BLOCK):
+        hi = min(lo + _BLOCK, n)
+        out[lo:hi] = _hash_block(words, starts[lo:hi], lengths[lo:hi], seed)
+    return out
+
+
+def _hash_block(
+    words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: int
+) -> np.ndarray:
+    n = len(starts)
+    with np.errstate(over="ignore"):
+        h = np.uint64(seed) ^ (lengths.astype(np.uint64) * P1)
+        nwords = (int(lengths.max()) + 7) // 8
+        for k in range(nwords):
+            live = lengths > 8 * k
+            nlive = int(np.count_nonzero(live))
+            rows = None if nlive == n else np.flatnonzero(live)
+            pos = starts + 8 * k if rows is None else starts[rows] + 8 * k
+            ln = lengths if rows is None else lengths[rows]
+            a = pos >> 3
+            r = (pos & 7).astype(np.uint64) * np.uint64(8)
+            lo = words[a] >> r
+            hi = (words[a + 1] << ((np.uint64(64) - r) & np.uint64(63))) * (r > 0)
+            w = (lo | hi) & _BYTE_MASKS[np.clip(ln - 8 * k, 0, 8)]
+            if rows is None:
+                h = _rotl31(h ^ (w * P2)) * P1
+            else:
+                h[rows] = _rotl31(h[rows] ^ (w * P2)) * P1
+        return fmix64(h)
+
+
+def hash_bytes(values: list[bytes], seed: int) -> np.ndarray:
+    """hps64 of each byte string (a reference path for tests and small inputs)."""
+    lengths = np.array([len(v) for v in values], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    data = np.frombuffer(b"".join(values), dtype=np.uint8)
+    return _hash_buffers(data, starts, lengths, seed)
+
+
+def field_salt(field: str) -> int:
+    """The per-field seed: hps64 of the field name."""
+    return int(hash_bytes([field.encode("utf-8")], SALT_SEED)[0])
+
+
+def missing_key(field: str) -> int:
+    """The key of a missing value of ``field``."""
+    with np.errstate(over="ignore"):
+        salt = np.array([field_salt(field)], dtype=np.uint64)
+        return int((fmix64(salt ^ np.uint64(MISSING_TAG)) & _MASK_U)[0])
+
+
+def _as_string_array(values: Any) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    elif not isinstance(values, pa.Array):
+        values = pa.array(values, from_pandas=True)
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if pa.types.is_integer(values.type):
+        values = pc.cast(values, pa.string())  # integers hash by their decimal text
+    if not (pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)):
+        values = pc.cast(values, pa.large_string())
+    return values
+
+
+def hash_column(values: Any, field: str) -> np.ndarray:
+    """Keys of one categorical field: an Arrow/pandas/numpy array of strings -> int64 keys.
+
+    Nulls (and NaN in object arrays) get :func:`missing_key` of the field. Integer arrays are
+    hashed by their decimal text, so a column read from parquet as int64 gets the same keys as
+    the same column read from text.
+    """
+    if type(values).__module__.split(".")[0] in ("cudf", "dask_cudf"):
+        # Same function on GPU data: today through host Arrow buffers (exact, not fast).
+        values = values.to_arrow()
+    arr = _as_string_array(values)
+    n = len(arr)
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    data = (
+        np.frombuffer(buffers[2], dtype=np.uint8)
+        if buffers[2] is not None
+        else np.zeros(0, dtype=np.uint8)
+    )
+    starts = offsets[:-1]
+    lengths = offsets[1:] - starts
+    keys = _hash_buffers(data, starts, lengths, field_salt(field)) & _MASK_U
+    out = keys.view(np.int64)
+    if arr.null_count:
+        out[np.asarray(arr.is_null())] = missing_key(field)
+    return out
+
+
+def hash_values(values: Any, field: str) -> pd.Series | np.ndarray:
+    """Like :func:`hash_column`, keeping a pandas Series' index when given one."""
+    if isinstance(values, pd.Series):
+        return pd.Series(hash_column(values, field), index=values.index, name=values.name)
+    return hash_column(values, field)
