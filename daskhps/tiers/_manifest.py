@@ -1,0 +1,179 @@
+"""Commit manifests of the zarr store: small JSON files, each made visible by one atomic rename.
+
+A manifest names a commit and says how to rebuild its key -> location index: load the index
+snapshot ``snapshot`` (if any), then replay the key arrays of the ``replay`` segments in order,
+later segments winning. ``segments`` lists every segment the state reads rows from, so
+garbage collection knows what a commit keeps alive. ``commits/<seq>.json`` is written as
+``commits/<seq>.json.tmp``, fsynced and renamed: a crash leaves either no manifest or a
+complete one, and stray ``.tmp`` files are never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daskhps.tiers._segments import fsync_dir
+
+__all__ = ["CommitInfo", "Manifest", "scan_manifests", "write_manifest"]
+
+FORMAT = 1
+_FILE = re.compile(r"^(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """A durable commit point of a store: one checkpoint of its shard.
+
+    Attributes
+    ----------
+    name:
+        The caller's name for it (e.g. ``"pass-12"``); committing a name again replaces it.
+    seq:
+        Position in the store's history; later commits have larger ``seq``.
+    time:
+        Unix time of the commit.
+    rows:
+        Keys in the committed state.
+    snapshot:
+        Whether this commit wrote a full index snapshot (else it replays segments).
+    segments:
+        Segments the committed state reads rows from.
+    meta:
+        The caller's JSON metadata.
+    """
+
+    name: str
+    seq: int
+    time: float
+    rows: int
+    snapshot: bool
+    segments: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One commit manifest as stored (see the module docstring)."""
+
+    path: Path
+    seq: int
+    name: str
+    time: float
+    meta: dict[str, Any]
+    snapshot: int | None
+    replay: list[int]
+    segments: list[int]
+    rows: int
+    since_snapshot: int
+    wrote_snapshot: bool
+
+    @property
+    def info(self) -> CommitInfo:
+        return CommitInfo(
+            name=self.name,
+            seq=self.seq,
+            time=self.time,
+            rows=self.rows,
+            snapshot=self.wrote_snapshot,
+            segments=len(self.segments),
+            meta=self.meta,
+        )
+
+    def to_json(self) -> str:
+        d = {
+            "format": FORMAT,
+            "seq": self.seq,
+            "name": self.name,
+            "time": self.time,
+            "meta": self.meta,
+            "snapshot": self.snapshot,
+            "replay": self.replay,
+            "segments": self.segments,
+            "rows": self.rows,
+            "since_snapshot": self.since_snapshot,
+            "wrote_snapshot": self.wrote_snapshot,
+        }
+        return json.dumps(d, indent=1)
+
+    @classmethod
+    def parse(cls, path: Path, seq: int) -> Manifest:
+        """Read and check a manifest; raise ``ValueError`` describing what is wrong."""
+        d = json.loads(path.read_text())
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        want: dict[str, Any] = {
+            "format": int,
+            "seq": int,
+            "name": str,
+            "time": (int, float),
+            "meta": dict,
+            "replay": list,
+            "segments": list,
+            "rows": int,
+            "since_snapshot": int,
+            "wrote_snapshot": bool,
+        }
+        for k, t in want.items():
+            if not isinstance(d.get(k), t):
+                raise ValueError(f"field {k!r} is missing or has the wrong type")
+        if d["format"] > FORMAT:
+            raise ValueError(f"format {d['format']} is newer than this daskhps reads ({FORMAT})")
+        if d["seq"] != seq:
+            raise ValueError(f"seq {d['seq']} does not match the file name")
+        snap = d.get("snapshot")
+        ids = [*d["replay"], *d["segments"]]
+        if not (snap is None or isinstance(snap, int)) or not all(isinstance(i, int) for i in ids):
+            raise ValueError("segment and snapshot ids must be integers")
+        return cls(
+            path=path,
+            seq=seq,
+            name=d["name"],
+            time=float(d["time"]),
+            meta=d["meta"],
+            snapshot=snap,
+            replay=list(d["replay"]),
+            segments=list(d["segments"]),
+            rows=d["rows"],
+            since_snapshot=d["since_snapshot"],
+            wrote_snapshot=d["wrote_snapshot"],
+        )
+
+
+def scan_manifests(directory: Path) -> tuple[list[Manifest], dict[int, tuple[Path, str]]]:
+    """All manifests of ``directory`` by ``seq``: the readable ones and, separately, the
+    damaged ones (``seq -> (file, reason)``)."""
+    good: list[Manifest] = []
+    bad: dict[int, tuple[Path, str]] = {}
+    if not directory.is_dir():
+        return good, bad
+    for entry in os.listdir(directory):
+        m = _FILE.match(entry)
+        if not m:
+            continue  # .tmp files of commits that never completed, and anything else
+        seq, path = int(m.group(1)), directory / entry
+        try:
+            good.append(Manifest.parse(path, seq))
+        except (OSError, ValueError) as e:
+            bad[seq] = (path, str(e) or type(e).__name__)
+    good.sort(key=lambda m: m.seq)
+    return good, bad
+
+
+def manifest_path(directory: Path, seq: int) -> Path:
+    return directory / f"{seq:010d}.json"
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` durably and atomically (tmp file, fsync, rename, fsync folder)."""
+    tmp = manifest.path.with_name(manifest.path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, manifest.path)
+    fsync_dir(directory)

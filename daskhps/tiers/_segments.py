@@ -1,0 +1,199 @@
+"""Immutable zarr v3 arrays on local disk, written with zarr-python and read without it.
+
+The store writes each array once, uncompressed, with only the ``bytes`` codec, so every chunk
+file is the chunk's rows as raw little-endian values (edge chunks padded to full size, as zarr
+v3 stores them). :class:`RawArray` checks that from the array's ``zarr.json`` and then reads
+chunk files directly (``np.fromfile`` / ``np.memmap``): zarr-python costs milliseconds per
+call, far too much for scattered row reads. An array whose metadata says anything else (a
+compressor added by another tool, big endian, sharding) is still read, through zarr-python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec
+from zarr.storage import LocalStore
+
+from daskhps.errors import StoreCorruptedError
+
+__all__ = ["RawArray", "fsync_dir", "fsync_tree", "write_array", "write_group"]
+
+_RAW_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}]
+
+
+def write_group(directory: Path, attributes: dict[str, Any] | None = None) -> None:
+    """Write the ``zarr.json`` of a zarr v3 group (the node that makes a folder a group)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
+    (directory / "zarr.json").write_text(json.dumps(meta, indent=2))
+
+
+def write_array(directory: Path, data: np.ndarray, chunk_rows: int) -> RawArray:
+    """Write ``data`` as a new uncompressed zarr v3 array; chunks span whole rows."""
+    rows = max(1, min(chunk_rows, data.shape[0]))
+    zarr.create_array(
+        LocalStore(directory),
+        data=data,
+        chunks=(rows, *data.shape[1:]),
+        compressors=None,
+        filters=None,
+        serializer=BytesCodec(endian="little"),
+        fill_value=0,
+        # Without this zarr skips chunks equal to the fill value and the files go missing,
+        # which we could not tell apart from a damaged store.
+        config={"write_empty_chunks": True},
+    )
+    return RawArray.load(directory, data.dtype)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of ``directory`` (new, renamed or removed files) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    """fsync every file and folder under ``directory``, then ``directory`` itself."""
+    for root, _, files in os.walk(directory, topdown=False):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(root))
+
+
+@dataclass(frozen=True)
+class RawArray:
+    """A zarr v3 array on disk whose chunks are row blocks along axis 0.
+
+    Attributes
+    ----------
+    path:
+        The array's folder (holds ``zarr.json``).
+    shape, chunk_rows, dtype:
+        From the metadata; chunks always span every column.
+    raw:
+        True when chunk files are raw little-endian values that can be memory-mapped.
+    """
+
+    path: Path
+    shape: tuple[int, ...]
+    chunk_rows: int
+    dtype: np.dtype
+    raw: bool
+    separator: str = "/"
+
+    @classmethod
+    def load(cls, path: Path, dtype: np.dtype | type) -> RawArray:
+        """Read ``zarr.json``; raise :class:`StoreCorruptedError` naming it when it is
+        missing, unparsable, or describes something other than a ``dtype`` row array."""
+        meta_path = path / "zarr.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+            shape = tuple(int(s) for s in meta["shape"])
+            grid = meta["chunk_grid"]
+            chunks = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
+            dt = np.dtype(meta["data_type"])
+        except FileNotFoundError as e:
+            raise StoreCorruptedError(f"array metadata {meta_path} is missing") from e
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreCorruptedError(f"array metadata {meta_path} is unreadable ({e})") from e
+        want = np.dtype(dtype)
+        if dt != want or len(shape) < 1 or len(chunks) != len(shape):
+            raise StoreCorruptedError(
+                f"array {path} holds {meta.get('data_type')} of shape {shape}, "
+                f"expected a {want} row array"
+            )
+        if grid.get("name") != "regular" or chunks[1:] != shape[1:] or chunks[0] < 1:
+            # Another tool re-chunked it; zarr-python can still read it.
+            return cls(path, shape, max(chunks[0], 1), dt, raw=False)
+        enc = meta.get("chunk_key_encoding", {})
+        separator = enc.get("configuration", {}).get("separator", "/")
+        raw = (
+            meta.get("codecs") == _RAW_CODECS
+            and not meta.get("storage_transformers")
+            and enc.get("name") == "default"
+            and separator in ("/", ".")
+        )
+        return cls(path, shape, chunks[0], dt, raw=bool(raw), separator=separator)
+
+    @property
+    def n_chunks(self) -> int:
+        return math.ceil(self.shape[0] / self.chunk_rows)
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        return (self.chunk_rows, *self.shape[1:])
+
+    @property
+    def chunk_bytes(self) -> int:
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    def chunk_file(self, i: int) -> Path:
+        parts = ["c", str(i)] + ["0"] * (len(self.shape) - 1)
+        return self.path.joinpath(*parts) if self.separator == "/" else self.path / ".".join(parts)
+
+    def check_files(self) -> None:
+        """Raise :class:`StoreCorruptedError` naming the first chunk file that is missing or
+        not exactly one chunk long (truncated by a crash or a full disk)."""
+        if not self.raw:
+            return
+        for i in range(self.n_chunks):
+            f = self.chunk_file(i)
+            try:
+                size = f.stat().st_size
+            except FileNotFoundError as e:
+                raise StoreCorruptedError(f"chunk file {f} is missing") from e
+            if size != self.chunk_bytes:
+                raise StoreCorruptedError(
+                    f"chunk file {f} has {size} bytes, expected {self.chunk_bytes} (truncated)"
+                )
+
+    def memmap(self, i: int) -> np.ndarray:
+        """Chunk ``i`` as a read-only memory map of shape :attr:`chunk_shape`."""
+        f = self.chunk_file(i)
+        try:
+            dtype = self.dtype.newbyteorder("<")
+            return np.memmap(f, dtype=dtype, mode="r", shape=self.chunk_shape)
+        except (OSError, ValueError) as e:
+            raise StoreCorruptedError(f"chunk file {f} cannot be read ({e})") from e
+
+    def read_all(self) -> np.ndarray:
+        """The whole array, read sequentially."""
+        if not self.raw:
+            return np.asarray(zarr.open_array(LocalStore(self.path, read_only=True))[...])
+        n_items = math.prod(self.chunk_shape)
+        parts = []
+        for i in range(self.n_chunks):
+            f = self.chunk_file(i)
+            try:
+                parts.append(np.fromfile(f, dtype=self.dtype.newbyteorder("<"), count=n_items))
+            except OSError as e:
+                raise StoreCorruptedError(f"chunk file {f} cannot be read ({e})") from e
+        flat = np.concatenate(parts) if parts else np.empty(0, self.dtype)
+        return flat.reshape(-1, *self.shape[1:])[: self.shape[0]].astype(self.dtype, copy=False)
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows at sorted positions ``rows`` through zarr-python (the non-raw fallback)."""
+        arr = zarr.open_array(LocalStore(self.path, read_only=True))
+        return np.asarray(arr.get_orthogonal_selection((rows,)))
+
+    def nbytes_on_disk(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self.path):
+            for f in files:
+                total += os.path.getsize(os.path.join(root, f))
+        return total
