@@ -1,0 +1,323 @@
+"""A vectorised open-addressing hash map from int64 keys to int64 values, in torch tensors.
+
+Layout: buckets of four ``(key, value)`` pairs, one 64-byte row per bucket, so a lookup gathers
+one cache line per key and finds both the key and its value in it::
+
+    table  int64[buckets + pad, 8]    k0 v0 k1 v1 k2 v2 k3 v3     (one bucket per row)
+    spill  int32[buckets + pad]       keys that passed this bucket on the way to a later one
+
+A key's home bucket is the top bits of a splitmix64-style mix of the key (top bits, so the
+index is independent of owner routing, which uses the low bits of a mix). A full home bucket
+spills to the next one (linear probing over buckets, no wrap-around: ``pad`` spare buckets at
+the end, and the table grows if they ever fill). ``spill`` counts the keys that probed past a
+bucket; a lookup stops at the first bucket whose count is zero, so deletes clear their slot at
+once instead of leaving tombstones.
+
+Every operation works on whole key batches: one round per bucket of probing (rarely more than
+one or two), each vectorised over all pending keys. Batch keys that claim one free slot are
+resolved by writing them all and keeping the key that reads back. An empty slot holds
+``INT64_MIN``; a real key of that value lives beside the table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KeyIndex"]
+
+_EMPTY = -(2**63)
+_PAIRS = 4  # key/value pairs per bucket: one 64-byte cache line
+_PAD = 16  # spare buckets after the last home bucket
+_WINDOW = 4  # buckets searched per round once a key is not in its home bucket
+_SEED = 0x2545F4914F6CDD1D  # makes the mix differ from the one used for owner routing
+
+
+def _s64(x: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    return x - 2**64 if x >= 2**63 else x
+
+
+_M1 = _s64(0xBF58476D1CE4E5B9)
+_M2 = _s64(0x94D049BB133111EB)
+# A bool[4] row with exactly one True, viewed as int32, is 1 << 8c; times _COLS its top two bits
+# are c. Finds the column of a match without a reduction over the row.
+_COLS = (1 << 22) | (2 << 14) | (3 << 6)
+
+
+def _home(keys: torch.Tensor, bits: int) -> torch.Tensor:
+    """Home bucket: the top ``bits`` bits of splitmix64's finaliser applied to ``key ^ seed``.
+
+    The finaliser's last xor-shift only changes low bits, so it is skipped. Right shifts on int64
+    are arithmetic; the masks make them logical.
+    """
+    z = torch.bitwise_xor(keys, _SEED)
+    t = torch.bitwise_right_shift(z, 30).bitwise_and_((1 << 34) - 1)
+    z.bitwise_xor_(t).mul_(_M1)
+    t = torch.bitwise_right_shift(z, 27, out=t).bitwise_and_((1 << 37) - 1)
+    z.bitwise_xor_(t).mul_(_M2)
+    return z.bitwise_right_shift_(64 - bits).bitwise_and_((1 << bits) - 1)
+
+
+def _column(onehot: torch.Tensor) -> torch.Tensor:
+    """Column (int32) of the single True in each row of a contiguous ``bool[n, 4]``."""
+    c = onehot.view(torch.int32).view(-1) * _COLS
+    return c.bitwise_right_shift_(30).bitwise_and_(3)
+
+
+def _buckets_for(capacity: int, load_factor: float) -> int:
+    need = max(1, int(-(-capacity // (_PAIRS * load_factor))))
+    return max(2, 1 << (need - 1).bit_length())
+
+
+class KeyIndex:
+    """Map from arbitrary int64 keys to int64 values, vectorised over key batches.
+
+    Parameters
+    ----------
+    capacity:
+        Keys to hold without growing; the table holds ``capacity / load_factor`` slots (rounded
+        up to a power of two buckets).
+    device:
+        Where every tensor lives; keys and values passed in must be there too.
+    load_factor:
+        Most occupied slots per slot before the table doubles.
+    """
+
+    def __init__(
+        self, capacity: int, *, device: torch.device | str = "cpu", load_factor: float = 0.5
+    ):
+        if capacity < 0:
+            raise ValueError(f"KeyIndex capacity must be >= 0, got {capacity}")
+        if not 0.0 < load_factor <= 0.9:
+            raise ValueError(f"KeyIndex load_factor must be in (0, 0.9], got {load_factor}")
+        self.device = torch.device(device)
+        self.load_factor = load_factor
+        self._len = 0
+        self._special: int | None = None  # value of the key equal to the empty marker
+        self._step_cache = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._alloc(_buckets_for(capacity, load_factor))
+
+    @staticmethod
+    def nbytes_for(capacity: int, load_factor: float = 0.5) -> int:
+        """Bytes an index sized for ``capacity`` keys occupies (what :attr:`nbytes` reports)."""
+        rows = _buckets_for(capacity, load_factor) + _PAD
+        return rows * (2 * _PAIRS * 8 + 4)
+
+    def _alloc(self, buckets: int) -> None:
+        self._buckets = buckets
+        self._bits = buckets.bit_length() - 1
+        rows = buckets + _PAD
+        self._table = torch.empty(rows, 2 * _PAIRS, dtype=torch.int64, device=self.device)
+        self._table[:, 0::2] = _EMPTY
+        self._spill = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        self._flat = self._table.view(-1)
+
+    # -- sizes ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def slots(self) -> int:
+        """Slots keys can hash to (the load factor's denominator)."""
+        return self._buckets * _PAIRS
+
+    @property
+    def load(self) -> float:
+        """Occupied slots / :attr:`slots`."""
+        return self._len / self.slots
+
+    @property
+    def nbytes(self) -> int:
+        return self._table.nbytes + self._spill.nbytes
+
+    # -- probing -------------------------------------------------------------------------------
+
+    def _find(
+        self, keys: torch.Tensor, values: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(where, found, home)`` of each key; garbage in ``where`` where not found.
+
+        ``where`` is the key's value if ``values`` else its flat pair index in the table.
+        """
+        n = keys.numel()
+        home = _home(keys, self._bits)
+        rows = torch.index_select(self._table, 0, home)
+        hit = rows[:, 0::2] == keys[:, None]
+        col = _column(hit).to(torch.int64)
+        found = hit.view(torch.int32).view(-1) != 0
+        if values:  # read values from the gathered rows: sequential, unlike the table
+            where = rows.view(-1)[col.mul_(2).add_(self._steps(n))]
+        else:
+            where = col.add_(home, alpha=_PAIRS)
+        todo = (~found).nonzero().squeeze(1)
+        if todo.numel():
+            self._find_spilled(keys, home, todo, found, where, values)
+        return where, found, home
+
+    def _steps(self, n: int) -> torch.Tensor:
+        """``[1, 9, 17, ...]``: where the first value of each gathered row sits (cached)."""
+        if self._step_cache.numel() < n:
+            self._step_cache = torch.arange(
+                1, 2 * _PAIRS * max(n, 1024) + 1, 2 * _PAIRS, device=self.device
+            )
+        return self._step_cache[:n]
+
+    def _find_spilled(
+        self,
+        keys: torch.Tensor,
+        home: torch.Tensor,
+        todo: torch.Tensor,
+        found: torch.Tensor,
+        where: torch.Tensor,
+        values: bool,
+    ) -> None:
+        """Follow spill chains for keys missing from their home bucket, a window at a time."""
+        last = self._table.shape[0] - 1
+        steps = torch.arange(1, _WINDOW + 1, device=self.device)
+        bucket = home[todo]
+        while todo.numel():
+            go = self._spill[bucket] > 0  # someone probed past: the key may lie further on
+            todo, bucket = todo[go], bucket[go]
+            if not todo.numel():
+                return
+            window = (bucket[:, None] + steps).clamp_(max=last)  # [q, W] buckets
+            rows = self._table[window]  # [q, W, 8]
+            hit = (rows[..., 0::2] == keys[todo][:, None, None]).view(todo.numel(), -1)
+            got = hit.any(1)
+            pos = hit.to(torch.uint8).argmax(1)  # pair index within the window
+            idx, pos = todo[got], pos[got]
+            b = window[got].gather(1, (pos // _PAIRS)[:, None]).squeeze(1)
+            slot = b * _PAIRS + pos % _PAIRS
+            where[idx] = self._flat[slot * 2 + 1] if values else slot
+            found[idx] = True
+            todo, bucket = todo[~got], window[~got][:, -1]
+
+    def _mask_special(self, keys: torch.Tensor, found: torch.Tensor) -> torch.Tensor | None:
+        """Correct ``found`` for keys equal to the empty marker; return their mask if any."""
+        special = keys == _EMPTY
+        if not bool(special.any()):
+            return None
+        found.masked_fill_(special, self._special is not None)
+        return special
+
+    def get(self, keys: torch.Tensor, *, default: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Values of ``keys`` (``default`` where missing) and the found mask."""
+        values, found, _ = self._find(keys, values=True)
+        special = self._mask_special(keys, found)
+        values.masked_fill_(~found, default)
+        if special is not None and self._special is not None:
+            values.masked_fill_(special, self._special)
+        return values, found
+
+    # -- updates -------------------------------------------------------------------------------
+
+    def put(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Insert or overwrite; ``keys`` must be unique. Grows past the load factor."""
+        special = keys == _EMPTY
+        if bool(special.any()):
+            self._len += self._special is None
+            self._special = int(values[special][0])
+            keys, values = keys[~special], values[~special]
+        slot, found, home = self._find(keys)
+        old = found.nonzero().squeeze(1)
+        if old.numel():
+            self._flat[slot[old] * 2 + 1] = values[old]
+        new = (~found).nonzero().squeeze(1)
+        if not new.numel():
+            return
+        if self._len + new.numel() > self.load_factor * self.slots:
+            self._rebuild(self._len + new.numel())
+            self._insert(keys[new], values[new], None)  # homes moved with the table size
+        else:
+            self._insert(keys[new], values[new], home[new])
+
+    def _insert(self, keys: torch.Tensor, values: torch.Tensor, home: torch.Tensor | None) -> None:
+        """Place keys known to be absent, each in a free slot of the first bucket with one."""
+        if home is None:
+            home = _home(keys, self._bits)
+        bucket = home.clone()
+        todo = torch.arange(keys.numel(), device=self.device)
+        while todo.numel():
+            free = torch.index_select(self._table, 0, bucket)[:, 0::2] == _EMPTY
+            nfree = free.sum(1)
+            full = nfree == 0
+            if bool(full.any()):
+                bucket[full] += 1
+                if int(bucket.max()) >= self._table.shape[0]:
+                    self._rebuild(self._len + todo.numel())  # spare buckets ran out
+                    self._insert(keys[todo], values[todo], None)
+                    return
+            # Spread keys aiming at one bucket over its free slots to cut down on retries.
+            rank = (todo % nfree.clamp(min=1)).add_(1)
+            pick = free & (free.cumsum(1) == rank[:, None])
+            slot = _column(pick).to(torch.int64).add_(bucket, alpha=_PAIRS)
+            slot[full] = -1
+            aim = (~full).nonzero().squeeze(1)
+            self._flat[slot[aim] * 2] = keys[todo[aim]]
+            won = aim[self._flat[slot[aim] * 2] == keys[todo[aim]]]
+            self._flat[slot[won] * 2 + 1] = values[todo[won]]
+            self._add_spill(home[todo[won]], bucket[won], 1)
+            self._len += won.numel()
+            keep = torch.ones_like(todo, dtype=torch.bool)
+            keep[won] = False
+            todo, bucket = todo[keep], bucket[keep]
+
+    def _add_spill(self, home: torch.Tensor, bucket: torch.Tensor, step: int) -> None:
+        """Add ``step`` to the spill count of every bucket from ``home`` up to ``bucket``."""
+        dist = bucket - home
+        far = dist > 0
+        while bool(far.any()):
+            h = home[far]
+            self._spill.index_put_(
+                (h,), torch.tensor(step, dtype=torch.int32, device=self.device), accumulate=True
+            )
+            home, dist = h + 1, dist[far] - 1
+            far = dist > 0
+
+    def delete(self, keys: torch.Tensor) -> torch.Tensor:
+        """Remove ``keys``; returns which were present."""
+        slot, found, home = self._find(keys)
+        special = self._mask_special(keys, found)
+        if special is not None and self._special is not None:
+            self._special = None
+            self._len -= 1
+        regular = found if special is None else found & ~special
+        idx = regular.nonzero().squeeze(1)
+        if idx.numel():
+            s = slot[idx]
+            self._flat[s * 2] = _EMPTY
+            self._add_spill(home[idx], s // _PAIRS, -1)
+            self._len -= idx.numel()
+        return found
+
+    def _rebuild(self, need: int) -> None:
+        keys, values = self._items_table()
+        buckets = max(self._buckets, _buckets_for(need, self.load_factor))
+        if need <= self.load_factor * self.slots:
+            buckets *= 2  # ran out of spare buckets at the end: spread keys wider
+        self._alloc(buckets)
+        self._len = 1 if self._special is not None else 0
+        self._insert(keys, values, None)
+
+    # -- bulk ----------------------------------------------------------------------------------
+
+    def _items_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = self._table[:, 0::2]
+        used = keys != _EMPTY
+        return keys[used], self._table[:, 1::2][used]
+
+    def items(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All ``(keys, values)``, in no particular order."""
+        keys, values = self._items_table()
+        if self._special is not None:
+            keys = torch.cat([keys, keys.new_full((1,), _EMPTY)])
+            values = torch.cat([values, values.new_full((1,), self._special)])
+        return keys, values
+
+    def clear(self) -> None:
+        """Remove every key; keeps the allocated size."""
+        self._table[:, 0::2] = _EMPTY
+        self._spill.zero_()
+        self._len = 0
+        self._special = None

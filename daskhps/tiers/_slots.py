@@ -1,0 +1,325 @@
+"""The slot cache both in-memory tiers are built on: a row slab, a key index and per-slot metadata.
+
+::
+
+    index  KeyIndex        key -> slot
+    slab   float32[capacity + 1, width]   row of each slot; the last row stays zero and is
+                                          what lookups of missing keys gather
+    key    int64[capacity]                key of each occupied slot
+    used / dirty / pinned  bool[capacity]
+    stamp  int64[capacity + 1]            clock of the last use (LRU; LFU tie-break)
+    count  int64[capacity + 1]            uses since insertion (LFU only)
+    free   int64[capacity]                stack of free slots, ``free[:n_free]``
+
+Every one of ``capacity`` slots is usable: the index maps any key to any slot, so, unlike a
+set-associative cache, no row is displaced while free slots remain. Eviction picks victims over
+the whole cache with one top-k over the last-use stamps (or use counts) of unpinned rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from daskhps.errors import CapacityError, ConfigError, DataError
+from daskhps.tiers._index import KeyIndex
+from daskhps.tiers.base import Evicted, Lookup, Tier, TierStats, check_keys, check_rows
+
+__all__ = ["POLICIES", "SlotCache"]
+
+POLICIES = ("lru", "lfu")
+_NEVER = 2**63 - 1  # eviction score of slots that must not be chosen
+_STAMP_BITS = 40  # LFU score = count << 40 | stamp: counts first, then least recent
+
+
+class SlotCache(Tier):
+    """A bounded key -> row cache in one device's memory, evicting by LRU or LFU.
+
+    Parameters
+    ----------
+    name:
+        ``"<table>/<tier>"``, used in error messages.
+    width:
+        Floats per row.
+    capacity_rows:
+        Rows held; all of them usable.
+    device:
+        Where the slab, index and metadata live.
+    policy:
+        ``"lru"`` (least recently used) or ``"lfu"`` (least frequently used, ties by recency).
+    load_factor:
+        Index slots per key held at capacity, inverted (see :class:`KeyIndex`).
+    pin_memory:
+        Allocate the slab in page-locked memory (CPU only) for fast copies to a GPU.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        width: int,
+        capacity_rows: int,
+        *,
+        device: torch.device | str = "cpu",
+        policy: str = "lru",
+        load_factor: float = 0.5,
+        pin_memory: bool = False,
+    ):
+        if width < 1:
+            raise ConfigError(f"{name}: row width must be >= 1, got {width}")
+        if capacity_rows < 1:
+            raise ConfigError(f"{name}: capacity must be at least one row, got {capacity_rows}")
+        if policy not in POLICIES:
+            raise ConfigError(f"{name}: policy must be one of {POLICIES}, got {policy!r}")
+        self.name = name
+        self.width = width
+        self.device = torch.device(device)
+        self.policy = policy
+        self._cap = capacity_rows
+        dev = self.device
+        self._index = KeyIndex(capacity_rows, device=dev, load_factor=load_factor)
+        self._slab = torch.zeros(
+            capacity_rows + 1, width, dtype=torch.float32, device=dev, pin_memory=pin_memory
+        )
+        self._key = torch.zeros(capacity_rows, dtype=torch.int64, device=dev)
+        self._used = torch.zeros(capacity_rows, dtype=torch.bool, device=dev)
+        self._dirty = torch.zeros(capacity_rows, dtype=torch.bool, device=dev)
+        self._pinned = torch.zeros(capacity_rows, dtype=torch.bool, device=dev)
+        self._stamp = torch.zeros(capacity_rows + 1, dtype=torch.int64, device=dev)
+        self._count = (
+            torch.zeros(capacity_rows + 1, dtype=torch.int64, device=dev)
+            if policy == "lfu"
+            else None
+        )
+        self._free = torch.arange(capacity_rows - 1, -1, -1, device=dev)
+        self._n_free = capacity_rows
+        self._clock = 0
+        self._stats = TierStats()
+        self._hits = torch.zeros((), dtype=torch.int64, device=dev)  # summed lazily: no sync
+
+    @staticmethod
+    def bytes_per_row(width: int, policy: str = "lru") -> int:
+        """Slab and metadata bytes per row, index excluded."""
+        meta = 8 + 3 + 8 + 8  # key, used/dirty/pinned, stamp, free-stack entry
+        return 4 * width + meta + (8 if policy == "lfu" else 0)
+
+    # -- Tier ----------------------------------------------------------------------------------
+
+    @property
+    def capacity_rows(self) -> int:
+        return self._cap
+
+    def __len__(self) -> int:
+        return self._cap - self._n_free
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor the cache holds, index included."""
+        parts = [self._slab, self._key, self._used, self._dirty, self._pinned, self._stamp]
+        parts += [self._free] + ([self._count] if self._count is not None else [])
+        return sum(t.nbytes for t in parts) + self._index.nbytes
+
+    @property
+    def stats(self) -> TierStats:
+        s = self._stats
+        s.hits = int(self._hits)
+        s.extra.update(
+            rows=len(self),
+            capacity_rows=self._cap,
+            pinned=self.pinned_count,
+            index_bytes=self._index.nbytes,
+            index_load=self._index.load,
+            bytes=self.nbytes,
+        )
+        return s
+
+    def keys(self) -> torch.Tensor:
+        return self._key[self._used]
+
+    def lookup(self, keys: torch.Tensor, *, out: torch.Tensor | None = None) -> Lookup:
+        keys = self._keys(keys, "lookup")
+        n = keys.numel()
+        if out is None:
+            out = torch.empty(n, self.width, dtype=torch.float32, device=self.device)
+        elif (
+            out.shape != (n, self.width) or out.dtype != torch.float32 or out.device != self.device
+        ):
+            raise DataError(
+                f"{self.name}: lookup out= must be float32[{n}, {self.width}] on {self.device}, "
+                f"got {out.dtype}{list(out.shape)} on {out.device}; allocate it to match the keys"
+            )
+        slots, found = self._index.get(keys, default=self._cap)  # missing: the zero row
+        torch.index_select(self._slab, 0, slots, out=out)
+        self._touch(slots)
+        self._hits += found.sum()
+        self._stats.lookups += n
+        return Lookup(out, found)
+
+    def upsert(self, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
+        keys = self._keys(keys, "upsert")
+        rows = check_rows(rows, keys.numel(), self.width, f"{self.name}: upsert").to(self.device)
+        self._check_unique(keys)
+        slots, found = self._index.get(keys)
+        new = (~found).nonzero().squeeze(1)
+        old = found.nonzero().squeeze(1)
+        m = new.numel()
+        if m > self._cap:
+            raise CapacityError(
+                f"{self.name}: upsert of {m} new rows exceeds the capacity of {self._cap} rows; "
+                f"split the batch or give this tier more memory"
+            )
+        evicted = Evicted.empty(self.width, self.device)
+        if m > self._n_free:  # choose victims first: a refused upsert changes nothing
+            victims = self._victims(m - self._n_free, keep=slots[old], strict=True)
+            evicted = self._remove(victims)
+        self._clock += 1
+        if old.numel():
+            s = slots[old]
+            self._slab[s] = rows[old]
+            self._dirty[s] = dirty
+            self._touch(s, bump=False)
+        if m:
+            s = self._free[self._n_free - m : self._n_free].clone()
+            self._n_free -= m
+            self._index.put(keys[new], s)
+            self._slab[s] = rows[new]
+            self._key[s] = keys[new]
+            self._used[s] = True
+            self._dirty[s] = dirty
+            self._stamp[s] = self._clock
+            if self._count is not None:
+                self._count[s] = 1
+        self._stats.inserts += m
+        self._stats.rows_written += keys.numel()
+        return evicted
+
+    def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
+        if (keys is None) == (n is None):
+            raise DataError(f"{self.name}: evict takes keys= or n=, exactly one of them")
+        if keys is not None:
+            keys = self._keys(keys, "evict")
+            slots, found = self._index.get(keys)
+            slots = torch.unique(slots[found])
+            if bool(self._pinned[slots].any()):
+                raise DataError(
+                    f"{self.name}: cannot evict pinned rows (e.g. key "
+                    f"{int(self._key[slots[self._pinned[slots]][0]])}); call unpin_all() first"
+                )
+            return self._remove(slots)
+        if n is None or n < 0:
+            raise DataError(f"{self.name}: evict n must be >= 0, got {n}")
+        return self._remove(self._victims(n, keep=None, strict=False))
+
+    def flush(self) -> Evicted:
+        slots = self._dirty.nonzero().squeeze(1)
+        self._dirty[slots] = False
+        return Evicted(
+            self._key[slots], self._slab[slots], torch.ones_like(slots, dtype=torch.bool)
+        )
+
+    # -- device-cache extras -------------------------------------------------------------------
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The slab, ``float32[capacity_rows, width]``; index it with :meth:`find_slots`."""
+        return self._slab[: self._cap]
+
+    def find_slots(self, keys: torch.Tensor, *, touch: bool = False) -> torch.Tensor:
+        """Slot of each key in :attr:`rows`, ``-1`` where missing.
+
+        ``touch`` counts the call as a use of the found rows for the replacement policy.
+        """
+        keys = self._keys(keys, "find_slots")
+        slots, found = self._index.get(keys)
+        if touch:
+            self._touch(torch.where(found, slots, self._cap))
+        return slots
+
+    def mark_dirty(self, slots: torch.Tensor) -> None:
+        """Record that the rows in ``slots`` were changed in place through :attr:`rows`."""
+        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
+            raise DataError(f"{self.name}: mark_dirty takes a 1-D int64 tensor of slots")
+        slots = slots.to(self.device)
+        if slots.numel() and (
+            int(slots.min()) < 0
+            or int(slots.max()) >= self._cap
+            or not bool(self._used[slots].all())
+        ):
+            raise DataError(
+                f"{self.name}: mark_dirty got slots that hold no row; pass slots returned by "
+                f"find_slots for present keys (drop the -1 entries)"
+            )
+        self._dirty[slots] = True
+
+    def pin(self, keys: torch.Tensor) -> torch.Tensor:
+        """Protect the rows of ``keys`` from eviction until :meth:`unpin_all`; returns found."""
+        keys = self._keys(keys, "pin")
+        slots, found = self._index.get(keys)
+        self._pinned[slots[found]] = True
+        return found
+
+    def unpin_all(self) -> None:
+        self._pinned.zero_()
+
+    @property
+    def pinned_count(self) -> int:
+        return int(self._pinned.sum())
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _keys(self, keys: object, op: str) -> torch.Tensor:
+        return check_keys(keys, f"{self.name}: {op}").to(self.device)
+
+    def _check_unique(self, keys: torch.Tensor) -> None:
+        if keys.numel() < 2:
+            return
+        s = keys.sort().values
+        dup = (s[1:] == s[:-1]).nonzero()
+        if dup.numel():
+            raise DataError(
+                f"{self.name}: upsert keys must be unique, key {int(s[dup[0, 0]])} appears "
+                f"more than once; deduplicate first (torch.unique)"
+            )
+
+    def _touch(self, slots: torch.Tensor, bump: bool = True) -> None:
+        """Record a use of ``slots`` (index ``capacity`` is a sink for misses)."""
+        self._clock += bump
+        self._stamp.index_fill_(0, slots, self._clock)
+        if self._count is not None:
+            one = torch.ones((), dtype=torch.int64, device=self.device)
+            self._count.index_put_((slots,), one, accumulate=True)
+
+    def _victims(self, n: int, keep: torch.Tensor | None, strict: bool) -> torch.Tensor:
+        """Slots of up to ``n`` evictable rows, lowest policy score first; none are changed."""
+        if n == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        ok = self._used & ~self._pinned
+        if keep is not None and keep.numel():
+            ok[keep] = False
+        avail = int(ok.sum())
+        if avail < n:
+            if strict:
+                raise CapacityError(
+                    f"{self.name}: {n} rows must be displaced but only {avail} of "
+                    f"{len(self)} resident rows can be ({self.pinned_count} pinned); "
+                    f"unpin rows, stage fewer keys per pass, or give this tier more memory"
+                )
+            n = avail
+        score = self._stamp[: self._cap]
+        if self._count is not None:
+            count = self._count[: self._cap].clamp(max=(1 << (63 - _STAMP_BITS)) - 1)
+            score = (count << _STAMP_BITS) | (score & ((1 << _STAMP_BITS) - 1))
+        score = score.masked_fill(~ok, _NEVER)
+        return torch.topk(score, n, largest=False, sorted=False).indices
+
+    def _remove(self, slots: torch.Tensor) -> Evicted:
+        """Take the rows of ``slots`` out (copies) and free the slots."""
+        out = Evicted(self._key[slots], self._slab[slots], self._dirty[slots])
+        k = slots.numel()
+        if k:
+            self._index.delete(out.keys)
+            self._used[slots] = False
+            self._dirty[slots] = False
+            self._pinned[slots] = False
+            self._free[self._n_free : self._n_free + k] = slots
+            self._n_free += k
+            self._stats.evictions += k
+        return out
