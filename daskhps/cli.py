@@ -1,0 +1,146 @@
+"""The ``daskhps`` command line.
+
+Each subcommand is a :class:`Command`: a name, a help line, a function that adds its arguments
+and a function that runs it and returns an exit status. Later subcommands (``plan``,
+``train``, ``predict``, ``inspect``) register the same way in :data:`COMMANDS`.
+
+Errors of daskhps (bad config, bad data) end in one line on stderr and exit status 1, never a
+traceback; ``--debug`` shows the traceback when one is wanted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from daskhps import __version__
+from daskhps.errors import DaskHPSError
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
+
+log = logging.getLogger("daskhps")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``add_arguments(parser)`` then ``run(args) -> exit status``."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output folder (day=YYYY-MM-DD/part-* inside)")
+    p.add_argument("--days", type=_positive_int, default=1, help="number of days (default 1)")
+    p.add_argument(
+        "--rows-per-day", type=_positive_int, default=100_000, help="rows per day (default 1e5)"
+    )
+    p.add_argument("--parts-per-day", type=_positive_int, default=4, help="files per day")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--start-day", default="2024-01-01", help="first day, YYYY-MM-DD")
+    p.add_argument("--exponent", type=float, default=1.1, help="power-law exponent (1.1)")
+    p.add_argument("--vocab-scale", type=float, default=1.0, help="scales field vocabularies")
+    p.add_argument("--signal", type=float, default=1.0, help="strength of the planted signal")
+    p.add_argument("--ctr", type=float, default=0.25, help="target click-through rate")
+    p.add_argument("--gzip", action="store_true", help="write .tsv.gz parts")
+    p.add_argument("--workers", type=_positive_int, default=None, help="parallel threads")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from daskhps.data.synthetic import GeneratorConfig, generate
+
+    cfg = GeneratorConfig(
+        days=args.days,
+        rows_per_day=args.rows_per_day,
+        parts_per_day=args.parts_per_day,
+        seed=args.seed,
+        start_day=args.start_day,
+        exponent=args.exponent,
+        vocab_scale=args.vocab_scale,
+        signal=args.signal,
+        ctr=args.ctr,
+        gzip=args.gzip,
+    )
+    summary = generate(
+        cfg, args.out, num_workers=args.workers, progress=not args.json and sys.stderr.isatty()
+    )
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(
+            f"wrote {summary.rows:,} rows ({cfg.days} days x {cfg.parts_per_day} parts) to "
+            f"{summary.out} in {summary.seconds:.1f} s ({summary.rows_per_second:,.0f} rows/s)"
+        )
+        print(
+            f"CTR {summary.ctr:.4f}; ceiling AUC (true generating function) "
+            f"{summary.ceiling_auc:.4f}; details in {summary.out}/generation.json"
+        )
+    return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "generate": Command(
+        "generate",
+        "write synthetic Criteo-format click logs with a known AUC ceiling",
+        _generate_arguments,
+        _generate,
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="daskhps", description="Hierarchical parameter server on Dask for CTR models."
+    )
+    parser.add_argument("--version", action="version", version=f"daskhps {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``daskhps`` script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command].run(args)
+    except DaskHPSError as e:
+        if args.debug:
+            raise
+        print(f"daskhps {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # disk full, permission denied: the user's to fix, not a bug
+        if args.debug:
+            raise
+        print(f"daskhps {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"daskhps {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Synthetic Criteo-format click logs with a planted signal and a known AUC ceiling.
+
+Each row: label, 13 integer counts (I1..I13) and 26 categorical values (C1..C26, 8 hex digits),
+tab-separated, empty where missing, laid out as day partitions::
+
+    OUT/day=2024-01-01/part-00000.tsv[.gz] ... part-NNNNN   rows of one day, split in parts
+    OUT/day=2024-01-01/_SUCCESS                             written after every part of the day
+    OUT/generation.json                                     config, rows, CTR, ceiling AUC
+
+Categorical values follow a truncated power law (Zipf) over each field's vocabulary: rank r has
+probability ~ r**-exponent, and rank r of field f is always the same hex value (so keys recur
+across days, like real logs). Missing rates follow the public Criteo data.
+
+Labels come from a known logistic model::
+
+    logit = bias + sum_j w_j * z_j + sum_f s_f * e_f(value_f)
+    z_j   = standardised log1p(max(I_j, 0)) (0 where missing), e_f = a fixed value in [-1.7, 1.7]
+    label ~ Bernoulli(sigmoid(logit))
+
+so the AUC of ``sigmoid(logit)`` on the generated rows is the best any model can reach (the
+"ceiling"); it is reported in ``generation.json``. Everything is a function of the seed: part
+``(day, p)`` draws from its own ``SeedSequence([seed, day, p])``, so parts can be generated in
+any order, in parallel, and come out the same.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from daskhps.data._validate import check_keys, get
+from daskhps.data.hashing import fmix64
+from daskhps.data.source import SUCCESS
+from daskhps.errors import ConfigError
+
+__all__ = ["GenerationSummary", "GeneratorConfig", "auc_from_histograms", "generate"]
+
+log = logging.getLogger(__name__)
+
+NUM_DENSE, NUM_CAT = 13, 26
+# Cardinalities of the Criteo Kaggle fields, capped at 1M so a laptop run stays small.
+VOCAB = (1460, 583, 1_000_000, 200_000, 305, 24, 12517, 633, 3, 93145, 5683, 1_000_000, 3194,
+         27, 14992, 500_000, 10, 5652, 2173, 4, 1_000_000, 18, 15, 286_181, 105, 142_572)  # fmt: skip
+CAT_MISSING = (0, 0, 0.034, 0.034, 0, 0.12, 0, 0, 0, 0, 0, 0.034, 0, 0, 0, 0.034, 0, 0,
+               0.44, 0.44, 0.034, 0.76, 0, 0.034, 0.44, 0.44)  # fmt: skip
+DENSE_MISSING = (0.45, 0.0, 0.21, 0.22, 0.026, 0.22, 0.04, 0.0005, 0.04, 0.45, 0.04, 0.76,
+                 0.22)  # fmt: skip
+HIST_BINS = 1 << 16
+_BLOCK = 1 << 17  # rows generated and written at a time: keeps temporaries small
+# Two hex digits per byte, as the uint16 whose little-endian bytes are the two characters.
+_HEX2 = np.array(
+    [ord(f"{b:02x}"[0]) | (ord(f"{b:02x}"[1]) << 8) for b in range(256)], dtype="<u2"
+)
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """What to generate. ``exponent`` > 0 is the power-law exponent of categorical values;
+    ``signal`` scales the planted weights (0 gives labels independent of the features)."""
+
+    days: int = 1
+    rows_per_day: int = 100_000
+    parts_per_day: int = 4
+    seed: int = 0
+    start_day: str = "2024-01-01"
+    exponent: float = 1.1
+    vocab_scale: float = 1.0
+    signal: float = 1.0
+    ctr: float = 0.25
+    gzip: bool = False
+
+    _KEYS = (
+        "days",
+        "rows_per_day",
+        "parts_per_day",
+        "seed",
+        "start_day",
+        "exponent",
+        "vocab_scale",
+        "signal",
+        "ctr",
+        "gzip",
+    )
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.days >= 1, "days", "must be >= 1"),
+            (self.rows_per_day >= 1, "rows_per_day", "must be >= 1"),
+            (self.parts_per_day >= 1, "parts_per_day", "must be >= 1"),
+            (self.exponent > 0, "exponent", "must be > 0"),
+            (self.vocab_scale > 0, "vocab_scale", "must be > 0"),
+            (self.signal >= 0, "signal", "must be >= 0"),
+            (0 < self.ctr < 1, "ctr", "must be in (0, 1)"),
+            (self.seed >= 0, "seed", "must be >= 0"),
+        ]
+        for ok, key, what in checks:
+            if not ok:
+                raise ConfigError(f"generator: {key}: {what}, got {getattr(self, key)!r}")
+        try:
+            dt.date.fromisoformat(self.start_day)
+        except ValueError as e:
+            raise ConfigError(
+                f"generator: start_day: expected YYYY-MM-DD, got {self.start_day!r}"
+            ) from e
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> GeneratorConfig:
+        d = check_keys(d, cls._KEYS, source)
+        kw: dict[str, Any] = {}
+        for key in cls._KEYS:
+            if key in d:
+                default = getattr(cls, key)
+                typ: type | tuple[type, ...] = (
+                    float if isinstance(default, float) else type(default)
+                )
+                kw[key] = get(d, key, typ, source)
+        return cls(**kw)
+
+    def day_names(self) -> list[str]:
+        start = dt.date.fromisoformat(self.start_day)
+        return [(start + dt.timedelta(days=i)).isoformat() for i in range(self.days)]
+
+    def vocab(self) -> np.ndarray:
+        return np.maximum(np.round(np.array(VOCAB) * self.vocab_scale), 1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The planted logistic model, a pure function of the seed."""
+
+    field_salts: np.ndarray  # uint64[26]: rank -> value and rank -> effect
+    dense_mu: np.ndarray
+    dense_sigma: np.ndarray
+    dense_w: np.ndarray
+    cat_scale: np.ndarray
+    z_mean: np.ndarray
+    z_std: np.ndarray
+    bias: float
+
+
+def _uniform_from(x: np.ndarray) -> np.ndarray:
+    """A uint64 hash -> a float in [0, 1)."""
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _effect(cfg: GeneratorConfig, salts: np.ndarray, f: int, rank: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = fmix64(rank.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ salts[f])
+    return (2.0 * _uniform_from(h) - 1.0) * np.sqrt(3.0)  # mean 0, variance 1
+
+
+def _make_model(cfg: GeneratorConfig) -> _Model:
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xC0FFEE]))
+    salts = rng.integers(0, 2**63, NUM_CAT, dtype=np.uint64)
+    mu = rng.uniform(0.5, 4.0, NUM_DENSE)
+    sigma = rng.uniform(0.8, 1.8, NUM_DENSE)
+    # Scales chosen so signal=1 gives a ceiling AUC near 0.79, about what is reported for
+    # the real Criteo data.
+    w = rng.normal(0, 0.21, NUM_DENSE) * cfg.signal
+    scale = rng.uniform(0.09, 0.36, NUM_CAT) * cfg.signal
+    # Standardise log1p(count) analytically-ish: from a pilot sample of the dense draws.
+    pilot = np.log1p(np.maximum(np.floor(np.exp(mu + sigma * rng.normal(size=(20000, 1)))), 0))
+    model = _Model(salts, mu, sigma, w, scale, pilot.mean(0), pilot.std(0) + 1e-6, 0.0)
+    # Bias so the mean click probability is the configured CTR (bisection on a pilot block).
+    logit = _logit(cfg, model, *_features(cfg, model, np.random.default_rng(cfg.seed), 20000)[1:])
+    lo, hi = -20.0, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.mean(1 / (1 + np.exp(-(logit + mid)))) < cfg.ctr else (lo, mid)
+    return _Model(**{**model.__dict__, "bias": (lo + hi) / 2})
+
+
+def _sample_ranks(rng: np.random.Generator, n: int, vocab: int, a: float) -> np.ndarray:
+    """Truncated continuous power law on [1, vocab + 1): P(r) ~ r**-a, floor to integers."""
+    u = rng.random(n)
+    top = float(vocab + 1)
+    if abs(a - 1.0) < 1e-9:
+        r = np.exp(u * np.log(top))
+    else:
+        e = 1.0 - a
+        r = (u * (top**e - 1.0) + 1.0) ** (1.0 / e)
+    return np.minimum(r.astype(np.int64), vocab)
+
+
+def _features(
+    cfg: GeneratorConfig, model: _Model, rng: np.random.Generator, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense counts float64 with NaN for missing [n, 13], ranks [n, 26] with 0 = missing,
+    z = standardised dense [n, 13])."""
+    lat = model.dense_mu + model.dense_sigma * rng.standard_normal((n, NUM_DENSE))
+    dense = np.floor(np.exp(lat))
+    dense[:, 1] -= 3  # I2 has small negative values in the real data
+    dense[rng.random((n, NUM_DENSE)) < np.array(DENSE_MISSING)] = np.nan
+    z = (np.log1p(np.maximum(dense, 0)) - model.z_mean) / model.z_std
+    z[np.isnan(z)] = 0.0
+    vocab = cfg.vocab()
+    ranks = np.empty((n, NUM_CAT), dtype=np.int64)
+    for f in range(NUM_CAT):
+        ranks[:, f] = _sample_ranks(rng, n, int(vocab[f]), cfg.exponent)
+    ranks[rng.random((n, NUM_CAT)) < np.array(CAT_MISSING)] = 0
+    return dense, ranks, z
+
+
+def _logit(cfg: GeneratorConfig, model: _Model, ranks: np.ndarray, z: np.ndarray) -> np.ndarray:
+    logit = model.bias + z @ model.dense_w
+    for f in range(NUM_CAT):
+        logit += model.cat_scale[f] * _effect(cfg, model.field_salts, f, ranks[:, f])
+    return logit
+
+
+def _hex_column(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """uint32 -> 8 lower-case hex digits as an Arrow string array, built from raw buffers."""
+    n = len(values)
+    digits = _HEX2[values.astype(">u4").view(np.uint8)]  # big-endian: most significant first
+    offsets = np.arange(0, 8 * n + 1, 8, dtype=np.int32)
+    bitmap = np.packbits(valid, bitorder="little")
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(digits), pa.py_buffer(bitmap)
+    )
+
+
+def _block_table(
+    cfg: GeneratorConfig, model: _Model, rng: np.random.Generator, n: int
+) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    dense, ranks, z = _features(cfg, model, rng, n)
+    p = 1.0 / (1.0 + np.exp(-_logit(cfg, model, ranks, z)))
+    label = (rng.random(n) < p).astype(np.int64)
+    cols: dict[str, pa.Array] = {"label": pa.array(label)}
+    for j in range(NUM_DENSE):
+        cols[f"I{j + 1}"] = pa.array(
+            np.nan_to_num(dense[:, j]).astype(np.int64), mask=np.isnan(dense[:, j])
+        )
+    with np.errstate(over="ignore"):
+        for f in range(NUM_CAT):
+            r = ranks[:, f]
+            value = fmix64(r.astype(np.uint64) ^ model.field_salts[f]) & np.uint64(0xFFFFFFFF)
+            cols[f"C{f + 1}"] = _hex_column(value, r > 0)
+    return pa.table(cols), p, label
+
+
+def _write_part(
+    cfg: GeneratorConfig, model: _Model, path: str, day: int, part: int, n: int
+) -> dict[str, Any]:
+    """Generate and write one part; returns its row count and label/probability histograms."""
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, day, part]))
+    hist = np.zeros((2, HIST_BINS), dtype=np.int64)
+    tmp = f"{path}.tmp"
+    opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+    sink: Any = pa.CompressedOutputStream(tmp, "gzip") if cfg.gzip else pa.OSFile(tmp, "wb")
+    writer = None
+    try:
+        for lo in range(0, n, _BLOCK):
+            table, p, label = _block_table(cfg, model, rng, min(_BLOCK, n - lo))
+            if writer is None:
+                writer = pacsv.CSVWriter(sink, table.schema, write_options=opts)
+            writer.write_table(table)
+            b = np.minimum((p * HIST_BINS).astype(np.int64), HIST_BINS - 1)
+            hist += np.stack([np.bincount(b[label == k], minlength=HIST_BINS) for k in (0, 1)])
+    finally:
+        if writer is not None:
+            writer.close()
+        sink.close()
+    os.replace(tmp, path)  # a part is visible only once complete
+    return {"rows": n, "clicks": int(label_sum(hist)), "hist": hist}
+
+
+def label_sum(hist: np.ndarray) -> int:
+    return int(hist[1].sum())
+
+
+def auc_from_histograms(hist: np.ndarray) -> float:
+    """AUC of a score from per-label histograms ``hist[label, bin]`` over increasing scores.
+
+    Pairs in the same bin count one half (with 65536 bins over [0, 1] this is exact to ~1e-5).
+    """
+    neg, pos = hist[0].astype(np.float64), hist[1].astype(np.float64)
+    if neg.sum() == 0 or pos.sum() == 0:
+        return float("nan")
+    below = np.cumsum(neg) - neg
+    return float((pos * (below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))
+
+
+@dataclass(frozen=True)
+class GenerationSummary:
+    """What :func:`generate` wrote (also saved as ``generation.json`` beside the data)."""
+
+    out: str
+    config: GeneratorConfig
+    rows: int
+    ctr: float
+    ceiling_auc: float
+    days: dict[str, dict[str, float]]
+    seconds: float
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        cfg = {k: getattr(self.config, k) for k in GeneratorConfig._KEYS}
+        return {
+            "format": "criteo-tsv",
+            "out": self.out,
+            "config": cfg,
+            "rows": self.rows,
+            "ctr": self.ctr,
+            "ceiling_auc": self.ceiling_auc,
+            "days": self.days,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rows_per_second, 1),
+        }
+
+
+def _finish_day(out: Path, day: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    (out / f"day={day}" / SUCCESS).write_text("")
+    hist = sum(p["hist"] for p in parts)
+    rows = sum(p["rows"] for p in parts)
+    return {"day": day, "rows": rows, "hist": hist}
+
+
+def generate(
+    cfg: GeneratorConfig,
+    out: str | os.PathLike[str],
+    scheduler: str | Any = "threads",
+    num_workers: int | None = None,
+    progress: bool = False,
+) -> GenerationSummary:
+    """Write ``cfg.days`` days of Criteo-format logs under ``out`` with Dask, in parallel.
+
+    ``scheduler`` is a Dask scheduler name (``threads``, ``processes``, ``sync``) or a
+    ``distributed.Client``. Existing parts of the same names are overwritten.
+    """
+    import dask
+    from dask import delayed
+
+    out = Path(out)
+    model = _make_model(cfg)
+    start = time.perf_counter()
+    day_tasks = []
+    ext = ".tsv.gz" if cfg.gzip else ".tsv"
+    for d, day in enumerate(cfg.day_names()):
+        folder = out / f"day={day}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SUCCESS).unlink(missing_ok=True)  # incomplete until every part is written
+        sizes = [len(a) for a in np.array_split(np.arange(cfg.rows_per_day), cfg.parts_per_day)]
+        parts = [
+            delayed(_write_part, pure=False)(
+                cfg, model, str(folder / f"part-{p:05d}{ext}"), d, p, sizes[p]
+            )
+            for p in range(cfg.parts_per_day)
+            if sizes[p] > 0
+        ]
+        day_tasks.append(delayed(_finish_day, pure=False)(out, day, parts))
+    kwargs: dict[str, Any] = {}
+    if isinstance(scheduler, str):
+        kwargs["scheduler"] = scheduler
+        if num_workers:
+            kwargs["num_workers"] = num_workers
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar(out=None) if not isinstance(scheduler, str) else ProgressBar():
+            results = dask.compute(*day_tasks, **kwargs)
+    else:
+        results = dask.compute(*day_tasks, **kwargs)
+    seconds = time.perf_counter() - start
+    total = sum(r["hist"] for r in results)
+    days = {
+        r["day"]: {
+            "rows": int(r["rows"]),
+            "ctr": float(r["hist"][1].sum() / max(r["rows"], 1)),
+            "ceiling_auc": auc_from_histograms(r["hist"]),
+        }
+        for r in results
+    }
+    rows = int(total.sum())
+    summary = GenerationSummary(
+        out=str(out),
+        config=cfg,
+        rows=rows,
+        ctr=float(total[1].sum() / max(rows, 1)),
+        ceiling_auc=auc_from_histograms(total),
+        days=days,
+        seconds=seconds,
+    )
+    (out / "generation.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    log.info(
+        "wrote %d rows in %.1f s (%.0f rows/s), CTR %.4f, ceiling AUC %.4f",
+        rows,
+        seconds,
+        summary.rows_per_second,
+        summary.ctr,
+        summary.ceiling_auc,
+    )
+    return summary
+
