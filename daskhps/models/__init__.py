@@ -1,0 +1,35 @@
+"""PyTorch dense CTR models: DLRM, DeepFM, Wide & Deep, and a hook for a user's own nn.Module.
+
+Models see pooled embedding rows looked up in the sharded table, never an ``nn.Embedding`` of
+their own, and never import dask. See :mod:`daskhps.models.base` for the batch layout.
+"""
+
+from __future__ import annotations
+
+from daskhps.models.base import CTRModel
+from daskhps.models.deepfm import DeepFM
+from daskhps.models.dlrm import DLRM
+from daskhps.models.pooling import pool
+from daskhps.models.registry import (
+    BUILTIN_MODELS,
+    ModelSpec,
+    build_model,
+    model_options,
+    resolve_model,
+    sparse_dim_of,
+)
+from daskhps.models.wide_deep import WideDeep
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "DLRM",
+    "CTRModel",
+    "DeepFM",
+    "ModelSpec",
+    "WideDeep",
+    "build_model",
+    "model_options",
+    "pool",
+    "resolve_model",
+    "sparse_dim_of",
+]

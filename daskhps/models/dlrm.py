@@ -1,0 +1,103 @@
+"""DLRM (Naumov et al., 2019): bottom MLP, pairwise dot-product interaction, top MLP."""
+
+from __future__ import annotations
+
+import torch
+
+from daskhps.models.base import CTRModel
+from daskhps.models.layers import (
+    MLP,
+    Activation,
+    Dropout,
+    LayerSizes,
+    check_activation,
+    check_dropout,
+    check_layer_sizes,
+)
+
+__all__ = ["DLRM", "dot_interaction"]
+
+
+def dot_interaction(vectors: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """Dot products of the vector pairs listed in ``pairs``.
+
+    Parameters
+    ----------
+    vectors:
+        ``float[B, n, D]``.
+    pairs:
+        ``int64[2, P]`` row and column indices into the ``n x n`` Gram matrix, e.g. the strict
+        upper triangle ``torch.triu_indices(n, n, offset=1)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``float[B, P]``: ``out[b, p] = vectors[b, pairs[0, p]] . vectors[b, pairs[1, p]]``.
+    """
+    # One batched matmul then a gather beats P separate products; the Gram matrix is small
+    # (n = fields + 1, a few dozen) next to the MLPs.
+    gram = torch.bmm(vectors, vectors.transpose(1, 2))
+    return gram[:, pairs[0], pairs[1]]
+
+
+class DLRM(CTRModel):
+    """Deep Learning Recommendation Model with dot interactions.
+
+    The bottom MLP maps the dense features to one ``D``-wide vector ``x`` (ReLU-style activation
+    on its output too, as in the reference). ``x`` and the ``F`` field embeddings interact by
+    pairwise dot products, strict upper triangle (no self terms): ``(F + 1) F / 2`` values. The
+    top MLP reads ``[x, interactions]`` and returns one logit. With ``num_dense == 0`` there is no
+    bottom MLP and only the field embeddings interact.
+
+    Parameters
+    ----------
+    num_dense, num_fields, embedding_dim:
+        Batch layout, see :class:`~daskhps.models.base.CTRModel`.
+    bottom_mlp:
+        Hidden widths of the bottom MLP; a last layer to ``embedding_dim`` is appended.
+    top_mlp:
+        Hidden widths of the top MLP; a last layer to 1 logit is appended.
+    activation:
+        Activation after each hidden layer.
+    dropout:
+        Dropout after each hidden activation of the top MLP; 0 for none.
+    """
+
+    name = "dlrm"
+    pairs: torch.Tensor  # int64[2, P] strict upper triangle of the Gram matrix (a buffer)
+
+    def __init__(
+        self,
+        *,
+        num_dense: int,
+        num_fields: int,
+        embedding_dim: int,
+        bottom_mlp: LayerSizes = (64,),
+        top_mlp: LayerSizes = (64, 32),
+        activation: Activation = "relu",
+        dropout: Dropout = 0.0,
+    ) -> None:
+        super().__init__(num_dense=num_dense, num_fields=num_fields, embedding_dim=embedding_dim)
+        bottom = check_layer_sizes(self.name, "bottom_mlp", bottom_mlp)
+        top = check_layer_sizes(self.name, "top_mlp", top_mlp)
+        act = check_activation(self.name, "activation", activation)
+        p = check_dropout(self.name, "dropout", dropout)
+        self.bottom: MLP | None = None
+        n = num_fields
+        if num_dense > 0:
+            self.bottom = MLP(
+                num_dense, bottom, act, out_features=embedding_dim, out_activation=True
+            )
+            n += 1
+        # A buffer moves with .to(device); not persistent, so state_dict holds only weights.
+        self.register_buffer("pairs", torch.triu_indices(n, n, offset=1), persistent=False)
+        top_in = n * (n - 1) // 2 + (embedding_dim if self.bottom is not None else 0)
+        self.top = MLP(top_in, top, act, dropout=p, out_features=1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        self.check_batch(dense, sparse)
+        if self.bottom is None:
+            return self.top(dot_interaction(sparse, self.pairs)).squeeze(1)
+        x = self.bottom(dense)
+        vectors = torch.cat([x.unsqueeze(1), sparse], dim=1)
+        return self.top(torch.cat([x, dot_interaction(vectors, self.pairs)], dim=1)).squeeze(1)

@@ -1,0 +1,149 @@
+"""Building blocks shared by the built-in models, and the checks of their options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import torch
+from torch import nn
+
+from daskhps.errors import ConfigError
+
+__all__ = [
+    "ACTIVATIONS",
+    "MLP",
+    "Activation",
+    "DenseLinear",
+    "Dropout",
+    "LayerSizes",
+    "OptionCheck",
+    "check_activation",
+    "check_dropout",
+    "check_layer_sizes",
+]
+
+
+@dataclass(frozen=True)
+class OptionCheck:
+    """Annotation metadata: ``check(model, option, value)`` raises ConfigError if ``value`` is bad.
+
+    Config validation reads it from ``Annotated`` constructor hints, so an option's range check
+    is written once and runs both when a config is loaded and when the model is built.
+    """
+
+    check: Callable[[str, str, Any], object]
+
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "tanh": nn.Tanh,
+    "sigmoid": nn.Sigmoid,
+}
+
+
+def check_layer_sizes(model: str, option: str, sizes: Sequence[int]) -> tuple[int, ...]:
+    """Return ``sizes`` as a tuple of positive ints, or raise :class:`ConfigError`."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise ConfigError(
+            f"model {model!r}: option {option!r} must be a list of layer widths, got {sizes!r}"
+        )
+    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+    if bad:
+        raise ConfigError(
+            f"model {model!r}: option {option!r} must hold positive integers, got {list(sizes)!r}"
+        )
+    return tuple(sizes)
+
+
+def check_dropout(model: str, option: str, dropout: float) -> float:
+    """Return ``dropout`` as a float in ``[0, 1)``, or raise :class:`ConfigError`."""
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ConfigError(
+            f"model {model!r}: option {option!r} must be a number in [0, 1), got {dropout!r}"
+        )
+    return float(dropout)
+
+
+def check_activation(model: str, option: str, activation: str) -> type[nn.Module]:
+    """Return the activation class called ``activation``, or raise :class:`ConfigError`."""
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ConfigError(
+            f"model {model!r}: option {option!r} must be one of {sorted(ACTIVATIONS)}, "
+            f"got {activation!r}"
+        )
+    return ACTIVATIONS[activation]
+
+
+# Option types of the built-in models: the annotation carries the check (see OptionCheck).
+LayerSizes = Annotated[Sequence[int], OptionCheck(check_layer_sizes)]
+Dropout = Annotated[float, OptionCheck(check_dropout)]
+Activation = Annotated[
+    Literal["relu", "gelu", "silu", "tanh", "sigmoid"], OptionCheck(check_activation)
+]
+
+
+class MLP(nn.Sequential):
+    """``Linear -> activation [-> Dropout]`` per hidden width, then an optional output layer.
+
+    Parameters
+    ----------
+    in_features:
+        Input width.
+    hidden:
+        Hidden layer widths, in order; may be empty.
+    activation:
+        Activation class applied after every hidden layer.
+    dropout:
+        Dropout probability after every hidden activation; 0 adds no Dropout module.
+    out_features:
+        Width of a final linear layer; ``None`` for none.
+    out_activation:
+        Apply ``activation`` after the final layer too (DLRM's bottom MLP does).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden: Sequence[int],
+        activation: type[nn.Module],
+        dropout: float = 0.0,
+        out_features: int | None = None,
+        out_activation: bool = False,
+    ) -> None:
+        layers: list[nn.Module] = []
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), activation()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            width = h
+        if out_features is not None:
+            layers.append(nn.Linear(width, out_features))
+            if out_activation:
+                layers.append(activation())
+            width = out_features
+        super().__init__(*layers)
+        self.out_features = width
+
+
+class DenseLinear(nn.Module):
+    """``bias + w . dense`` as ``float[B]``: the dense half of a wide (linear) term.
+
+    The bias starts at 0 and exists even with no dense features, so the wide term always has one.
+    """
+
+    def __init__(self, num_dense: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1))
+        # nn.Linear(0, 1) warns and has nothing to learn; keep no weight at all instead.
+        self.weight = nn.Linear(num_dense, 1, bias=False) if num_dense > 0 else None
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        out = self.bias.expand(dense.shape[0])
+        if self.weight is not None:
+            out = out + self.weight(dense).squeeze(1)
+        return out

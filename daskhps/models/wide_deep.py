@@ -1,0 +1,69 @@
+"""Wide & Deep (Cheng et al., 2016): a linear model and an MLP, trained jointly."""
+
+from __future__ import annotations
+
+import torch
+
+from daskhps.models.base import CTRModel
+from daskhps.models.layers import (
+    MLP,
+    Activation,
+    DenseLinear,
+    Dropout,
+    LayerSizes,
+    check_activation,
+    check_dropout,
+    check_layer_sizes,
+)
+
+__all__ = ["WideDeep"]
+
+
+class WideDeep(CTRModel):
+    """Wide & Deep over ``D + 1`` floats per key: ``D`` embedding columns and one wide weight.
+
+    ``logit = bias + w_dense . dense + sum_f w_f + MLP([e_1..e_F, dense])``. The wide part is
+    linear in the per-key weights (one-hot features) and the dense features; it has no crossed
+    features of its own: hash a cross into a field of its own to give it a weight.
+
+    Parameters
+    ----------
+    num_dense, num_fields, embedding_dim:
+        Batch layout, see :class:`~daskhps.models.base.CTRModel`.
+    deep_mlp:
+        Hidden widths of the deep part; a last layer to 1 logit is appended.
+    activation:
+        Activation after each hidden layer.
+    dropout:
+        Dropout after each hidden activation; 0 for none.
+    """
+
+    name = "wide_deep"
+
+    def __init__(
+        self,
+        *,
+        num_dense: int,
+        num_fields: int,
+        embedding_dim: int,
+        deep_mlp: LayerSizes = (64, 32),
+        activation: Activation = "relu",
+        dropout: Dropout = 0.0,
+    ) -> None:
+        super().__init__(num_dense=num_dense, num_fields=num_fields, embedding_dim=embedding_dim)
+        hidden = check_layer_sizes(self.name, "deep_mlp", deep_mlp)
+        act = check_activation(self.name, "activation", activation)
+        p = check_dropout(self.name, "dropout", dropout)
+        self.wide = DenseLinear(num_dense)
+        self.deep = MLP(num_fields * embedding_dim + num_dense, hidden, act, p, out_features=1)
+
+    @classmethod
+    def sparse_dim(cls, embedding_dim: int) -> int:
+        return embedding_dim + 1
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        self.check_batch(dense, sparse)
+        emb, weight = sparse[..., :-1], sparse[..., -1]
+        wide = self.wide(dense) + weight.sum(dim=1)
+        deep = self.deep(torch.cat([emb.flatten(1), dense], dim=1)).squeeze(1)
+        return wide + deep
