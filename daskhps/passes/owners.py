@@ -1,0 +1,172 @@
+"""Unique keys of a pass, routed to the worker that owns them.
+
+::
+
+    input partitions (files)   p0          p1          p2
+    rows of the pass           [.....)     [.........) [...)        select_examples
+    keys, deduplicated locally k k k       k k k k     k k          pass_keys
+    route by owner worker      ---------- shuffle (set_index on worker, explicit divisions) --
+    partition w                worker 0: its shards' keys | worker 1: ... | ...
+    dedup + sort (global,      each key reaches exactly one partition, so a per-partition
+    since owners are unique)   drop_duplicates is a global one                owner_keys
+    pin partition w on worker w (distributed)                               place_on_workers
+
+``df.shuffle(on=...)`` hashes the column and would not put owner w in partition w, so the
+routing uses ``set_index`` with divisions ``0, 1, ..., W``: partition w holds exactly the keys
+whose owner is w.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from daskhps.data.readers import ClickLog
+from daskhps.passes.plan import PassPlan, PassSpec
+from daskhps.sharding import ShardMap
+
+__all__ = [
+    "OwnerPlacement",
+    "owner_keys",
+    "pass_keys",
+    "place_on_workers",
+    "select_examples",
+    "worker_addresses",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _slice(df: Any, bounds: dict[int, tuple[int, int]], partition_info: Any = None) -> Any:
+    lo, hi = bounds[partition_info["number"]]
+    return df.iloc[lo:hi]
+
+
+def select_examples(
+    frame: dd.DataFrame, lengths: Sequence[int], start: int, stop: int
+) -> dd.DataFrame:
+    """Rows at plan positions ``[start, stop)`` of a frame with the given partition lengths."""
+    ends = np.cumsum(lengths)
+    begins = ends - np.asarray(lengths)
+    first = int(np.searchsorted(ends, start, side="right"))
+    last = int(np.searchsorted(begins, stop, side="left"))  # exclusive
+    first = min(first, max(last - 1, 0))
+    bounds = {
+        i - first: (max(start - int(begins[i]), 0), min(stop, int(ends[i])) - int(begins[i]))
+        for i in range(first, max(last, first + 1))
+    }
+    sub = frame.partitions[first : max(last, first + 1)]
+    return sub.map_partitions(_slice, bounds, meta=frame._meta)
+
+
+def _local_keys(df: Any, fields: tuple[str, ...], multi: tuple[str, ...]) -> Any:
+    """All keys of a partition, deduplicated locally (cuts shuffle volume)."""
+    arrays = [np.asarray(df[f].to_numpy(), dtype=np.int64) for f in fields]
+    for f in multi:
+        col = df[f]
+        if isinstance(col, pd.Series):
+            flat = pa.array(col.array).flatten()
+        else:  # cudf: the list column's values
+            flat = col.list.leaves.to_arrow()
+        arrays.append(np.asarray(flat, dtype=np.int64))
+    keys = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
+    return pd.DataFrame({"key": keys})
+
+
+def pass_keys(log_: ClickLog, lengths: Sequence[int], start: int, stop: int) -> dd.DataFrame:
+    """Keys of the examples at plan positions ``[start, stop)``, unique within each partition."""
+    frame = select_examples(log_.frame, lengths, start, stop)
+    single = tuple(c.name for c in log_.schema.categorical if not c.multi_hot)
+    multi = tuple(c.name for c in log_.schema.categorical if c.multi_hot)
+    meta = pd.DataFrame({"key": pd.Series([], dtype="int64")})
+    return frame.map_partitions(_local_keys, single, multi, meta=meta)
+
+
+def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:
+    keys = df["key"].to_numpy()
+    shard = shard_map.shard(keys)
+    worker = (shard * shard_map.num_workers) // shard_map.num_shards
+    return pd.DataFrame({"worker": worker, "shard": shard, "key": keys})
+
+
+def _finish(df: pd.DataFrame) -> pd.DataFrame:
+    out = df.reset_index().drop_duplicates("key")
+    return out.sort_values(["shard", "key"], kind="stable").reset_index(drop=True)
+
+
+def owner_keys(
+    keys: dd.DataFrame, shard_map: ShardMap, shuffle_method: str | None = None
+) -> dd.DataFrame:
+    """Route unique keys so partition ``w`` holds exactly worker ``w``'s keys.
+
+    Columns ``worker, shard, key``; each partition sorted by ``(shard, key)`` and duplicate
+    free. ``shuffle_method`` is passed to Dask (``tasks``, ``p2p``, ``disk`` or None).
+    """
+    W = shard_map.num_workers
+    meta = pd.DataFrame(
+        {
+            "worker": pd.Series([], dtype="int64"),
+            "shard": pd.Series([], dtype="int64"),
+            "key": pd.Series([], dtype="int64"),
+        }
+    )
+    owned = keys.map_partitions(_with_owner, shard_map, meta=meta)
+    routed = owned.set_index("worker", divisions=list(range(W + 1)), shuffle_method=shuffle_method)
+    return routed.map_partitions(_finish, meta=meta)
+
+
+def plan_owner_keys(
+    log_: ClickLog, plan: PassPlan, spec: PassSpec, shard_map: ShardMap
+) -> dd.DataFrame:
+    """:func:`owner_keys` of one pass of a plan."""
+    keys = pass_keys(log_, plan.partition_lengths, spec.start, spec.stop)
+    return owner_keys(keys, shard_map, plan.config.shuffle_method)
+
+
+def worker_addresses(client: Any) -> list[str]:
+    """Worker addresses in rank order (sorted by address, so every caller agrees)."""
+    return sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def _identity(df: Any) -> Any:
+    return df
+
+
+@dataclass(frozen=True)
+class OwnerPlacement:
+    """Each worker's keys held on that worker: ``futures[w]`` lives on ``addresses[w]``."""
+
+    futures: tuple[Any, ...]
+    addresses: tuple[str, ...]
+
+
+def place_on_workers(
+    client: Any, owned: dd.DataFrame, addresses: Sequence[str] | None = None
+) -> OwnerPlacement:
+    """Compute :func:`owner_keys` output and pin partition ``w`` on worker ``w``.
+
+    The shuffle runs wherever the scheduler likes; one pinned task per partition then pulls
+    each owner's keys onto its worker (``allow_other_workers=False``).
+    """
+    addresses = list(addresses or worker_addresses(client))
+    if owned.npartitions != len(addresses):
+        raise ValueError(
+            f"{owned.npartitions} owner partitions for {len(addresses)} workers; build the "
+            "shard map with num_workers equal to the number of workers"
+        )
+    persisted = client.persist(owned)
+    by_key = {f.key: f for f in client.futures_of(persisted)}
+    parts = [by_key[k] for k in persisted.__dask_keys__()]
+    pinned = tuple(
+        client.submit(_identity, part, workers=[addr], allow_other_workers=False, pure=False)
+        for part, addr in zip(parts, addresses, strict=True)
+    )
+    del persisted, parts, by_key
+    return OwnerPlacement(pinned, tuple(addresses))
