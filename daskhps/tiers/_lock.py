@@ -10,6 +10,7 @@ The holder writes its pid and host into the file so a refused writer can say who
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -78,6 +79,11 @@ class WriterLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def __del__(self) -> None:
+        # A forgotten store must not stay locked for the rest of the process.
+        with contextlib.suppress(Exception):  # modules may be gone at interpreter exit
+            self.release()
 
     def __enter__(self) -> WriterLock:
         return self.acquire()

@@ -678,9 +678,11 @@ class ZarrStore(Tier):
         self._collect_garbage()
         return [m.info for m in dropped]
 
-    def compact(self, min_stale: float = 0.5) -> CompactReport:
-        """Rewrite the live rows of segments with at least ``min_stale`` stale rows into new
-        segments, then delete every segment and snapshot no kept commit and no live row uses.
+    def compact(self, min_stale: float = 0.5, merge_below: int = 0) -> CompactReport:
+        """Rewrite the live rows of segments with at least ``min_stale`` stale rows, and of
+        segments with fewer than ``merge_below`` rows (many small evictions make many small
+        segments), into new segments in their write order; then delete every segment and
+        snapshot that no kept commit and no live row uses.
 
         Old segments that kept commits still use are freed once :meth:`drop_commits` drops
         those commits. The next commit writes a full index snapshot.
@@ -693,7 +695,10 @@ class ZarrStore(Tier):
         seg_of = locs_np >> _SHIFT
         ids, live = np.unique(seg_of, return_counts=True)
         total = np.array([self._segments[int(s)].n for s in ids], dtype=np.int64)
-        victims = ids[1.0 - live / np.maximum(total, 1) >= min_stale]
+        small = total < merge_below
+        if small.sum() < 2:  # rewriting one small segment alone merges nothing
+            small[:] = False
+        victims = ids[(1.0 - live / np.maximum(total, 1) >= min_stale) | small]
         moved = 0
         new_ids: list[int] = []
         if victims.size:
