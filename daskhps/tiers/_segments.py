@@ -33,7 +33,10 @@ def write_group(directory: Path, attributes: dict[str, Any] | None = None) -> No
     """Write the ``zarr.json`` of a zarr v3 group (the node that makes a folder a group)."""
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
-    (directory / "zarr.json").write_text(json.dumps(meta, indent=2))
+    # Replace atomically: a crash must not leave a half-written root zarr.json behind.
+    tmp = directory / "zarr.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, directory / "zarr.json")
 
 
 def write_array(directory: Path, data: np.ndarray, chunk_rows: int) -> RawArray:
@@ -190,10 +193,3 @@ class RawArray:
         """Rows at sorted positions ``rows`` through zarr-python (the non-raw fallback)."""
         arr = zarr.open_array(LocalStore(self.path, read_only=True))
         return np.asarray(arr.get_orthogonal_selection((rows,)))
-
-    def nbytes_on_disk(self) -> int:
-        total = 0
-        for root, _, files in os.walk(self.path):
-            for f in files:
-                total += os.path.getsize(os.path.join(root, f))
-        return total

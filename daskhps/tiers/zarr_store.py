@@ -202,9 +202,31 @@ class ZarrStore(Tier):
             raise
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], **kwargs: Any) -> ZarrStore:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        name: str,
+        width: int,
+        layout: dict[str, Any],
+        mode: Mode = "a",
+        commit: str | None = None,
+        snapshot_every: int = 8,
+        chunk_rows: int = 65536,
+        overwrite: bool = False,
+    ) -> ZarrStore:
         """Open (or create) a store; see the class docstring for the arguments."""
-        return cls(path, **kwargs)
+        return cls(
+            path,
+            name=name,
+            width=width,
+            layout=layout,
+            mode=mode,
+            commit=commit,
+            snapshot_every=snapshot_every,
+            chunk_rows=chunk_rows,
+            overwrite=overwrite,
+        )
 
     # -- opening -------------------------------------------------------------------------
 
