@@ -251,8 +251,13 @@ class ZarrStore(Tier):
                 )
             if commit is not None:
                 raise CommitNotFoundError(f"{where}: no store there, so no commit {commit!r}")
-            self._create()
-            return
+            self.path.mkdir(parents=True, exist_ok=True)
+            if self._lock is not None:
+                self._lock.acquire()
+            # Another writer may have created the store between our look and our lock.
+            if self._probe() == "absent":
+                self._create()
+                return
         if self.mode == "w" and not overwrite:
             raise StoreExistsError(
                 f"{where}: a store already exists; open it with mode='a', or pass "
@@ -281,12 +286,18 @@ class ZarrStore(Tier):
         entries = set(os.listdir(self.path)) - {WriterLock.FILE}
         if "zarr.json" in entries:
             return "store"
-        return "foreign" if entries else "absent"
+        return "absent" if all(self._skeleton(e) for e in entries) else "foreign"
+
+    def _skeleton(self, entry: str) -> bool:
+        """Whether ``entry`` is an empty part of a store whose creation never finished."""
+        p = self.path / entry
+        if entry == "zarr.json.tmp":
+            return True
+        if entry not in ("segments", "index", "commits") or not p.is_dir():
+            return False
+        return set(os.listdir(p)) <= {"zarr.json", "zarr.json.tmp"}
 
     def _create(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        if self._lock is not None:
-            self._lock.acquire()
         write_group(self.path / "segments")
         write_group(self.path / "index")
         (self.path / "commits").mkdir(exist_ok=True)
@@ -298,13 +309,15 @@ class ZarrStore(Tier):
             fsync_dir(self.path.parent)
 
     def _wipe(self) -> None:
-        for entry in os.listdir(self.path):
-            if entry == WriterLock.FILE:
-                continue
+        # Commits go first and the root metadata last, so a crash part-way leaves a store
+        # that opens empty (or is recognised as a half-made one), never a damaged one.
+        entries = sorted(set(os.listdir(self.path)) - {WriterLock.FILE, "commits", "zarr.json"})
+        for entry in ["commits", *entries, "zarr.json"]:
             p = self.path / entry
             if p.is_dir():
                 shutil.rmtree(p)
-            else:
+                fsync_dir(self.path)
+            elif p.exists():
                 p.unlink()
         fsync_dir(self.path)
 

@@ -586,3 +586,13 @@ def test_scattered_reads_are_fast(tmp_path: Path) -> None:
         assert bool(got.found.all())
         assert torch.equal(out[:, -1], probe.to(torch.float32))
         assert q / best >= 1_000_000, f"{q / best:,.0f} rows/s"
+
+
+def test_store_whose_creation_never_finished_is_created_again(path: Path) -> None:
+    store(path, mode="w").close()
+    (path / "zarr.json").unlink()  # the root metadata is written last: a crash before it
+    with store(path) as s:
+        s.upsert(keys_of(1), rows_of(keys_of(1)))
+        s.commit("c0")
+    with store(path, mode="r") as s:
+        assert len(s) == 1
