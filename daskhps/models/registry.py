@@ -206,7 +206,8 @@ def _describe(hint: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in args)
     if origin in (list, tuple, Sequence):
-        return f"a list of {_describe(args[0])}" if args else "a list"
+        plural = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
     if hint is type(None):
         return "null"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

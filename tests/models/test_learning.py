@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,16 @@ from tests.models.helpers import NUM_DENSE, NUM_FIELDS, TableAndModel, auc, make
 
 STEPS = 300
 BATCH = 256
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    # Tiny matmuls gain nothing from intra-op threads, and threads fighting other processes
+    # for the cores made these tests several times slower on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))

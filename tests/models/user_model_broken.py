@@ -1,0 +1,3 @@
+"""A user module that fails while it is imported."""
+
+raise RuntimeError("broken on purpose")
