@@ -161,12 +161,12 @@ def place_on_workers(
             f"{owned.npartitions} owner partitions for {len(addresses)} workers; build the "
             "shard map with num_workers equal to the number of workers"
         )
-    persisted = client.persist(owned)
-    by_key = {f.key: f for f in client.futures_of(persisted)}
-    parts = [by_key[k] for k in persisted.__dask_keys__()]
+    # One future per partition, in partition order (computing the list of per-partition
+    # delayed objects keeps the order that futures_of would not).
+    parts = client.compute(owned.to_delayed())
     pinned = tuple(
         client.submit(_identity, part, workers=[addr], allow_other_workers=False, pure=False)
         for part, addr in zip(parts, addresses, strict=True)
     )
-    del persisted, parts, by_key
+    del parts  # the pinned copies are the ones kept
     return OwnerPlacement(pinned, tuple(addresses))
