@@ -26,7 +26,7 @@ import torch
 __all__ = ["KeyIndex"]
 
 _EMPTY = -(2**63)
-_PAIRS = 4  # key/value pairs per bucket: one 64-byte cache line
+_PAIRS = 8  # key/value pairs per bucket: one 64-byte cache line
 _PAD = 16  # spare buckets after the last home bucket
 _WINDOW = 4  # buckets searched per round once a key is not in its home bucket
 _SEED = 0x2545F4914F6CDD1D  # makes the mix differ from the one used for owner routing
@@ -39,9 +39,11 @@ def _s64(x: int) -> int:
 
 _M1 = _s64(0xBF58476D1CE4E5B9)
 _M2 = _s64(0x94D049BB133111EB)
-# A bool[4] row with exactly one True, viewed as int32, is 1 << 8c; times _COLS its top two bits
-# are c. Finds the column of a match without a reduction over the row.
-_COLS = (1 << 22) | (2 << 14) | (3 << 6)
+# A bool[P] row with exactly one True, viewed as one P-byte integer, is 1 << 8c; times _COLS its
+# top log2(P) bits are c. Finds the column of a match without a reduction over the row.
+_WORD = {4: torch.int32, 8: torch.int64}[_PAIRS]
+_TOP = _PAIRS.bit_length() - 1
+_COLS = _s64(sum(c << (8 * _PAIRS - _TOP - 8 * c) for c in range(_PAIRS)))
 
 
 def _home(keys: torch.Tensor, bits: int) -> torch.Tensor:
@@ -59,9 +61,9 @@ def _home(keys: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _column(onehot: torch.Tensor) -> torch.Tensor:
-    """Column (int32) of the single True in each row of a contiguous ``bool[n, 4]``."""
-    c = onehot.view(torch.int32).view(-1) * _COLS
-    return c.bitwise_right_shift_(30).bitwise_and_(3)
+    """Column of the single True in each row of a contiguous ``bool[n, _PAIRS]``."""
+    c = onehot.view(_WORD).view(-1) * _COLS
+    return c.bitwise_right_shift_(8 * _PAIRS - _TOP).bitwise_and_(_PAIRS - 1)
 
 
 def _buckets_for(capacity: int, load_factor: float) -> int:
@@ -145,7 +147,7 @@ class KeyIndex:
         rows = torch.index_select(self._table, 0, home)
         hit = rows[:, 0::2] == keys[:, None]
         col = _column(hit).to(torch.int64)
-        found = hit.view(torch.int32).view(-1) != 0
+        found = hit.view(_WORD).view(-1) != 0
         if values:  # read values from the gathered rows: sequential, unlike the table
             where = rows.view(-1)[col.mul_(2).add_(self._steps(n))]
         else:

@@ -275,8 +275,8 @@ class SlotCache(Tier):
         dup = (s[1:] == s[:-1]).nonzero()
         if dup.numel():
             raise DataError(
-                f"{self.name}: upsert keys must be unique, key {int(s[dup[0, 0]])} appears "
-                f"more than once; deduplicate first (torch.unique)"
+                f"{self.name}: duplicate key {int(s[dup[0, 0]])} in one upsert; keys must be "
+                f"unique: deduplicate first (torch.unique) and combine their rows"
             )
 
     def _touch(self, slots: torch.Tensor, bump: bool = True) -> None:
