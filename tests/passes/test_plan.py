@@ -75,7 +75,8 @@ def test_select_examples(click_log: ClickLog) -> None:
     lengths = [int(x) for x in click_log.frame.map_partitions(len).compute()]
     for a, b in [(0, 10), (1990, 2010), (3999, 8001), (11990, 12000), (0, 12000), (5, 5)]:
         got = select_examples(click_log.frame, lengths, a, b).compute()
-        pd.testing.assert_frame_equal(got.reset_index(drop=True), full.iloc[a:b].reset_index(drop=True))
+        want = full.iloc[a:b].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
 
 
 def test_owner_keys_equal_pandas_reference(click_log: ClickLog) -> None:
