@@ -3,15 +3,16 @@
 A model sees one mini-batch as two dense tensors; the embedding rows were looked up in the
 sharded table (and multi-hot bags pooled by :func:`daskhps.models.pool`) before it::
 
-    batch of B examples, num_dense dense features, F sparse fields, row width S
+    B examples, num_dense dense features, F fields, D = embedding_dim, S = sparse_dim(D)
 
-    dense   float32[B, num_dense]          sparse  float32[B, F, S]
-            +----+----+-----+                      field 0       field 1        field F-1
-    ex 0    | x00| x01| ... |              ex 0    [e00 .. | w]  [e01 .. | w] .. [...]
-    ex 1    | x10| x11| ... |              ex 1    [e10 .. | w]  [e11 .. | w] .. [...]
-    ...     +----+----+-----+              ...      \\_ D _/  \\_ extra columns, if the
-                                                               model's sparse_dim asks
-    forward(dense, sparse) -> logits float32[B]     (pre-sigmoid; loss: BCE with logits)
+    dense: float32[B, num_dense]          sparse: float32[B, F, S]
+                                                    field 0              field F-1
+    ex 0   x[0,0] x[0,1] ... x[0,nd-1]      ex 0   [e e ... e | w] ... [e e ... e | w]
+    ex 1   x[1,0] x[1,1] ... x[1,nd-1]      ex 1   [e e ... e | w] ... [e e ... e | w]
+    ...                                     ...     <--- D --->  ^
+                                                                 extra column(s) when S > D
+
+    forward(dense, sparse) -> logits: float32[B]   (before the sigmoid; BCE-with-logits loss)
 
 ``S = model.sparse_dim(D)`` where ``D`` is the embedding dim: DLRM reads plain ``D``-wide
 embeddings; DeepFM and Wide & Deep read ``D + 1`` floats per key and use the last one as the

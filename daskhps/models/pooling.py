@@ -26,13 +26,16 @@ def pool(
     examples and ``F`` fields bag ``i`` is field ``i % F`` of example ``i // F`` and the result
     reshapes for free into the model's ``sparse`` input with ``.view(B, F, D)``::
 
-        example    0                1
-        field      f0   f1   f2     f0   f1   f2
-        bag        0    1    2      3    4    5
-        offsets    0    2    3      3    4    7    8      (B*F + 1 entries; bag 2 is empty)
-        rows       r0 r1 r2 .       r3   r4 r5 r6 r7
-                   \\___/ |         |    \\______/ |
-        pooled     p0    p1   0     p3   p4       p5     -> float32[B*F, D] -> view(B, F, D)
+        example    0                     1
+        field      f0     f1     f2      f0     f1           f2
+        bag i      0      1      2       3      4            5
+        rows       r0 r1  r2     -       r3     r4 r5 r6     r7
+        offsets    0      2      3       3      4            7      8    (B*F + 1 entries)
+        pooled     p0     p1     0       p3     p4           p5          float32[B*F, D]
+                                                                         -> .view(B, F, D)
+
+    Bag 2 is empty (``offsets[2] == offsets[3]``) and pools to zeros. Note the order differs from
+    torchrec's ``KeyedJaggedTensor``, which is field-major.
 
     Differentiable in ``rows``: the gradient of a row is the gradient of its bag (divided by the
     bag length for ``"mean"``), which is what the table's sparse optimizer needs.
