@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -20,6 +20,7 @@ from daskhps.models.wide_deep import WideDeep
 
 __all__ = [
     "BUILTIN_MODELS",
+    "FrozenOptions",
     "ModelSpec",
     "build_model",
     "model_options",
@@ -302,10 +303,31 @@ def _probe(model: nn.Module, name: str, num_dense: int, num_fields: int, width: 
         raise ConfigError(f"{where} returned dtype {out.dtype}, expected torch.float32")
 
 
+class FrozenOptions(Mapping[str, Any]):
+    """A read-only mapping that, unlike ``MappingProxyType``, pickles (specs travel to workers)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+
 def _freeze(value: Any) -> Any:
     # YAML lists become tuples and mappings read-only, so a spec cannot change after validation.
     if isinstance(value, Mapping):
-        return types.MappingProxyType({k: _freeze(v) for k, v in value.items()})
+        return FrozenOptions({k: _freeze(v) for k, v in value.items()})
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
     return value

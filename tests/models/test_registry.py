@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -53,6 +55,13 @@ def test_user_model_with_its_own_sparse_dim() -> None:
     model = build_model(f"{USER}:WideTiny", **LAYOUT)
     assert sparse_dim_of(model, 5) == 7
     assert ModelSpec(f"{USER}:WideTiny").sparse_dim(5) == 7
+
+
+def test_sparse_dim_may_be_a_plain_attribute() -> None:
+    class Fixed(user_model.TinyModel):
+        sparse_dim = 9
+
+    assert sparse_dim_of(Fixed, 5) == 9
 
 
 def test_user_model_taking_any_option() -> None:
@@ -131,6 +140,13 @@ def test_spec_from_dict_freezes_and_round_trips() -> None:
     model = spec.build(**LAYOUT)
     assert spec.sparse_dim(5) == 6
     assert model.deep[0].out_features == 16
+
+
+def test_spec_pickles_and_copies() -> None:
+    # Specs travel to workers inside the run config.
+    spec = ModelSpec.from_dict({"name": "dlrm", "options": {"top_mlp": [8], "dropout": 0.1}})
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert copy.deepcopy(spec) == spec
 
 
 def test_spec_options_may_be_left_out_or_null() -> None:
