@@ -9,15 +9,10 @@ from __future__ import annotations
 from daskhps.models.base import CTRModel
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
+from daskhps.models.options import model_options
 from daskhps.models.pooling import pool
-from daskhps.models.registry import (
-    BUILTIN_MODELS,
-    ModelSpec,
-    build_model,
-    model_options,
-    resolve_model,
-    sparse_dim_of,
-)
+from daskhps.models.registry import BUILTIN_MODELS, build_model, resolve_model, sparse_dim_of
+from daskhps.models.spec import ModelSpec
 from daskhps.models.wide_deep import WideDeep
 
 __all__ = [
