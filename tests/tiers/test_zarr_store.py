@@ -579,10 +579,17 @@ def test_scattered_reads_are_fast(tmp_path: Path) -> None:
         out = torch.empty(q, width)
         s.lookup(probe, out=out)  # warm the page cache and the memory maps
         best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            got = s.lookup(probe, out=out)
-            best = min(best, time.perf_counter() - t)
+        threads = torch.get_num_threads()
+        # One torch thread: on a small, busy machine the index lookup's worker threads stall
+        # behind other processes and the timing measures the machine, not the store.
+        torch.set_num_threads(1)
+        try:
+            for _ in range(10):
+                t = time.perf_counter()
+                got = s.lookup(probe, out=out)
+                best = min(best, time.perf_counter() - t)
+        finally:
+            torch.set_num_threads(threads)
         assert bool(got.found.all())
         assert torch.equal(out[:, -1], probe.to(torch.float32))
         assert q / best >= 1_000_000, f"{q / best:,.0f} rows/s"
