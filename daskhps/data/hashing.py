@@ -104,16 +104,26 @@ def _hash_block(
         for k in range(nwords):
             live = lengths > 8 * k
             nlive = int(np.count_nonzero(live))
-            rows = None if nlive == n else np.flatnonzero(live)
+            # Few live rows (the tail of long strings): work on them alone; otherwise compute
+            # every row and keep the live ones (cheaper than gathering and scattering).
+            rows = np.flatnonzero(live) if nlive < n // 4 else None
             pos = starts + 8 * k if rows is None else starts[rows] + 8 * k
             ln = lengths if rows is None else lengths[rows]
-            a = pos >> 3
-            r = (pos & 7).astype(np.uint64) * np.uint64(8)
-            lo = words[a] >> r
-            hi = (words[a + 1] << ((np.uint64(64) - r) & np.uint64(63))) * (r > 0)
-            w = (lo | hi) & _BYTE_MASKS[np.clip(ln - 8 * k, 0, 8)]
+            a = np.minimum(pos >> 3, len(words) - 2)  # rows past their end read harmless words
+            irregular = ((pos & 7) != 0) | (ln < 8 * (k + 1))
             if rows is None:
-                h = _rotl31(h ^ (w * P2)) * P1
+                irregular &= live
+            if not np.any(irregular):
+                # Aligned whole words (e.g. Criteo's 8 hex digits, nulls having length 0).
+                w = words[a]
+            else:
+                r = (pos & 7).astype(np.uint64) * np.uint64(8)
+                lo = words[a] >> r
+                hi = (words[a + 1] << ((np.uint64(64) - r) & np.uint64(63))) * (r > 0)
+                w = (lo | hi) & _BYTE_MASKS[np.clip(ln - 8 * k, 0, 8)]
+            if rows is None:
+                step = _rotl31(h ^ (w * P2)) * P1
+                h = step if nlive == n else np.where(live, step, h)
             else:
                 h[rows] = _rotl31(h[rows] ^ (w * P2)) * P1
         return fmix64(h)

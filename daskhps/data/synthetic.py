@@ -60,9 +60,7 @@ DENSE_MISSING = (0.45, 0.0, 0.21, 0.22, 0.026, 0.22, 0.04, 0.0005, 0.04, 0.45, 0
 HIST_BINS = 1 << 16
 _BLOCK = 1 << 17  # rows generated and written at a time: keeps temporaries small
 # Two hex digits per byte, as the uint16 whose little-endian bytes are the two characters.
-_HEX2 = np.array(
-    [ord(f"{b:02x}"[0]) | (ord(f"{b:02x}"[1]) << 8) for b in range(256)], dtype="<u2"
-)
+_HEX2 = np.array([ord(f"{b:02x}"[0]) | (ord(f"{b:02x}"[1]) << 8) for b in range(256)], dtype="<u2")
 
 
 @dataclass(frozen=True)
@@ -405,4 +403,3 @@ def generate(
         summary.ceiling_auc,
     )
     return summary
-

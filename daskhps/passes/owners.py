@@ -97,8 +97,14 @@ def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:
 
 
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
-    out = df.reset_index().drop_duplicates("key")
-    return out.sort_values(["shard", "key"], kind="stable").reset_index(drop=True)
+    """Global dedup (each key reaches one partition only) and sort by (shard, key)."""
+    df = df.reset_index()
+    keys, first = np.unique(df["key"].to_numpy(), return_index=True)
+    shard = df["shard"].to_numpy()[first]
+    order = np.lexsort((keys, shard))
+    return pd.DataFrame(
+        {"worker": df["worker"].to_numpy()[first][order], "shard": shard[order], "key": keys[order]}
+    )
 
 
 def owner_keys(
