@@ -26,12 +26,12 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Reporter, interleaved  # noqa: E402
+from _bench import Reporter, interleaved
 
-from daskhps.data import read_click_log  # noqa: E402
-from daskhps.data.synthetic import GeneratorConfig, generate  # noqa: E402
-from daskhps.passes import owner_keys, pass_keys  # noqa: E402
-from daskhps.sharding import ShardMap  # noqa: E402
+from daskhps.data import read_click_log
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.passes import owner_keys, pass_keys
+from daskhps.sharding import ShardMap
 
 
 def main() -> None:
