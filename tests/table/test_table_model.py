@@ -156,9 +156,13 @@ class SgdMachine(TableMachine):
     optimizer = OptimizerSpec("sgd", lr=0.5)
 
 
-_settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+def _case(machine: type[TableMachine]) -> type:
+    case = machine.TestCase
+    case.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+    return case
 
-TestAdagradTable = _settings(TableMachine).TestCase
-TestAdamTable = _settings(AdamMachine).TestCase
-TestRowwiseAdagradTable = _settings(RowwiseAdagradMachine).TestCase
-TestSgdTable = _settings(SgdMachine).TestCase
+
+TestAdagradTable = _case(TableMachine)
+TestAdamTable = _case(AdamMachine)
+TestRowwiseAdagradTable = _case(RowwiseAdagradMachine)
+TestSgdTable = _case(SgdMachine)
