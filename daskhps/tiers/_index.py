@@ -21,12 +21,14 @@ resolved by writing them all and keeping the key that reads back. An empty slot 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["KeyIndex"]
 
 _EMPTY = -(2**63)
-_PAIRS = 8  # key/value pairs per bucket: one 64-byte cache line
+_PAIRS = 4  # key/value pairs per bucket: one 64-byte cache line
 _PAD = 16  # spare buckets after the last home bucket
 _WINDOW = 4  # buckets searched per round once a key is not in its home bucket
 _SEED = 0x2545F4914F6CDD1D  # makes the mix differ from the one used for owner routing
@@ -46,18 +48,26 @@ _TOP = _PAIRS.bit_length() - 1
 _COLS = _s64(sum(c << (8 * _PAIRS - _TOP - 8 * c) for c in range(_PAIRS)))
 
 
-def _home(keys: torch.Tensor, bits: int) -> torch.Tensor:
-    """Home bucket: the top ``bits`` bits of splitmix64's finaliser applied to ``key ^ seed``.
+def _home(
+    keys: torch.Tensor,
+    buckets: int,
+    out: torch.Tensor | None = None,
+    tmp: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Home bucket in ``[0, buckets)``: top bits of splitmix64's finaliser of ``key ^ seed``.
 
     The finaliser's last xor-shift only changes low bits, so it is skipped. Right shifts on int64
-    are arithmetic; the masks make them logical.
+    are arithmetic; the masks make them logical. ``out`` and ``tmp`` are optional buffers shaped
+    like ``keys``.
     """
-    z = torch.bitwise_xor(keys, _SEED)
-    t = torch.bitwise_right_shift(z, 30).bitwise_and_((1 << 34) - 1)
-    z.bitwise_xor_(t).mul_(_M1)
+    z = torch.bitwise_xor(keys, _SEED, out=out) if out is not None else keys ^ _SEED
+    t = torch.bitwise_right_shift(z, 30, out=tmp) if tmp is not None else z >> 30
+    z.bitwise_xor_(t.bitwise_and_((1 << 34) - 1)).mul_(_M1)
     t = torch.bitwise_right_shift(z, 27, out=t).bitwise_and_((1 << 37) - 1)
     z.bitwise_xor_(t).mul_(_M2)
-    return z.bitwise_right_shift_(64 - bits).bitwise_and_((1 << bits) - 1)
+    # Top 32 bits times the bucket count, over 2**32: any bucket count, no modulo.
+    z = z.bitwise_right_shift_(32).bitwise_and_((1 << 32) - 1).mul_(buckets)
+    return z.bitwise_right_shift_(32)
 
 
 def _column(onehot: torch.Tensor) -> torch.Tensor:
@@ -67,8 +77,7 @@ def _column(onehot: torch.Tensor) -> torch.Tensor:
 
 
 def _buckets_for(capacity: int, load_factor: float) -> int:
-    need = max(1, int(-(-capacity // (_PAIRS * load_factor))))
-    return max(2, 1 << (need - 1).bit_length())
+    return max(2, math.ceil(capacity / (_PAIRS * load_factor)))
 
 
 class KeyIndex:
@@ -78,7 +87,7 @@ class KeyIndex:
     ----------
     capacity:
         Keys to hold without growing; the table holds ``capacity / load_factor`` slots (rounded
-        up to a power of two buckets).
+        up to whole buckets).
     device:
         Where every tensor lives; keys and values passed in must be there too.
     load_factor:
@@ -97,6 +106,7 @@ class KeyIndex:
         self._len = 0
         self._special: int | None = None  # value of the key equal to the empty marker
         self._step_cache = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._buffers: dict[str, torch.Tensor] = {}
         self._alloc(_buckets_for(capacity, load_factor))
 
     @staticmethod
@@ -107,7 +117,6 @@ class KeyIndex:
 
     def _alloc(self, buckets: int) -> None:
         self._buckets = buckets
-        self._bits = buckets.bit_length() - 1
         rows = buckets + _PAD
         self._table = torch.empty(rows, 2 * _PAIRS, dtype=torch.int64, device=self.device)
         self._table[:, 0::2] = _EMPTY
@@ -135,30 +144,48 @@ class KeyIndex:
 
     # -- probing -------------------------------------------------------------------------------
 
+    def _scratch(
+        self, name: str, n: int, *shape: int, dtype: torch.dtype = torch.int64
+    ) -> torch.Tensor:
+        """A reused buffer of ``n`` rows: fresh large allocations each call cost page faults."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[0] < n:
+            buf = torch.empty(max(n, 1024), *shape, dtype=dtype, device=self.device)
+            self._buffers[name] = buf
+        return buf[:n]
+
     def _find(
         self, keys: torch.Tensor, values: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(where, found, home)`` of each key; garbage in ``where`` where not found.
 
-        ``where`` is the key's value if ``values`` else its flat pair index in the table.
+        ``where`` is the key's value if ``values`` else its flat pair index in the table. With
+        ``values``, ``home`` is a scratch buffer that the next call overwrites.
         """
         n = keys.numel()
-        home = _home(keys, self._bits)
-        rows = torch.index_select(self._table, 0, home)
-        hit = rows[:, 0::2] == keys[:, None]
-        col = _column(hit).to(torch.int64)
-        found = hit.view(_WORD).view(-1) != 0
+        home = self._scratch("home", n) if values else None
+        home = _home(keys, self._buckets, out=home, tmp=self._scratch("tmp", n))
+        rows = torch.index_select(self._table, 0, home, out=self._scratch("rows", n, 2 * _PAIRS))
+        hit = torch.eq(
+            rows[:, 0::2], keys[:, None], out=self._scratch("hit", n, _PAIRS, dtype=torch.bool)
+        )
+        word = hit.view(_WORD).view(-1)
+        found = word != 0
+        # Top bits of word * _COLS give the column; one shift less gives twice the column.
+        twice = torch.mul(word, _COLS, out=self._scratch("twice", n, dtype=_WORD))
+        twice = twice.bitwise_right_shift_(8 * _PAIRS - _TOP - 1).bitwise_and_(2 * _PAIRS - 2)
         if values:  # read values from the gathered rows: sequential, unlike the table
-            where = rows.view(-1)[col.mul_(2).add_(self._steps(n))]
+            pos = torch.add(self._steps(n), twice, out=self._scratch("tmp", n))
+            where = torch.index_select(rows.view(-1), 0, pos)
         else:
-            where = col.add_(home, alpha=_PAIRS)
-        todo = (~found).nonzero().squeeze(1)
-        if todo.numel():
+            where = twice.to(torch.int64).bitwise_right_shift_(1).add_(home, alpha=_PAIRS)
+        if not bool(found.all()):
+            todo = (~found).nonzero().squeeze(1)
             self._find_spilled(keys, home, todo, found, where, values)
         return where, found, home
 
     def _steps(self, n: int) -> torch.Tensor:
-        """``[1, 9, 17, ...]``: where the first value of each gathered row sits (cached)."""
+        """``[1, 2P + 1, 4P + 1, ...]``: where the first value of each gathered row sits."""
         if self._step_cache.numel() < n:
             self._step_cache = torch.arange(
                 1, 2 * _PAIRS * max(n, 1024) + 1, 2 * _PAIRS, device=self.device
@@ -174,32 +201,38 @@ class KeyIndex:
         where: torch.Tensor,
         values: bool,
     ) -> None:
-        """Follow spill chains for keys missing from their home bucket, a window at a time."""
-        last = self._table.shape[0] - 1
-        steps = torch.arange(1, _WINDOW + 1, device=self.device)
-        bucket = home[todo]
-        while todo.numel():
-            go = self._spill[bucket] > 0  # someone probed past: the key may lie further on
-            todo, bucket = todo[go], bucket[go]
+        """Follow spill chains for keys missing from their home bucket, a window at a time.
+
+        Such keys are few (a few percent at load 0.5), so each round gathers the next
+        ``_WINDOW`` buckets as one contiguous slice of the table per key.
+        """
+        span = 2 * _PAIRS * _WINDOW
+        windows = self._flat.as_strided((self._table.shape[0] - _WINDOW + 1, span), (2 * _PAIRS, 1))
+        start = home[todo]  # the window starts after this bucket
+        while True:
+            go = (self._spill[start] > 0).nonzero().squeeze(1)  # someone probed past it
+            if go.numel() < todo.numel():
+                todo, start = todo[go], start[go]
             if not todo.numel():
                 return
-            window = (bucket[:, None] + steps).clamp_(max=last)  # [q, W] buckets
-            rows = self._table[window]  # [q, W, 8]
-            hit = (rows[..., 0::2] == keys[todo][:, None, None]).view(todo.numel(), -1)
-            got = hit.any(1)
-            pos = hit.to(torch.uint8).argmax(1)  # pair index within the window
-            idx, pos = todo[got], pos[got]
-            b = window[got].gather(1, (pos // _PAIRS)[:, None]).squeeze(1)
-            slot = b * _PAIRS + pos % _PAIRS
-            where[idx] = self._flat[slot * 2 + 1] if values else slot
-            found[idx] = True
-            todo, bucket = todo[~got], window[~got][:, -1]
+            start = start.add_(1).clamp_(max=windows.shape[0] - 1)
+            rows = torch.index_select(windows, 0, start)  # [q, W * 2P]
+            got, pos = (rows[:, 0::2] == keys[todo][:, None]).max(1)  # pair within the window
+            if values:
+                hit = rows.gather(1, pos[:, None].mul_(2).add_(1)).squeeze(1)
+            else:
+                hit = pos.add_(start, alpha=_PAIRS)
+            idx = got.nonzero().squeeze(1)
+            where[todo[idx]] = hit[idx]
+            found[todo[idx]] = True
+            miss = (~got).nonzero().squeeze(1)
+            todo, start = todo[miss], start[miss] + (_WINDOW - 1)
 
     def _mask_special(self, keys: torch.Tensor, found: torch.Tensor) -> torch.Tensor | None:
         """Correct ``found`` for keys equal to the empty marker; return their mask if any."""
-        special = keys == _EMPTY
-        if not bool(special.any()):
+        if not keys.numel() or int(keys.min()) != _EMPTY:  # one pass; the marker is the min
             return None
+        special = keys == _EMPTY
         found.masked_fill_(special, self._special is not None)
         return special
 
@@ -207,7 +240,7 @@ class KeyIndex:
         """Values of ``keys`` (``default`` where missing) and the found mask."""
         values, found, _ = self._find(keys, values=True)
         special = self._mask_special(keys, found)
-        values.masked_fill_(~found, default)
+        values = torch.where(found, values, default)
         if special is not None and self._special is not None:
             values.masked_fill_(special, self._special)
         return values, found
@@ -237,7 +270,7 @@ class KeyIndex:
     def _insert(self, keys: torch.Tensor, values: torch.Tensor, home: torch.Tensor | None) -> None:
         """Place keys known to be absent, each in a free slot of the first bucket with one."""
         if home is None:
-            home = _home(keys, self._bits)
+            home = _home(keys, self._buckets)
         bucket = home.clone()
         todo = torch.arange(keys.numel(), device=self.device)
         while todo.numel():

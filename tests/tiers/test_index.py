@@ -46,12 +46,12 @@ def colliding_keys(ix: KeyIndex, n: int, seed: int = 0) -> torch.Tensor:
     """``n`` distinct keys sharing one home bucket in ``ix``'s current table."""
     g = torch.Generator().manual_seed(seed)
     pool = torch.randint(I64_MIN, I64_MAX, (200_000,), generator=g).unique()
-    home = _home(pool.to(ix.device), ix._bits).cpu()
+    home = _home(pool.to(ix.device), ix._buckets).cpu()
     target = int(torch.bincount(home).argmax())
     keys = pool[home == target]
-    while keys.numel() < n:  # shift by multiples of the bucket count keeps the home
+    while keys.numel() < n:  # neighbours of colliding keys, filtered to the same home
         keys = torch.cat([keys, keys + 1]).unique()
-        keys = keys[_home(keys.to(ix.device), ix._bits).cpu() == target]
+        keys = keys[_home(keys.to(ix.device), ix._buckets).cpu() == target]
     return keys[:n].to(ix.device)
 
 
@@ -133,7 +133,7 @@ def test_spare_buckets_running_out_grows_the_table() -> None:
     ix = KeyIndex(1 << 12)
     last = ix._buckets - 1  # keys homed in the last bucket spill into the padding
     pool = torch.randint(I64_MIN, I64_MAX, (2_000_000,), generator=torch.Generator().manual_seed(1))
-    keys = pool[_home(pool, ix._bits) == last][: 20 * _PAIRS]
+    keys = pool[_home(pool, ix._buckets) == last][: 20 * _PAIRS]
     assert keys.numel() == 20 * _PAIRS  # more than the spare buckets hold
     ix.put(keys, keys)
     values, found = ix.get(keys)
