@@ -179,8 +179,8 @@ class KeyIndex:
             where = torch.index_select(rows.view(-1), 0, pos)
         else:
             where = twice.to(torch.int64).bitwise_right_shift_(1).add_(home, alpha=_PAIRS)
-        if not bool(found.all()):
-            todo = (~found).nonzero().squeeze(1)
+        todo = (~found).nonzero().squeeze(1)  # a few percent at load 0.5: rarely none
+        if todo.numel():
             self._find_spilled(keys, home, todo, found, where, values)
         return where, found, home
 
@@ -206,8 +206,7 @@ class KeyIndex:
         Such keys are few (a few percent at load 0.5), so each round gathers the next
         ``_WINDOW`` buckets as one contiguous slice of the table per key.
         """
-        span = 2 * _PAIRS * _WINDOW
-        windows = self._flat.as_strided((self._table.shape[0] - _WINDOW + 1, span), (2 * _PAIRS, 1))
+        windows = self._windows()
         start = home[todo]  # the window starts after this bucket
         while True:
             go = (self._spill[start] > 0).nonzero().squeeze(1)  # someone probed past it
@@ -261,54 +260,68 @@ class KeyIndex:
         new = (~found).nonzero().squeeze(1)
         if not new.numel():
             return
-        if self._len + new.numel() > self.load_factor * self.slots:
-            self._rebuild(self._len + new.numel())
-            self._insert(keys[new], values[new], None)  # homes moved with the table size
+        if new.numel() < keys.numel():
+            keys, values, home = keys[new], values[new], home[new]
+        if self._len + keys.numel() > self.load_factor * self.slots:
+            self._rebuild(self._len + keys.numel())
+            self._insert(keys, values, None)  # homes moved with the table size
         else:
-            self._insert(keys[new], values[new], home[new])
+            self._insert(keys, values, home)
+
+    def _windows(self) -> torch.Tensor:
+        """Overlapping view: row ``b`` is buckets ``b .. b + _WINDOW - 1`` of the table."""
+        rows = self._table.shape[0] - _WINDOW + 1
+        return self._flat.as_strided((rows, 2 * _PAIRS * _WINDOW), (2 * _PAIRS, 1))
 
     def _insert(self, keys: torch.Tensor, values: torch.Tensor, home: torch.Tensor | None) -> None:
-        """Place keys known to be absent, each in a free slot of the first bucket with one."""
+        """Place keys known to be absent, each in the first bucket from its home with room.
+
+        A round looks at a window of buckets per pending key. Keys aiming at one bucket pick
+        different free slots where they can; those that still collide retry next round.
+        """
         if home is None:
             home = _home(keys, self._buckets)
-        bucket = home.clone()
+        windows = self._windows()
+        start = home.clone()
         todo = torch.arange(keys.numel(), device=self.device)
         while todo.numel():
-            free = torch.index_select(self._table, 0, bucket)[:, 0::2] == _EMPTY
-            nfree = free.sum(1)
-            full = nfree == 0
-            if bool(full.any()):
-                bucket[full] += 1
-                if int(bucket.max()) >= self._table.shape[0]:
-                    self._rebuild(self._len + todo.numel())  # spare buckets ran out
-                    self._insert(keys[todo], values[todo], None)
-                    return
-            # Spread keys aiming at one bucket over its free slots to cut down on retries.
-            rank = (todo % nfree.clamp(min=1)).add_(1)
-            pick = free & (free.cumsum(1) == rank[:, None])
+            if int(start.max()) >= windows.shape[0]:
+                self._rebuild(self._len + todo.numel())  # spare buckets ran out
+                self._insert(keys[todo], values[todo], None)
+                return
+            free = torch.index_select(windows, 0, start)[:, 0::2] == _EMPTY  # [q, W * P]
+            nfree = free.view(-1, _WINDOW, _PAIRS).sum(2)  # per bucket of the window
+            has, first = (nfree > 0).max(1)  # first bucket with room
+            # Spread keys over that bucket's free slots to cut down on collisions.
+            n_first = nfree.gather(1, first[:, None]).clamp_(min=1)
+            rank = (todo[:, None] % n_first).add_(1)
+            mine = free.view(-1, _WINDOW, _PAIRS)[torch.arange(todo.numel()), first]
+            pick = mine & (mine.cumsum(1) == rank)
+            bucket = start + first
             slot = _column(pick).to(torch.int64).add_(bucket, alpha=_PAIRS)
-            slot[full] = -1
-            aim = (~full).nonzero().squeeze(1)
-            self._flat[slot[aim] * 2] = keys[todo[aim]]
-            won = aim[self._flat[slot[aim] * 2] == keys[todo[aim]]]
+            aim = has.nonzero().squeeze(1)
+            k = keys[todo[aim]]
+            self._flat[slot[aim] * 2] = k
+            won = aim[self._flat[slot[aim] * 2] == k]
             self._flat[slot[won] * 2 + 1] = values[todo[won]]
             self._add_spill(home[todo[won]], bucket[won], 1)
             self._len += won.numel()
+            start = torch.where(has, bucket, start + _WINDOW)  # losers retry from their pick
             keep = torch.ones_like(todo, dtype=torch.bool)
             keep[won] = False
-            todo, bucket = todo[keep], bucket[keep]
+            todo, start = todo[keep], start[keep]
 
     def _add_spill(self, home: torch.Tensor, bucket: torch.Tensor, step: int) -> None:
         """Add ``step`` to the spill count of every bucket from ``home`` up to ``bucket``."""
         dist = bucket - home
-        far = dist > 0
-        while bool(far.any()):
-            h = home[far]
-            self._spill.index_put_(
-                (h,), torch.tensor(step, dtype=torch.int32, device=self.device), accumulate=True
-            )
-            home, dist = h + 1, dist[far] - 1
-            far = dist > 0
+        far = (dist > 0).nonzero().squeeze(1)
+        if not far.numel():
+            return
+        home, dist = home[far], dist[far]
+        steps = torch.arange(int(dist.max()), device=self.device)
+        passed = home[:, None] + steps
+        one = torch.tensor(step, dtype=torch.int32, device=self.device)
+        self._spill.index_put_((passed[steps < dist[:, None]],), one, accumulate=True)
 
     def delete(self, keys: torch.Tensor) -> torch.Tensor:
         """Remove ``keys``; returns which were present."""

@@ -331,3 +331,14 @@ def test_large_cache_on_cuda() -> None:
     assert len(ev) == keys.numel() - 100_000 and len(c) == 100_000
     got = c.lookup(keys)
     assert int(got.found.sum()) == 100_000
+
+
+def test_lru_order_after_many_calls() -> None:
+    c = cache("cpu", cap=3)  # past 4 * capacity calls LRU ranks with top-k, not a histogram
+    for x in (1, 2, 3):
+        c.upsert(k(x), rows(k(x)))
+    for _ in range(20):
+        c.lookup(k(3))
+    c.lookup(k(1))
+    assert c.evict(n=1).keys.tolist() == [2]
+    assert c.evict(n=1).keys.tolist() == [3]
