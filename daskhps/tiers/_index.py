@@ -31,6 +31,7 @@ _EMPTY = -(2**63)
 _PAIRS = 4  # key/value pairs per bucket: one 64-byte cache line
 _PAD = 16  # spare buckets after the last home bucket
 _WINDOW = 4  # buckets searched per round once a key is not in its home bucket
+_CHUNK = 1 << 19  # keys probed at once; larger batches go in chunks
 _SEED = 0x2545F4914F6CDD1D  # makes the mix differ from the one used for owner routing
 
 
@@ -140,7 +141,13 @@ class KeyIndex:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the table, excluding :attr:`scratch_bytes`."""
         return self._table.nbytes + self._spill.nbytes
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of the buffers reused across lookups (grow with the batch, up to a chunk)."""
+        return sum(b.nbytes for b in self._buffers.values()) + self._step_cache.nbytes
 
     # -- probing -------------------------------------------------------------------------------
 
@@ -163,6 +170,9 @@ class KeyIndex:
         ``values``, ``home`` is a scratch buffer that the next call overwrites.
         """
         n = keys.numel()
+        if n > _CHUNK:  # bounds the scratch buffers (about 100 bytes per key)
+            parts = [self._find(part, values) for part in keys.split(_CHUNK)]
+            return tuple(torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
         home = self._scratch("home", n) if values else None
         home = _home(keys, self._buckets, out=home, tmp=self._scratch("tmp", n))
         rows = torch.index_select(self._table, 0, home, out=self._scratch("rows", n, 2 * _PAIRS))

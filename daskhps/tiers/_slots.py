@@ -126,6 +126,7 @@ class SlotCache(Tier):
             capacity_rows=self._cap,
             pinned=self.pinned_count,
             index_bytes=self._index.nbytes,
+            index_scratch_bytes=self._index.scratch_bytes,
             index_load=self._index.load,
             bytes=self.nbytes,
         )

@@ -3,8 +3,10 @@
 The trainer gives it a share of the Dask worker's memory limit. The row capacity is derived
 honestly from that budget: each row costs its floats (``4 * width`` bytes) plus its slot
 metadata and its share of the key index, and :attr:`HostMemory.nbytes` never exceeds the
-budget. Where CUDA is available the slab can sit in page-locked memory, so copies to the device
-cache run at full speed.
+budget. Lookups also reuse scratch buffers of about 100 bytes per key of the largest batch (at
+most half a million keys at once), reported as ``index_scratch_bytes`` in ``stats.extra``.
+Where CUDA is available the slab can sit in page-locked memory, so copies to the device cache
+run at full speed.
 """
 
 from __future__ import annotations

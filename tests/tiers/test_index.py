@@ -8,6 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from daskhps.tiers import _index
 from daskhps.tiers._index import _PAIRS, KeyIndex, _home
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -99,6 +100,20 @@ def test_growth_keeps_load_and_contents() -> None:
         assert ix.load <= ix.load_factor
     values, found = ix.get(keys)
     assert found.all() and torch.equal(values, keys * 2)
+
+
+def test_large_batches_go_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_index, "_CHUNK", 100)
+    ix = KeyIndex(10)
+    keys = torch.randperm(1000) - 500
+    ix.put(keys, keys * 3)
+    values, found = ix.get(torch.cat([keys, keys + 10_000]))
+    assert found[:1000].all() and not found[1000:].any()
+    assert torch.equal(values[:1000], keys * 3)
+    assert ix.delete(keys[::2]).all() and len(ix) == 500
+    small = KeyIndex(10)
+    small.get(keys[:100])
+    assert ix.scratch_bytes == small.scratch_bytes  # sized by the chunk, not the batch
 
 
 def test_overwrite_and_default() -> None:
