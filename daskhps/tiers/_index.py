@@ -92,7 +92,7 @@ class KeyIndex:
     device:
         Where every tensor lives; keys and values passed in must be there too.
     load_factor:
-        Most occupied slots per slot before the table doubles.
+        Most occupied slots per slot before the table grows.
     """
 
     def __init__(
@@ -188,7 +188,8 @@ class KeyIndex:
             pos = torch.add(self._steps(n), twice, out=self._scratch("tmp", n))
             where = torch.index_select(rows.view(-1), 0, pos)
         else:
-            where = twice.to(torch.int64).bitwise_right_shift_(1).add_(home, alpha=_PAIRS)
+            where = twice.to(torch.int64, copy=True).bitwise_right_shift_(1)
+            where = where.add_(home, alpha=_PAIRS)
         todo = (~found).nonzero().squeeze(1)  # a few percent at load 0.5: rarely none
         if todo.numel():
             self._find_spilled(keys, home, todo, found, where, values)
@@ -256,27 +257,31 @@ class KeyIndex:
 
     # -- updates -------------------------------------------------------------------------------
 
-    def put(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Insert or overwrite; ``keys`` must be unique. Grows past the load factor."""
+    def put(self, keys: torch.Tensor, values: torch.Tensor, *, absent: bool = False) -> None:
+        """Insert or overwrite; ``keys`` must be unique. Grows past the load factor.
+
+        ``absent`` promises that no key is present yet, which skips looking them up.
+        """
         special = keys == _EMPTY
         if bool(special.any()):
             self._len += self._special is None
             self._special = int(values[special][0])
             keys, values = keys[~special], values[~special]
-        slot, found, home = self._find(keys)
-        old = found.nonzero().squeeze(1)
-        if old.numel():
-            self._flat[slot[old] * 2 + 1] = values[old]
-        new = (~found).nonzero().squeeze(1)
-        if not new.numel():
+        home = None
+        if not absent:
+            slot, found, home = self._find(keys)
+            old = found.nonzero().squeeze(1)
+            if old.numel():
+                self._flat[slot[old] * 2 + 1] = values[old]
+            new = (~found).nonzero().squeeze(1)
+            if new.numel() < keys.numel():
+                keys, values, home = keys[new], values[new], home[new]
+        if not keys.numel():
             return
-        if new.numel() < keys.numel():
-            keys, values, home = keys[new], values[new], home[new]
         if self._len + keys.numel() > self.load_factor * self.slots:
             self._rebuild(self._len + keys.numel())
-            self._insert(keys, values, None)  # homes moved with the table size
-        else:
-            self._insert(keys, values, home)
+            home = None  # homes move with the table size
+        self._insert(keys, values, home)
 
     def _windows(self) -> torch.Tensor:
         """Overlapping view: row ``b`` is buckets ``b .. b + _WINDOW - 1`` of the table."""

@@ -120,7 +120,7 @@ class SlotCache(Tier):
     @property
     def stats(self) -> TierStats:
         s = self._stats
-        s.hits = int(self._hits)
+        s.hits = s.rows_read = int(self._hits)  # rows read = rows returned by lookups
         s.extra.update(
             rows=len(self),
             capacity_rows=self._cap,
@@ -141,10 +141,14 @@ class SlotCache(Tier):
         if out is None:
             out = torch.empty(n, self.width, dtype=torch.float32, device=self.device)
         elif (
-            out.shape != (n, self.width) or out.dtype != torch.float32 or out.device != self.device
+            out.shape != (n, self.width)
+            or out.dtype != torch.float32
+            or out.device != self.device
+            or not out.is_contiguous()
         ):
             raise DataError(
-                f"{self.name}: lookup out= must be float32[{n}, {self.width}] on {self.device}, "
+                f"{self.name}: lookup out= must be a contiguous float32[{n}, {self.width}] on "
+                f"{self.device}, "
                 f"got {out.dtype}{list(out.shape)} on {out.device}; allocate it to match the keys"
             )
         slots, found = self._index.get(keys, default=self._cap)  # missing: the zero row
@@ -182,7 +186,7 @@ class SlotCache(Tier):
             self._n_free -= m
             if m < keys.numel():
                 keys, rows = keys[new], rows[new]
-            self._index.put(keys, s)
+            self._index.put(keys, s, absent=True)  # just looked up: all absent
             self._slab.index_copy_(0, s, rows)
             self._key[s] = keys
             self._used[s] = True

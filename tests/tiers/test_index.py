@@ -116,6 +116,15 @@ def test_large_batches_go_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ix.scratch_bytes == small.scratch_bytes  # sized by the chunk, not the batch
 
 
+def test_put_absent_skips_the_lookup() -> None:
+    ix = KeyIndex(8)
+    ix.put(t([1, I64_MIN]), t([10, 11]), absent=True)
+    ix.put(t([2, 3]), t([20, 30]), absent=True)
+    values, found = ix.get(t([1, 2, 3, I64_MIN, 4]))
+    assert found.tolist() == [True, True, True, True, False]
+    assert values.tolist() == [10, 20, 30, 11, -1] and len(ix) == 4
+
+
 def test_overwrite_and_default() -> None:
     ix = KeyIndex(8)
     ix.put(t([1, 2, 3]), t([10, 20, 30]))
