@@ -94,6 +94,7 @@ class SlotCache(Tier):
         self._clock = 0
         self._stats = TierStats()
         self._hits = torch.zeros((), dtype=torch.int64, device=dev)  # summed lazily: no sync
+        self._one = torch.ones((), dtype=torch.int64, device=dev)
 
     @staticmethod
     def bytes_per_row(width: int, policy: str = "lru") -> int:
@@ -291,8 +292,7 @@ class SlotCache(Tier):
         self._clock += bump
         self._stamp.index_fill_(0, slots, self._clock)
         if self._count is not None:
-            one = torch.ones((), dtype=torch.int64, device=self.device)
-            self._count.index_put_((slots,), one, accumulate=True)
+            self._count.index_add_(0, slots, self._one.expand(slots.numel()))
 
     def _victims(self, n: int, keep: torch.Tensor | None, strict: bool) -> torch.Tensor:
         """Slots of up to ``n`` evictable rows, lowest policy score first; none are changed."""
