@@ -42,7 +42,9 @@ class TableSpec:
                 f"table name {self.name!r} must be non-empty letters, digits, '-', '_' or '.'"
             )
         if not isinstance(self.dim, int) or self.dim < 1:
-            raise ConfigError(f"table {self.name!r}: dim must be a positive integer, got {self.dim!r}")
+            raise ConfigError(
+                f"table {self.name!r}: dim must be a positive integer, got {self.dim!r}"
+            )
         if self.init_scale is not None and not (
             self.init_scale >= 0 and math.isfinite(self.init_scale)
         ):

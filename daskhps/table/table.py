@@ -35,9 +35,10 @@ from daskhps.errors import CapacityError, DataError
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import apply_update, init_state
 from daskhps.table.spec import TableSpec
+from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.base import Evicted, check_keys
 from daskhps.tiers.device import DeviceCache
-from daskhps.tiers.host import HostMemory
+from daskhps.tiers.host import HostMemory, rows_for_bytes
 from daskhps.tiers.zarr_store import CommitInfo, ZarrStore
 
 __all__ = ["EmbeddingTable", "StageReport"]
@@ -128,10 +129,8 @@ class EmbeddingTable:
                 f"{spec.name}/device", spec.width, device_rows, device=dev, policy=policy
             )
             host = None
-            if host_bytes > 0:
-                host = HostMemory(f"{spec.name}/host", spec.width, host_bytes)
-                if host.capacity_rows == 0:
-                    host = None
+            if rows_for_bytes(spec.width, host_bytes, policy) > 0:
+                host = HostMemory(f"{spec.name}/host", spec.width, host_bytes, policy=policy)
         except BaseException:
             store.close()
             raise
@@ -316,37 +315,35 @@ class EmbeddingTable:
     def _resident_slots(self, ukeys: torch.Tensor, op: str) -> torch.Tensor:
         """Device slots of unique keys, promoting missing rows from below first."""
         cache = self.device_cache
-        slots = cache.find_slots(ukeys)
+        slots = cache.find_slots(ukeys, touch=True)
         hit = slots >= 0
         n_hit = int(hit.sum())
         self._sources["device"] += n_hit
         if n_hit == len(ukeys):
-            cache.touch(slots)
             return slots
-        unpinned_room = cache.capacity_rows - len(self._staged)
-        extra = int(torch.isin(ukeys, self._staged).logical_not_().sum()) if len(self._staged) else len(ukeys)
-        if extra > unpinned_room:
+        staged = self._staged
+        unpinned = len(ukeys) - (int(torch.isin(ukeys, staged).sum()) if len(staged) else 0)
+        if unpinned > cache.capacity_rows - len(staged):
             raise CapacityError(
-                f"{self._where(op)}: {len(ukeys):,} unique keys ({extra:,} not pinned) do not fit "
-                f"the device tier of {cache.capacity_rows:,} rows with {len(self._staged):,} "
+                f"{self._where(op)}: {len(ukeys):,} unique keys ({unpinned:,} not pinned) do not "
+                f"fit the device tier of {cache.capacity_rows:,} rows with {len(staged):,} "
                 "pinned; stage the pass's keys first, use smaller batches or a larger device tier"
             )
         miss = ~hit
         mkeys = ukeys[miss]
         rows, dirty = self._fetch_below(mkeys)
-        # Keep this batch's resident rows from being displaced by its own missing ones.
-        protect = ukeys[hit]
-        if len(self._staged):
-            protect = protect[~torch.isin(protect, self._staged)]
-        cache.pin(protect)
+        # This batch's resident rows must not be displaced by its own missing ones (LFU could
+        # pick them): pin them for the insert, then restore the staged pins.
+        cache.pin(ukeys[hit])
         try:
-            displaced = cache.upsert(mkeys, rows, dirty=dirty)
+            displaced = _insert(cache, Evicted(mkeys, rows, dirty))
         finally:
-            cache.unpin(protect)
-        self._push_down(displaced)
+            cache.unpin_all()
+            if len(staged):
+                cache.pin(staged)
         slots = slots.clone()
-        slots[miss] = cache.find_slots(mkeys)
-        cache.touch(slots)
+        slots[miss] = cache.find_slots(mkeys, touch=True)
+        self._push_down(displaced)
         return slots
 
     def _fetch_below(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,11 +417,19 @@ class EmbeddingTable:
                     displaced.keys[:cap], displaced.rows[:cap], displaced.dirty[:cap]
                 )
             if len(displaced):
-                pushed = self.host.upsert(displaced.keys, displaced.rows, dirty=displaced.dirty)
+                pushed = _insert(self.host, displaced)
                 to_store.append(pushed.only_dirty())
         down = Evicted.concat(to_store, self.spec.width)
         if len(down):
             self.store.upsert(down.keys, down.rows)
+
+
+def _insert(cache: SlotCache, new: Evicted) -> Evicted:
+    """Upsert rows whose dirty flags differ row by row; returns the rows displaced."""
+    displaced = cache.upsert(new.keys, new.rows, dirty=False)
+    if bool(new.dirty.any()):
+        cache.mark_dirty(cache.find_slots(new.keys[new.dirty]))
+    return displaced
 
 
 def _positions(keys: torch.Tensor, subset: torch.Tensor) -> torch.Tensor:
