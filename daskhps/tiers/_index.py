@@ -17,6 +17,9 @@ Every operation works on whole key batches: one round per bucket of probing (rar
 one or two), each vectorised over all pending keys. Batch keys that claim one free slot are
 resolved by writing them all and keeping the key that reads back. An empty slot holds
 ``INT64_MIN``; a real key of that value lives beside the table.
+
+Lookups reuse scratch buffers (fresh large tensors each call would cost page faults), so one
+index must not be used from two threads at once; callers serialise access.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ::
 
-    index  KeyIndex        key -> slot
+    index  KeyIndex                       key -> slot
     slab   float32[capacity + 1, width]   row of each slot; the last row stays zero and is
                                           what lookups of missing keys gather
     key    int64[capacity]                key of each occupied slot
@@ -13,7 +13,9 @@
 
 Every one of ``capacity`` slots is usable: the index maps any key to any slot, so, unlike a
 set-associative cache, no row is displaced while free slots remain. Eviction picks victims over
-the whole cache with one top-k over the last-use stamps (or use counts) of unpinned rows.
+the whole cache by last-use stamps (LRU) or use counts (LFU) of unpinned rows: a histogram of
+the stamps while they span a small range, else one top-k. Not thread-safe: callers serialise
+access (Dask worker threads must not share a cache without a lock).
 """
 
 from __future__ import annotations
