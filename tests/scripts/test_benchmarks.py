@@ -1,0 +1,63 @@
+"""The benchmark scripts run end to end at small sizes and follow the ``--json`` convention.
+
+These are smoke runs that keep the scripts from rotting; the figures come from full runs
+(see docs/benchmarks.md), never from assertions on time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _run(script: str, *args: str) -> list[dict]:
+    res = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), "--json", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    assert lines
+    for rec in lines:
+        assert {"name", "value", "unit"} <= rec.keys(), rec
+        if "baseline" in rec:
+            assert rec["ratio"] == pytest.approx(rec["value"] / rec["baseline"], rel=1e-2)
+    return lines
+
+
+@pytest.mark.slow
+def test_bench_table_quick() -> None:
+    recs = _run("bench_table.py", "--quick")
+    names = " ".join(r["name"] for r in recs)
+    for part in ("device lookup hits", "insert+evict", "zarr tier read", "table.stage", "zipf"):
+        assert part in names
+    zipf = [r for r in recs if r["name"].startswith("zipf")]
+    assert len(zipf) == 3
+    for r in zipf:
+        rates = r["device_hit"] + r["host_hit"] + r["zarr_hit"] + r["init"]
+        assert rates == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_bench_pipeline_quick(tmp_path: Path) -> None:
+    recs = _run(
+        "bench_pipeline.py",
+        "--rows",
+        "20000",
+        "--parts",
+        "2",
+        "--repeat",
+        "1",
+        "--out",
+        str(tmp_path / "logs"),
+    )
+    assert any("read_csv" in (r.get("baseline_name") or r["name"]) for r in recs)
