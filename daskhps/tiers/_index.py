@@ -230,7 +230,9 @@ class KeyIndex:
                 return
             start = start.add_(1).clamp_(max=windows.shape[0] - 1)
             rows = torch.index_select(windows, 0, start)  # [q, W * 2P]
-            got, pos = (rows[:, 0::2] == keys[todo][:, None]).max(1)  # pair within the window
+            hit = (rows[:, 0::2] == keys[todo][:, None]).to(torch.uint8)
+            got, pos = hit.max(1)  # found, and the pair within the window
+            got = got.bool()
             if values:
                 hit = rows.gather(1, pos[:, None].mul_(2).add_(1)).squeeze(1)
             else:
@@ -309,7 +311,8 @@ class KeyIndex:
                 return
             free = torch.index_select(windows, 0, start)[:, 0::2] == _EMPTY  # [q, W * P]
             nfree = free.view(-1, _WINDOW, _PAIRS).sum(2)  # per bucket of the window
-            has, first = (nfree > 0).max(1)  # first bucket with room
+            room, first = (nfree > 0).to(torch.uint8).max(1)  # first bucket with room
+            has = room.bool()
             # Spread keys over that bucket's free slots to cut down on collisions.
             n_first = nfree.gather(1, first[:, None]).clamp_(min=1)
             rank = (todo[:, None] % n_first).add_(1)
