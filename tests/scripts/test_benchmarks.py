@@ -30,7 +30,7 @@ def _run(script: str, *args: str) -> list[dict]:
     for rec in lines:
         assert {"name", "value", "unit"} <= rec.keys(), rec
         if "baseline" in rec:
-            assert rec["ratio"] == pytest.approx(rec["value"] / rec["baseline"], rel=1e-2)
+            assert rec["ratio"] == pytest.approx(rec["value"] / rec["baseline"], rel=1e-2, abs=1e-4)
     return lines
 
 
