@@ -31,6 +31,7 @@ __all__ = ["POLICIES", "SlotCache"]
 POLICIES = ("lru", "lfu")
 _NEVER = 2**63 - 1  # eviction score of slots that must not be chosen
 _STAMP_BITS = 40  # LFU score = count << 40 | stamp: counts first, then least recent
+_POOL_SHARE = 16  # an LRU scan keeps the oldest 1/16 of the slots as the next victims
 
 
 class SlotCache(Tier):
@@ -92,6 +93,8 @@ class SlotCache(Tier):
             else None
         )
         self._free = torch.arange(capacity_rows - 1, -1, -1, device=dev)
+        self._pool = torch.empty(0, dtype=torch.int64, device=dev)  # next LRU victims
+        self._pool_stamp = torch.empty(0, dtype=torch.int64, device=dev)
         self._n_free = capacity_rows
         self._clock = 0
         self._stats = TierStats()
@@ -268,6 +271,7 @@ class SlotCache(Tier):
 
     def unpin_all(self) -> None:
         self._pinned.zero_()
+        self._pool = self._pool[:0]  # unpinned rows may be older than the pooled ones
 
     @property
     def pinned_count(self) -> int:
@@ -300,6 +304,10 @@ class SlotCache(Tier):
         """Slots of up to ``n`` evictable rows, lowest policy score first; none are changed."""
         if n == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
+        if self._count is None:
+            pooled = self._from_pool(n, keep)
+            if pooled is not None:
+                return pooled
         ok = self._used & ~self._pinned
         if keep is not None and keep.numel():
             ok[keep] = False
@@ -316,10 +324,37 @@ class SlotCache(Tier):
         if self._count is not None:
             count = self._count[: self._cap].clamp(max=(1 << (63 - _STAMP_BITS)) - 1)
             score = (count << _STAMP_BITS) | (score & ((1 << _STAMP_BITS) - 1))
-        elif self._clock < 4 * self._cap:  # stamps span a small range: count instead of sort
-            return _lowest_by_histogram(score, ok, n, self._clock + 1)
-        score = score.masked_fill(~ok, _NEVER)
-        return torch.topk(score, n, largest=False, sorted=False).indices
+            score = score.masked_fill(~ok, _NEVER)
+            return torch.topk(score, n, largest=False, sorted=False).indices
+        # LRU: take more than asked and keep the rest as a pool for the next evictions.
+        k = min(avail, max(n, self._cap // _POOL_SHARE))
+        if self._clock < 4 * self._cap:  # stamps span a small range: count instead of sort
+            oldest = _lowest_by_histogram(score, ok, k, self._clock + 1)
+        else:
+            oldest = torch.topk(score.masked_fill(~ok, _NEVER), k, largest=False).indices
+        order = torch.argsort(score[oldest])
+        self._pool = oldest[order[n:]]
+        self._pool_stamp = score[self._pool]
+        return oldest[order[:n]]
+
+    def _from_pool(self, n: int, keep: torch.Tensor | None) -> torch.Tensor | None:
+        """``n`` LRU victims from the pool, or None if it holds too few valid ones.
+
+        Pooled slots were the oldest when the pool was made. Stamps only grow and new rows get
+        the newest, so a pooled slot whose stamp is unchanged is still older than every row
+        outside the pool; touched, removed and pinned ones are skipped.
+        """
+        pool = self._pool
+        if pool.numel() < n:
+            return None
+        valid = self._used[pool] & ~self._pinned[pool] & (self._stamp[pool] == self._pool_stamp)
+        if keep is not None and keep.numel():
+            valid &= ~torch.isin(pool, keep)
+        pool, stamp = pool[valid], self._pool_stamp[valid]
+        if pool.numel() < n:
+            return None
+        self._pool, self._pool_stamp = pool[n:], stamp[n:]  # the pool is sorted by stamp
+        return pool[:n]
 
     def _remove(self, slots: torch.Tensor) -> Evicted:
         """Take the rows of ``slots`` out (copies) and free the slots."""

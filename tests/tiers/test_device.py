@@ -342,3 +342,45 @@ def test_lru_order_after_many_calls() -> None:
     c.lookup(k(1))
     assert c.evict(n=1).keys.tolist() == [2]
     assert c.evict(n=1).keys.tolist() == [3]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lru_is_exact_with_the_victim_pool(seed: int) -> None:
+    """The displaced row is always one of the least recently used (ties share a call)."""
+    import random
+
+    rng = random.Random(seed)
+    cap = 96  # large enough that evictions come from the pool
+    c = cache("cpu", cap=cap)
+    used: dict[int, int] = {}  # key -> call of its last use
+    pinned: set[int] = set()
+    fresh = iter(range(10_000))
+    for call in range(600):
+        op = rng.random()
+        if op < 0.45 or not used:
+            key = next(fresh)
+            old = [rng.choice(list(used))] if used and rng.random() < 0.3 else []
+            ev = c.upsert(k(*old, key), rows(k(*old, key)))  # overwriting old must keep it
+            if len(used) == cap:
+                can = {x: t for x, t in used.items() if x not in pinned and x not in old}
+                (gone,) = ev.keys.tolist()
+                assert can[gone] == min(can.values())
+                del used[gone]
+            used.update(dict.fromkeys((*old, key), call))
+        elif op < 0.8:
+            key = rng.choice(list(used))
+            c.lookup(k(key))
+            used[key] = call
+        elif op < 0.87:
+            key = rng.choice(list(used))
+            if key not in pinned:
+                c.evict(keys=k(key))
+                del used[key]
+        elif op < 0.95:
+            key = rng.choice(list(used))
+            c.pin(k(key))
+            pinned.add(key)
+        else:
+            c.unpin_all()
+            pinned.clear()
+    assert sorted(c.keys().tolist()) == sorted(used)
