@@ -14,8 +14,10 @@
 Every one of ``capacity`` slots is usable: the index maps any key to any slot, so, unlike a
 set-associative cache, no row is displaced while free slots remain. Eviction picks victims over
 the whole cache by last-use stamps (LRU) or use counts (LFU) of unpinned rows: a histogram of
-the stamps while they span a small range, else one top-k. Not thread-safe: callers serialise
-access (Dask worker threads must not share a cache without a lock).
+the stamps while they span a small range, else one top-k. An LRU scan also keeps the next
+oldest sixteenth of the slots as a pool that serves later evictions without a scan (exact:
+stamps only grow). Not thread-safe: callers serialise access (Dask worker threads must not
+share a cache without a lock).
 """
 
 from __future__ import annotations
