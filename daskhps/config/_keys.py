@@ -1,0 +1,77 @@
+"""The tree of every key a run config accepts, built from the sections' own key lists, so the
+override checker and the reference cannot drift from what the loader enforces."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from daskhps.config.cluster import ClusterConfig
+from daskhps.config.data import TRAIN_KEYS, DataConfig, GenerateConfig, HoldoutConfig
+from daskhps.config.run import RunSection
+from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
+from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
+from daskhps.table.optimizers import OptimizerSpec
+
+__all__ = ["FREE", "SECTIONS", "all_keys", "key_tree"]
+
+FREE = "<free-form>"  # a mapping whose keys are checked by its component (schema, options)
+SECTIONS = ("run", "data", "passes", "table", "model", "dense_optimizer", "cluster", "eval")
+
+
+def _node(keys: tuple[str, ...], **sub: Any) -> dict[str, Any]:
+    unknown = set(sub) - set(keys)
+    assert not unknown, unknown  # a subsection must be one of the section's keys
+    return {k: sub.get(k) for k in keys}
+
+
+def key_tree() -> dict[str, Any]:
+    """``{key: None (a value) | FREE | {subkey: ...}}`` for the whole config."""
+    return {
+        "run": _node(RunSection.KEYS),
+        "data": _node(
+            DataConfig.KEYS,
+            train=_node(TRAIN_KEYS),
+            generate=_node(GenerateConfig.KEYS),
+            schema=FREE,
+            bad_rows=_node(("action", "max_fraction")),
+            holdout=_node(HoldoutConfig.KEYS),
+        ),
+        "passes": _node(PassesConfig.KEYS),
+        "table": _node(
+            TableConfig.KEYS,
+            optimizer=_node(tuple(f.name for f in fields(OptimizerSpec))),
+            tiers=_node(
+                TiersConfig.KEYS,
+                device=_node(DeviceTierConfig.KEYS),
+                host=_node(HostTierConfig.KEYS),
+            ),
+        ),
+        "model": {"name": None, "options": FREE},
+        "dense_optimizer": _node(DenseOptimizerConfig.KEYS),
+        "cluster": _node(ClusterConfig.KEYS),
+        "eval": _node(EvalConfig.KEYS),
+    }
+
+
+def all_keys(tree: dict[str, Any] | None = None, prefix: str = "") -> list[str]:
+    """Every dotted key, sections included, in document order."""
+    out: list[str] = []
+    for k, v in (key_tree() if tree is None else tree).items():
+        path = f"{prefix}.{k}" if prefix else k
+        out.append(path)
+        if isinstance(v, dict):
+            out.extend(all_keys(v, path))
+    return out
+
+
+def free_form(path: str) -> bool:
+    """True when ``path`` lies inside a free-form mapping (e.g. ``model.options.top_mlp``)."""
+    node: Any = key_tree()
+    for part in path.split("."):
+        if node == FREE:
+            return True
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return False

@@ -1,0 +1,246 @@
+"""The ``data`` section: training logs (files, or synthetic logs to generate), schema, bad-row
+policy, holdout and dataframe backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from daskhps.config._context import Ctx
+from daskhps.data.backend import BACKENDS
+from daskhps.data.badrows import BadRowPolicy
+from daskhps.data.schema import Schema, criteo_schema, load_schema
+from daskhps.data.source import SUCCESS, DataSource
+from daskhps.data.synthetic import GeneratorConfig
+from daskhps.errors import ConfigError
+
+__all__ = ["DataConfig", "GenerateConfig", "HoldoutConfig"]
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+TRAIN_KEYS = ("paths", "days", "require_complete")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Synthetic Criteo-format logs written to ``out`` (or reused when ``out`` already holds
+    every day, complete, generated with the same settings). ``workers``: generator threads."""
+
+    out: str
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    workers: int | None = None
+
+    KEYS: ClassVar[tuple[str, ...]] = ("out", "workers", *GeneratorConfig._KEYS)
+
+    @classmethod
+    def parse(cls, d: Any, ctx: Ctx, default_out: str) -> GenerateConfig:
+        p = "data.generate"
+        d = ctx.mapping(d, cls.KEYS, p)
+        gen = {k: v for k, v in d.items() if k in GeneratorConfig._KEYS}
+        with ctx.section(p, alias="generator"):
+            generator = GeneratorConfig.from_dict(gen, ctx.source)
+        return cls(
+            out=ctx.get(d, p, "out", (str, type(None)), None) or default_out,
+            generator=generator,
+            workers=ctx.get(d, p, "workers", (int, type(None)), None, minimum=1),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        g = {k: getattr(self.generator, k) for k in GeneratorConfig._KEYS}
+        return {"out": self.out, "workers": self.workers, **g}
+
+    @property
+    def day_range(self) -> tuple[str, str]:
+        names = self.generator.day_names()
+        return names[0], names[-1]
+
+    def ready(self) -> bool:
+        """True when ``out`` holds every day, complete, generated with these settings.
+
+        Raises :class:`ConfigError` when ``out`` holds logs generated with other settings:
+        regenerating over them could leave stale parts behind, and deleting them is the user's
+        call.
+        """
+        meta = Path(self.out) / "generation.json"
+        if not meta.exists():
+            return False
+        try:
+            found = json.loads(meta.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        want = {k: getattr(self.generator, k) for k in GeneratorConfig._KEYS}
+        differ = sorted(k for k in want if found.get(k) != want[k])
+        if differ:
+            raise ConfigError(
+                f"data.generate.out: {self.out} holds logs generated with other settings "
+                f"({', '.join(f'{k}={found.get(k)!r}' for k in differ)}); delete the folder "
+                "or choose another data.generate.out"
+            )
+        return all(
+            (Path(self.out) / f"day={day}" / SUCCESS).exists() for day in self.generator.day_names()
+        )
+
+    def ensure(self, scheduler: Any = "threads", progress: bool = False) -> bool:
+        """Generate the logs unless :meth:`ready`; True when it generated them."""
+        if self.ready():
+            return False
+        from daskhps.data.synthetic import generate
+
+        generate(self.generator, self.out, scheduler, self.workers, progress)
+        return True
+
+
+@dataclass(frozen=True)
+class HoldoutConfig:
+    """Evaluation rows held out of training: one ``day`` (``last`` or ``YYYY-MM-DD``) of a
+    day-partitioned log, or a ``fraction`` of rows chosen by ``seed`` (never both)."""
+
+    day: str | None = None
+    fraction: float | None = None
+    seed: int = 0
+
+    KEYS: ClassVar[tuple[str, ...]] = ("day", "fraction", "seed")
+
+    @classmethod
+    def parse(cls, d: Any, ctx: Ctx, default_seed: int) -> HoldoutConfig | None:
+        p = "data.holdout"
+        if d is None:
+            return None
+        d = ctx.mapping(d, cls.KEYS, p)
+        day = ctx.get(d, p, "day", (str, type(None)), None)
+        fraction = ctx.get(d, p, "fraction", (float, type(None)), None, minimum=0.0, below=1.0)
+        if (day is None) == (fraction is None):
+            raise ctx.error(p, "give exactly one of day (last or YYYY-MM-DD) or fraction")
+        if day is not None and day != "last" and not _DATE.match(day):
+            raise ctx.error(f"{p}.day", f"expected last or YYYY-MM-DD, got {day!r}")
+        if fraction is not None and fraction <= 0:
+            raise ctx.error(f"{p}.fraction", f"must be > 0, got {fraction!r}")
+        seed = ctx.get(d, p, "seed", (int, type(None)), None, minimum=0)
+        return cls(day=day, fraction=fraction, seed=default_seed if seed is None else seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"day": self.day, "fraction": self.fraction, "seed": self.seed}
+
+
+def _schema(spec: Any, ctx: Ctx) -> Schema:
+    p = "data.schema"
+    if isinstance(spec, Mapping):
+        with ctx.section(p):
+            return Schema.from_dict(spec, ctx.source)
+    if not isinstance(spec, str):
+        raise ctx.error(p, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}")
+    # A schema file is looked up beside the config file first, then from the current folder.
+    here = Path(ctx.source).parent / spec
+    with ctx.section(p):
+        return load_schema(
+            here if ctx.source.endswith((".yaml", ".yml")) and here.exists() else spec
+        )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where training rows come from (``train`` files or ``generate``), how they are read and
+    which rows are held out for evaluation. :attr:`source` is what the reader takes."""
+
+    train: DataSource | None = None
+    generate: GenerateConfig | None = None
+    schema: Schema = field(default_factory=criteo_schema)
+    bad_rows: BadRowPolicy = field(default_factory=BadRowPolicy)
+    holdout: HoldoutConfig | None = None
+    backend: str = "auto"
+
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "train",
+        "generate",
+        "schema",
+        "bad_rows",
+        "holdout",
+        "backend",
+    )
+
+    @classmethod
+    def parse(cls, d: Any, ctx: Ctx, run_dir: str, seed: int) -> DataConfig:
+        p = "data"
+        d = ctx.mapping(d, cls.KEYS, p)
+        has_schema = d.get("schema") is not None
+        schema = _schema(d["schema"], ctx) if has_schema else criteo_schema()
+        with ctx.section(f"{p}.bad_rows"):
+            bad_rows = BadRowPolicy.from_dict(d.get("bad_rows") or {}, ctx.source, "data.bad_rows")
+        train_raw, gen_raw = d.get("train"), d.get("generate")
+        if (train_raw is None) == (gen_raw is None):
+            raise ctx.error(
+                p, "give exactly one of train (paths of click logs) or generate (synthetic logs)"
+            )
+        train = generate = None
+        if train_raw is not None:
+            raw = ctx.mapping(train_raw, TRAIN_KEYS, f"{p}.train")
+            with ctx.section(f"{p}.train"):
+                src = DataSource.from_dict(raw, ctx.source, f"{p}.train")
+            train = dataclasses.replace(src, schema=schema, bad_rows=bad_rows)
+        else:
+            generate = GenerateConfig.parse(gen_raw, ctx, f"{run_dir}/data")
+            if schema != criteo_schema():
+                raise ctx.error(
+                    f"{p}.schema", "generated logs are Criteo-format; leave schema out (criteo)"
+                )
+        holdout = HoldoutConfig.parse(d.get("holdout"), ctx, seed)
+        if generate is not None and holdout is not None and holdout.day is not None:
+            days = generate.generator.day_names()
+            if holdout.day != "last" and holdout.day not in days:
+                raise ctx.error(
+                    f"{p}.holdout.day", f"{holdout.day} is not a generated day ({', '.join(days)})"
+                )
+            if len(days) < 2:
+                raise ctx.error(
+                    f"{p}.holdout.day",
+                    "holding out the only generated day leaves nothing to train on; "
+                    "set data.generate.days >= 2 or use holdout.fraction",
+                )
+        return cls(
+            train=train,
+            generate=generate,
+            schema=schema,
+            bad_rows=bad_rows,
+            holdout=holdout,
+            backend=ctx.get(d, p, "backend", str, "auto", choices=BACKENDS),
+        )
+
+    @property
+    def source(self) -> DataSource:
+        """The training files: ``train``, or the complete generated days under ``out``."""
+        if self.train is not None:
+            return self.train
+        assert self.generate is not None
+        return DataSource(
+            paths=(self.generate.out,),
+            schema=self.schema,
+            days=self.generate.day_range,  # never stale days of an earlier, longer generation
+            require_complete=True,
+            bad_rows=self.bad_rows,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        train = None
+        if self.train is not None:
+            t = self.train
+            train = {
+                "paths": list(t.paths),
+                "days": list(t.days) if t.days else None,
+                "require_complete": t.require_complete,
+            }
+        schema: Any = "criteo" if self.schema == criteo_schema() else self.schema.to_dict()
+        return {
+            "train": train,
+            "generate": self.generate.to_dict() if self.generate else None,
+            "schema": schema,
+            "bad_rows": {
+                "action": self.bad_rows.action,
+                "max_fraction": self.bad_rows.max_fraction,
+            },
+            "holdout": self.holdout.to_dict() if self.holdout else None,
+            "backend": self.backend,
+        }

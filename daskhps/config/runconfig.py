@@ -1,0 +1,166 @@
+"""The whole run configuration: a frozen tree of sections, loaded from YAML and checked
+across sections (memory fractions, tier sizes against the plan, backend against devices)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daskhps.config._context import Ctx
+from daskhps.config._keys import SECTIONS
+from daskhps.config._yaml import dump_yaml, load_yaml_with_lines
+from daskhps.config.cluster import ClusterConfig
+from daskhps.config.data import DataConfig
+from daskhps.config.overrides import apply_overrides
+from daskhps.config.run import RunSection
+from daskhps.config.table import TableConfig
+from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
+from daskhps.models.spec import ModelSpec
+from daskhps.table.spec import TableSpec
+from daskhps.tiers.device import DeviceCache
+
+__all__ = ["MEMORY_BUDGET", "RunConfig", "load_config"]
+
+# Dask pauses a worker at 80% of its memory limit. Without a GPU the device and host tiers
+# share the worker's process memory, so together they may take at most this fraction: the
+# rest is room for the dense model, batches, staging buffers and Dask itself.
+PAUSE_FRACTION = 0.8
+MEMORY_BUDGET = 0.7
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated run: every section frozen, every default filled in.
+
+    ``source`` names where it came from (a file, ``<dict>``); it is not part of equality.
+    :meth:`to_dict` gives a plain mapping that :meth:`from_dict` reads back to an equal
+    config; the object pickles, so it can be sent to Dask workers.
+    """
+
+    run: RunSection = field(default_factory=RunSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    passes: PassesConfig = field(default_factory=PassesConfig)
+    table: TableConfig = field(default_factory=TableConfig)
+    model: ModelSpec = field(default_factory=lambda: ModelSpec("dlrm"))
+    dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    source: str = field(default="<dict>", compare=False)
+
+    @classmethod
+    def from_dict(
+        cls, d: Mapping[str, Any], source: str = "<dict>", overrides: Iterable[str] = ()
+    ) -> RunConfig:
+        """Validate a mapping (as read from YAML); ``overrides`` are ``key=value`` strings."""
+        d, overridden = apply_overrides(d, overrides, source)
+        return _parse(d, Ctx(source, {}, overridden), "daskhps")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (str, int, float, bool, None, lists, dicts) in section order."""
+        return {
+            "run": self.run.to_dict(),
+            "data": self.data.to_dict(),
+            "passes": self.passes.to_dict(),
+            "table": self.table.to_dict(),
+            "model": self.model.to_dict(),
+            "dense_optimizer": self.dense_optimizer.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "eval": self.eval.to_dict(),
+        }
+
+    def to_yaml(self) -> str:
+        return dump_yaml(self.to_dict())
+
+    @property
+    def sparse_dim(self) -> int:
+        """Floats per key the model reads: ``table.dim`` plus the model's extra columns."""
+        return self.model.sparse_dim(self.table.dim)
+
+    def table_spec(self) -> TableSpec:
+        """The :class:`TableSpec` of the run's table (row width from the model)."""
+        t = self.table
+        return TableSpec(t.name, self.sparse_dim, t.optimizer, t.seed, t.init_scale)
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read, override and validate the run config in ``path``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, the line where known, the dotted key and what is allowed.
+    """
+    raw, lines = load_yaml_with_lines(path)
+    raw, overridden = apply_overrides(raw, overrides, str(path))
+    name = re.sub(r"[^\w.-]", "-", Path(path).stem).lstrip(".") or "daskhps"
+    return _parse(raw, Ctx(str(path), lines, overridden), name)
+
+
+def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
+    d = ctx.mapping(d, SECTIONS, "")
+    run = RunSection.parse(d.get("run"), ctx, default_name)
+    with ctx.section("model"):
+        model = ModelSpec.from_dict(d.get("model") or {"name": "dlrm"}, ctx.source, "model")
+    cfg = RunConfig(
+        run=run,
+        data=DataConfig.parse(d.get("data"), ctx, run.dir, run.seed),
+        passes=PassesConfig.parse(d.get("passes"), ctx),
+        table=TableConfig.parse(d.get("table"), ctx, run.dir, run.seed),
+        model=model,
+        dense_optimizer=DenseOptimizerConfig.parse(d.get("dense_optimizer"), ctx),
+        cluster=ClusterConfig.parse(d.get("cluster"), ctx),
+        eval=EvalConfig.parse(d.get("eval"), ctx),
+        source=ctx.source,
+    )
+    _check(cfg, ctx)
+    return cfg
+
+
+def _check(cfg: RunConfig, ctx: Ctx) -> None:
+    """Checks that need more than one section."""
+    with ctx.section("table"):
+        spec = cfg.table_spec()
+    tiers, cluster, plan = cfg.table.tiers, cfg.cluster, cfg.passes.plan
+    workers = cluster.n_workers if cluster.local else None  # unknown behind an address
+    if workers is not None and plan.global_batch_size < workers:
+        raise ctx.error(
+            "passes.global_batch_size",
+            f"{plan.global_batch_size} is smaller than cluster.n_workers ({workers}); "
+            "every worker needs a share of each global batch",
+        )
+    device = tiers.device
+    if device.rows is not None and plan.max_working_set is not None and workers is not None:
+        # A pass's keys are spread over the workers' shards; even a perfect spread needs this.
+        need = math.ceil(plan.max_working_set / workers)
+        if device.rows < need:
+            raise ctx.error(
+                "table.tiers.device.rows",
+                f"{device.rows} rows cannot hold a pass: passes.max_working_set "
+                f"{plan.max_working_set} keys over {workers} workers is >= {need} per worker; "
+                "raise device.rows (about 2x the share leaves room to stage the next pass) or "
+                "lower passes.max_working_set",
+            )
+    if cluster.gpu is True:
+        return  # the device tier lives in GPU memory; the host tier alone is below budget
+    used = tiers.host.fraction
+    parts = f"host.fraction {tiers.host.fraction}"
+    if device.fraction is not None:
+        used += device.fraction
+        parts = f"device.fraction {device.fraction} + {parts}"
+    elif device.rows is not None and cluster.memory_limit is not None:
+        row_bytes = DeviceCache.bytes_per_row(spec.width, tiers.policy) + 16  # + index entry
+        frac = device.rows * row_bytes / cluster.memory_limit
+        used += frac
+        parts = f"device.rows {device.rows} ({frac:.2f} of memory_limit) + {parts}"
+    if used > MEMORY_BUDGET + 1e-12:
+        raise ctx.error(
+            "table.tiers",
+            f"{parts} = {used:.2f} of the worker memory limit; without a GPU the device and host "
+            f"tiers share the worker's process memory and Dask pauses a worker at "
+            f"{PAUSE_FRACTION:.0%} of its limit, so keep the sum <= {MEMORY_BUDGET} (room for "
+            "the model and batches), or set cluster.gpu: true for GPU workers",
+        )
