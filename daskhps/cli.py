@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from daskhps import __version__
 from daskhps.errors import DaskHPSError
@@ -95,12 +96,32 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_commands() -> Any:
+    # Imported on use: the config package imports torch (model specs), which `generate`
+    # does not need.
+    from daskhps.config import commands
+
+    return commands
+
+
 COMMANDS: dict[str, Command] = {
     "generate": Command(
         "generate",
         "write synthetic Criteo-format click logs with a known AUC ceiling",
         _generate_arguments,
         _generate,
+    ),
+    "train": Command(
+        "train",
+        "validate a run config and train (daskhps train CONFIG [--set key=value ...])",
+        lambda p: _config_commands().add_train_arguments(p),
+        lambda args: _config_commands().run_train(args),
+    ),
+    "config": Command(
+        "config",
+        "validate a run config and print it with every default filled in, as YAML",
+        lambda p: _config_commands().add_config_arguments(p),
+        lambda args: _config_commands().run_config(args),
     ),
 }
 

@@ -1,0 +1,65 @@
+"""``daskhps train`` and ``daskhps config``: load and validate a run config from the command
+line; ``train`` then hands it to the training pipeline (``pipelines/train.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import sys
+
+from daskhps.config.runconfig import load_config
+
+__all__ = ["PIPELINE", "add_config_arguments", "add_train_arguments", "run_config", "run_train"]
+
+PIPELINE = "pipelines.train"
+NO_PIPELINE = 2  # exit status when the pipeline is not installed (1 is a user error)
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", metavar="CONFIG", help="run config, a YAML file (see configs/)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set table.dim=32 (repeatable; values are YAML)",
+    )
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in run.dir from its checkpoint"
+    )
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """Print the resolved config (every default filled in) as YAML."""
+    print(load_config(args.config, args.overrides).to_yaml(), end="")
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Validate the config, then run ``pipelines.train.run(config[, resume=...])``."""
+    config = load_config(args.config, args.overrides)
+    # find_spec, not a guarded import: an ImportError raised inside the pipeline is a bug
+    # to show, not a missing pipeline.
+    if importlib.util.find_spec("pipelines") is None or importlib.util.find_spec(PIPELINE) is None:
+        print(
+            "daskhps train: error: training pipeline not available (pipelines/train.py is "
+            f"not installed); the config {args.config} is valid",
+            file=sys.stderr,
+        )
+        return NO_PIPELINE
+    run = importlib.import_module(PIPELINE).run
+    if "resume" in inspect.signature(run).parameters:
+        result = run(config, resume=args.resume)
+    elif args.resume:
+        print("daskhps train: error: this training pipeline cannot --resume", file=sys.stderr)
+        return NO_PIPELINE
+    else:
+        result = run(config)
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
