@@ -362,9 +362,11 @@ class KeyIndex:
 
     def _rebuild(self, need: int) -> None:
         keys, values = self._items_table()
-        buckets = max(self._buckets, _buckets_for(need, self.load_factor))
         if need <= self.load_factor * self.slots:
-            buckets *= 2  # ran out of spare buckets at the end: spread keys wider
+            buckets = 2 * self._buckets  # ran out of spare buckets at the end: spread keys wider
+        else:
+            # Geometric growth: sizing to exactly `need` would rebuild on every small insert.
+            buckets = max(2 * self._buckets, _buckets_for(need, self.load_factor))
         self._alloc(buckets)
         self._len = 1 if self._special is not None else 0
         self._insert(keys, values, None)

@@ -135,6 +135,11 @@ class ZarrStore(Tier):
         Rows per chunk file of new segments.
     overwrite:
         With ``mode="w"``, replace an existing store.
+    write_buffer_rows:
+        Small upserts (evictions in the middle of a pass) collect in an open segment in memory,
+        written out once it holds this many rows, or at :meth:`flush` / :meth:`commit`: one
+        zarr array per eviction batch would cost milliseconds each and scatter a pass's rows
+        over hundreds of tiny files. Lookups read the open segment like any other.
 
     Notes
     -----
@@ -156,6 +161,7 @@ class ZarrStore(Tier):
         snapshot_every: int = 8,
         chunk_rows: int = 65536,
         overwrite: bool = False,
+        write_buffer_rows: int = 65536,
     ) -> None:
         self.path = Path(path)
         self.name = name
@@ -167,6 +173,10 @@ class ZarrStore(Tier):
         for label, v in (("width", width), ("snapshot_every", snapshot_every)):
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{where}: {label} must be a positive integer, got {v!r}")
+        if not isinstance(write_buffer_rows, int) or write_buffer_rows < 0:
+            raise ConfigError(
+                f"{where}: write_buffer_rows must be an integer >= 0, got {write_buffer_rows!r}"
+            )
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ConfigError(f"{where}: chunk_rows must be a positive integer, got {chunk_rows!r}")
         try:
@@ -195,6 +205,13 @@ class ZarrStore(Tier):
         self._next_seq = 1
         self._stats = TierStats()
         self._index = KeyIndex(1024)
+        # The open segment: its id is allocated when its first row arrives, so ids stay in
+        # write order and replaying segments by id reproduces the index.
+        self._buf_cap = write_buffer_rows
+        self._buf_sid: int | None = None
+        self._buf_n = 0
+        self._buf_keys = np.empty(0, dtype=np.int64)
+        self._buf_rows = np.empty((0, self.width), dtype=np.float32)
         try:
             self._open(commit, overwrite)
         except BaseException:
@@ -214,6 +231,7 @@ class ZarrStore(Tier):
         snapshot_every: int = 8,
         chunk_rows: int = 65536,
         overwrite: bool = False,
+        write_buffer_rows: int = 65536,
     ) -> ZarrStore:
         """Open (or create) a store; see the class docstring for the arguments."""
         return cls(
@@ -226,6 +244,7 @@ class ZarrStore(Tier):
             snapshot_every=snapshot_every,
             chunk_rows=chunk_rows,
             overwrite=overwrite,
+            write_buffer_rows=write_buffer_rows,
         )
 
     # -- opening -------------------------------------------------------------------------
@@ -494,8 +513,12 @@ class ZarrStore(Tier):
         seg_of = locs >> _SHIFT
         offset = locs & _OFFSET_MASK
         for a, b in _runs(seg_of):
-            seg = self._segments[int(seg_of[a])]
+            sid = int(seg_of[a])
             off, to = offset[a:b], dst[a:b]
+            if sid == self._buf_sid:
+                out[to] = self._buf_rows[off]
+                continue
+            seg = self._segments[sid]
             if not seg.rows.raw:
                 out[to] = seg.rows.read_rows(off)
                 continue
@@ -529,20 +552,71 @@ class ZarrStore(Tier):
         keys = keys.cpu().contiguous()
         if int(torch.unique(keys).numel()) != n:
             raise DataError(f"{where}: keys contain duplicates; upsert each key once per call")
-        _, existed = self._index.get(keys)
-        self._append(keys, rows.cpu().contiguous())
+        locs, existed = self._index.get(keys)
+        if n >= self._buf_cap:
+            self._seal()  # keep segment ids in write order
+            self._append(keys, rows.cpu().contiguous())
+        else:
+            self._buffer(keys, rows.cpu(), locs.cpu())
         self._stats.inserts += n - int(existed.sum())
         self._stats.rows_written += n
         return Evicted.empty(self.width)
+
+    def _new_segment_id(self) -> int:
+        sid = self._next_segment
+        if sid > _MAX_SEGMENT_ID:
+            raise DataError(f"{self.name}: {self.path} ran out of segment ids; run compact()")
+        self._next_segment += 1  # burnt even if the write fails: ids are never reused
+        return sid
+
+    def _buffer(self, keys: torch.Tensor, rows: torch.Tensor, locs: torch.Tensor) -> None:
+        """Put rows into the open segment, sealing it first if they would not fit.
+
+        Keys already in the open segment are overwritten there: a segment holds each key
+        once, which replaying its key array relies on.
+        """
+        if self._buf_sid is not None:
+            here = (locs >> _SHIFT) == self._buf_sid
+            if bool(here.any()):
+                self._buf_rows[(locs[here] & _OFFSET_MASK).numpy()] = rows[here].numpy()
+                keys, rows = keys[~here], rows[~here]
+        n = int(keys.shape[0])
+        if n == 0:
+            return
+        if self._buf_sid is not None and self._buf_n + n > self._buf_cap:
+            self._seal()
+        if self._buf_sid is None:
+            self._buf_sid = self._new_segment_id()
+            if self._buf_keys.shape[0] < self._buf_cap:
+                self._buf_keys = np.empty(self._buf_cap, dtype=np.int64)
+                self._buf_rows = np.empty((self._buf_cap, self.width), dtype=np.float32)
+        a = self._buf_n
+        self._buf_keys[a : a + n] = keys.numpy()
+        self._buf_rows[a : a + n] = rows.numpy()
+        self._index.put(keys, (self._buf_sid << _SHIFT) + torch.arange(a, a + n))
+        self._buf_n += n
+
+    def _seal(self) -> None:
+        """Write the open segment to disk (under the id its rows are indexed by)."""
+        if self._buf_sid is None:
+            return
+        n = self._buf_n
+        keys = torch.from_numpy(self._buf_keys[:n])
+        rows = torch.from_numpy(self._buf_rows[:n])
+        self._write_segment(self._buf_sid, keys, rows)  # on failure the rows stay buffered
+        self._buf_sid, self._buf_n = None, 0
 
     def _append(self, keys: torch.Tensor, rows: torch.Tensor) -> int:
         n = int(keys.shape[0])
         if n > _OFFSET_MASK:
             raise DataError(f"{self.name}: upsert at most {_OFFSET_MASK} rows per call, got {n}")
-        sid = self._next_segment
-        if sid > _MAX_SEGMENT_ID:
-            raise DataError(f"{self.name}: {self.path} ran out of segment ids; run compact()")
-        self._next_segment += 1  # burnt even if the write fails: ids are never reused
+        sid = self._new_segment_id()
+        self._write_segment(sid, keys, rows)
+        self._index.put(keys, (sid << _SHIFT) + torch.arange(n, dtype=torch.int64))
+        return sid
+
+    def _write_segment(self, sid: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        n = int(keys.shape[0])
         folder = self._segment_dir(sid)
         try:
             write_group(folder, {"rows": n})
@@ -555,11 +629,9 @@ class ZarrStore(Tier):
             shutil.rmtree(folder, ignore_errors=True)
             raise
         self._segments[sid] = seg
-        self._index.put(keys, (sid << _SHIFT) + torch.arange(n, dtype=torch.int64))
         self._chain.replay.append(sid)
         self._chain.refs.add(sid)
         self._unsynced.add(sid)
-        return sid
 
     def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
         """The persistent store never gives rows up."""
@@ -568,7 +640,9 @@ class ZarrStore(Tier):
         return Evicted.empty(self.width)
 
     def flush(self) -> Evicted:
-        """Make every segment written so far durable (fsync); returns nothing."""
+        """Write the open segment and make every segment durable (fsync); returns nothing."""
+        if not self.read_only:
+            self._seal()
         self._sync_segments()
         return Evicted.empty(self.width)
 
@@ -593,6 +667,7 @@ class ZarrStore(Tier):
     def close(self) -> None:
         """Release the writer lock and memory maps. Uncommitted writes are not committed."""
         self._maps.clear()
+        self._buf_sid, self._buf_n = None, 0  # uncommitted rows are dropped, as in a crash
         if self._lock is not None:
             self._lock.release()
 
@@ -620,6 +695,7 @@ class ZarrStore(Tier):
             raise DataError(f"{where}: meta must be a JSON-able dict ({e})") from e
         if not isinstance(meta_copy, dict):
             raise DataError(f"{where}: meta must be a dict, got {type(meta).__name__}")
+        self._seal()
         self._sync_segments()
         seq = self._next_seq
         self._next_seq += 1
@@ -692,6 +768,7 @@ class ZarrStore(Tier):
         Returns the dropped commits. Readers that opened a dropped commit lose their files.
         """
         self._check_writable("drop_commits")
+        self._seal()
         if not isinstance(keep, int) or keep < 1:
             raise DataError(f"{self.name}: drop_commits keeps at least 1 commit, got {keep!r}")
         everything = sorted([*(m.seq for m in self._manifests), *self._damaged])
@@ -723,6 +800,7 @@ class ZarrStore(Tier):
         those commits. The next commit writes a full index snapshot.
         """
         self._check_writable("compact")
+        self._seal()
         if not 0.0 < min_stale <= 1.0:
             raise DataError(f"{self.name}: compact min_stale must be in (0, 1], got {min_stale}")
         keys, locs = self._index.items()

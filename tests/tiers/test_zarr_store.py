@@ -140,14 +140,15 @@ def test_overwrites_and_reopen_at_each_commit(path: Path) -> None:
         max_size=14,
     ),
     snapshot_every=st.integers(1, 3),
+    buffer=st.sampled_from([0, 7, 65536]),
 )
 def test_every_commit_reopens_to_its_own_state(
-    tmp_path_factory: pytest.TempPathFactory, ops: list, snapshot_every: int
+    tmp_path_factory: pytest.TempPathFactory, ops: list, snapshot_every: int, buffer: int
 ) -> None:
     """Random writes, commits (names reused) and writer reopens at earlier commits, against a
     dict model; afterwards each commit opens to exactly the state it was given."""
     path = tmp_path_factory.mktemp("model") / "store"
-    s = store(path, mode="w", snapshot_every=snapshot_every)
+    s = store(path, mode="w", snapshot_every=snapshot_every, write_buffer_rows=buffer)
     model: dict[int, torch.Tensor] = {}
     committed: dict[str, dict[int, bytes]] = {}
     try:
@@ -163,7 +164,9 @@ def test_every_commit_reopens_to_its_own_state(
             elif committed:
                 name = sorted(committed)[arg % len(committed)]
                 s.close()
-                s = store(path, commit=name, snapshot_every=snapshot_every)
+                s = store(
+                    path, commit=name, snapshot_every=snapshot_every, write_buffer_rows=buffer
+                )
                 model = {
                     k: torch.frombuffer(bytearray(b), dtype=torch.float32)
                     for k, b in committed[name].items()
@@ -544,7 +547,7 @@ def test_stats(two_commits: Path) -> None:
 
 
 def test_compaction_merges_small_segments(path: Path) -> None:
-    with store(path, mode="w") as s:
+    with store(path, write_buffer_rows=0, mode="w") as s:
         for i in range(20):
             k = torch.arange(i * 3, i * 3 + 3)
             s.upsert(k, rows_of(k))
@@ -572,3 +575,47 @@ def test_store_whose_creation_never_finished_is_created_again(path: Path) -> Non
         s.commit("c0")
     with store(path, mode="r") as s:
         assert len(s) == 1
+
+
+# -- the open segment (write buffer) ------------------------------------------------------
+
+
+def test_small_upserts_collect_in_one_open_segment(path: Path) -> None:
+    with store(path, mode="w", write_buffer_rows=8) as s:
+        for i in range(3):  # 6 rows: all still in memory, served from the open segment
+            k = keys_of(2 * i, 2 * i + 1)
+            s.upsert(k, rows_of(k))
+        assert not list((path / "segments").glob("*/rows"))
+        got = s.lookup(torch.arange(6))
+        assert bool(got.found.all()) and torch.equal(got.rows, rows_of(torch.arange(6)))
+        s.upsert(keys_of(1), rows_of(keys_of(1), salt=9.0))  # overwritten in the open segment
+        assert torch.equal(s.lookup(keys_of(1)).rows, rows_of(keys_of(1), salt=9.0))
+        s.upsert(keys_of(20, 21, 22), rows_of(keys_of(20, 21, 22)))  # 6 + 3 > 8: sealed first
+        assert len(list((path / "segments").glob("*/rows"))) == 1
+        s.commit("c0")  # seals the second
+        assert len(list((path / "segments").glob("*/rows"))) == 2
+    with store(path, mode="r") as s:
+        assert torch.equal(s.lookup(keys_of(1)).rows, rows_of(keys_of(1), salt=9.0))
+        assert torch.equal(s.lookup(keys_of(0, 22)).rows, rows_of(keys_of(0, 22)))
+
+
+def test_large_upsert_after_buffered_rows_keeps_write_order(path: Path) -> None:
+    with store(path, mode="w", write_buffer_rows=4) as s:
+        s.upsert(keys_of(1), rows_of(keys_of(1), salt=1.0))  # buffered
+        big = torch.arange(0, 10)
+        s.upsert(big, rows_of(big, salt=2.0))  # direct segment: the buffer is sealed first
+        s.upsert(keys_of(1), rows_of(keys_of(1), salt=3.0))  # buffered again, newest
+        assert torch.equal(s.lookup(keys_of(1)).rows, rows_of(keys_of(1), salt=3.0))
+        s.commit("c0")
+    with store(path, mode="r") as s:  # replaying segments by id gives the same answer
+        assert torch.equal(s.lookup(keys_of(1)).rows, rows_of(keys_of(1), salt=3.0))
+        assert torch.equal(s.lookup(keys_of(2)).rows, rows_of(keys_of(2), salt=2.0))
+
+
+def test_buffered_rows_are_lost_in_a_crash_like_any_uncommitted_write(path: Path) -> None:
+    with store(path, mode="w") as s:
+        s.upsert(keys_of(1), rows_of(keys_of(1)))
+        s.commit("c0")
+        s.upsert(keys_of(2), rows_of(keys_of(2)))  # buffered, never committed
+    with store(path) as s:
+        assert s.lookup(keys_of(1, 2)).found.tolist() == [True, False]
