@@ -265,7 +265,9 @@ class EmbeddingTable:
     def close(self) -> None:
         """Release the store's lock. Rows changed since the last commit are not kept."""
         if not self._read_only:
-            dirty = self.device_cache.stats.extra.get("dirty_rows", 0)
+            dirty = self.device_cache.stats.extra["dirty_rows"]
+            if self.host is not None:
+                dirty += self.host.stats.extra["dirty_rows"]
             if dirty:
                 log.warning(
                     "closing table %r with %d rows changed since its last commit; "

@@ -133,6 +133,7 @@ class SlotCache(Tier):
             rows=len(self),
             capacity_rows=self._cap,
             pinned=self.pinned_count,
+            dirty_rows=int(self._dirty.sum()),
             index_bytes=self._index.nbytes,
             index_scratch_bytes=self._index.scratch_bytes,
             index_load=self._index.load,

@@ -167,3 +167,15 @@ def test_read_only_table_refuses_updates(trained: tuple[Path, torch.Tensor]) -> 
         with pytest.raises(DataError, match="read-only"):
             t.apply_gradients(KEYS, torch.ones(10, 4))
         assert torch.equal(bits(t.lookup(KEYS, read_only=True)), bits(rows[:, :4]))
+
+
+def test_closing_with_uncommitted_rows_warns(
+    trained: tuple[Path, torch.Tensor], caplog: pytest.LogCaptureFixture
+) -> None:
+    path, rows = trained
+    t = EmbeddingTable.open(SPEC, path, device_rows=16)
+    t.apply_gradients(KEYS[:3], torch.ones(3, 4))
+    with caplog.at_level("WARNING", logger="daskhps.table.table"):
+        t.close()
+    assert "3 rows changed since its last commit" in caplog.text
+    assert torch.equal(bits(_reopened_rows(path)), bits(rows))  # they were not kept
