@@ -103,8 +103,11 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
 def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
     d = ctx.mapping(d, SECTIONS, "")
     run = RunSection.parse(d.get("run"), ctx, default_name)
+    model_raw = d.get("model")
+    if model_raw is None or (isinstance(model_raw, Mapping) and "name" not in model_raw):
+        model_raw = {"name": "dlrm", **(model_raw or {})}  # dlrm unless named
     with ctx.section("model"):
-        model = ModelSpec.from_dict(d.get("model") or {"name": "dlrm"}, ctx.source, "model")
+        model = ModelSpec.from_dict(model_raw, ctx.source, "model")
     cfg = RunConfig(
         run=run,
         data=DataConfig.parse(d.get("data"), ctx, run.dir, run.seed),

@@ -1,0 +1,102 @@
+"""docs/configuration.md against the code: every key documented, every documented key real,
+defaults as the loader resolves them, dataclass fields and key lists in agreement."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from daskhps.config import (
+    ClusterConfig,
+    DataConfig,
+    DenseOptimizerConfig,
+    DeviceTierConfig,
+    EvalConfig,
+    GenerateConfig,
+    HoldoutConfig,
+    HostTierConfig,
+    PassesConfig,
+    RunConfig,
+    RunSection,
+    TableConfig,
+    TiersConfig,
+)
+from daskhps.config._keys import SECTIONS, all_keys
+from daskhps.config.reference import DOCS, END, START, defaults, render
+
+DOC = Path(__file__).parents[2] / "docs" / "configuration.md"
+
+
+def _documented() -> dict[str, str]:
+    """``{key: default column}`` of the reference tables in the document."""
+    block = DOC.read_text().partition(START)[2].partition(END)[0]
+    rows = re.findall(r"^\| `([\w.]+)` \| [^|]+ \| ([^|]+) \|", block, flags=re.M)
+    return {k: d.strip() for k, d in rows}
+
+
+def _yaml_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return ", ".join(map(_yaml_text, value))
+    return str(value)
+
+
+def test_document_is_current() -> None:
+    block = DOC.read_text().partition(START)[2].partition(END)[0]
+    assert block.strip() == render().strip(), (
+        "docs/configuration.md is stale: python -m daskhps.config.reference docs/configuration.md"
+    )
+
+
+def test_every_key_documented_and_every_documented_key_real() -> None:
+    keys = {k for k in all_keys() if "." in k}
+    assert set(_documented()) == keys == set(DOCS)
+
+
+def test_documented_defaults_are_the_loaders() -> None:
+    vals = defaults()
+    for key, shown in _documented().items():
+        if key in vals and not isinstance(vals[key], dict) and len(DOCS[key]) == 2:
+            literal = shown.strip("`").replace("[", "").replace("]", "")
+            value = vals[key]
+            assert literal == _yaml_text(value), key
+
+
+def test_every_dataclass_field_is_a_key() -> None:
+    # Each section's YAML keys are its dataclass fields, except where a component's fields
+    # are spread into the section (generator settings, the pass plan).
+    spread = {
+        GenerateConfig: ({"generator"}, set(GenerateConfig.KEYS) - {"out", "workers"}),
+        PassesConfig: ({"plan"}, set(PassesConfig.KEYS) - {"epochs"}),
+    }
+    for cls in (
+        RunSection, DataConfig, GenerateConfig, HoldoutConfig, PassesConfig, TableConfig,
+        TiersConfig, DeviceTierConfig, HostTierConfig, DenseOptimizerConfig, ClusterConfig,
+        EvalConfig,
+    ):  # fmt: skip
+        names = {f.name for f in dataclasses.fields(cls)}
+        inner, flat = spread.get(cls, (set(), set()))
+        assert names - inner | flat == set(cls.KEYS), cls.__name__
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"source"}
+    assert fields == set(SECTIONS)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_to_dict_keys_are_documented(section: str) -> None:
+    cfg = RunConfig.from_dict({"data": {"generate": {}, "holdout": {"fraction": 0.1}}})
+    keys = {k for k in all_keys() if k.startswith(section)}
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            path = f"{prefix}.{k}"
+            assert path in keys, path
+            if isinstance(v, dict) and path not in ("model.options", "data.schema"):
+                walk(v, path)
+
+    walk(cfg.to_dict()[section], section)

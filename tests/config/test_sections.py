@@ -1,0 +1,66 @@
+"""Helpers of the sections: generated-log reuse, learning-rate schedules, tier sizes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from daskhps.config import DenseOptimizerConfig, DeviceTierConfig, HostTierConfig
+from daskhps.errors import ConfigError
+from tests.config.helpers import load
+
+
+def test_generate_then_reuse(tmp_path: Path) -> None:
+    out = tmp_path / "logs"
+    cfg = load(tmp_path, f"data:\n  generate: {{out: {out}, days: 2, rows_per_day: 50}}\n")
+    gen = cfg.data.generate
+    assert gen is not None and not gen.ready()
+    assert gen.ensure(scheduler="sync") is True
+    assert gen.ready() and gen.ensure(scheduler="sync") is False  # reused
+    assert sorted(p.name for p in out.glob("day=*")) == ["day=2024-01-01", "day=2024-01-02"]
+    (out / "day=2024-01-02" / "_SUCCESS").unlink()  # an interrupted generation
+    assert not gen.ready() and gen.ensure(scheduler="sync") is True
+    other = load(tmp_path, f"data:\n  generate: {{out: {out}, days: 2, rows_per_day: 60}}\n")
+    assert other.data.generate is not None
+    with pytest.raises(ConfigError, match=r"rows_per_day=50.*delete the folder"):
+        other.data.generate.ready()
+
+
+def test_generation_json_unreadable_means_regenerate(tmp_path: Path) -> None:
+    cfg = load(tmp_path, f"data:\n  generate: {{out: {tmp_path}, rows_per_day: 10}}\n")
+    (tmp_path / "generation.json").write_text(json.dumps({"nope": 1}))
+    assert cfg.data.generate is not None and not cfg.data.generate.ready()
+
+
+@pytest.mark.parametrize(
+    ("schedule", "warmup", "expected"),
+    [
+        ("constant", 0, [1.0, 1.0, 1.0, 1.0, 1.0]),
+        ("warmup_constant", 2, [0.5, 1.0, 1.0, 1.0, 1.0]),
+        (
+            "cosine",
+            1,
+            [
+                1.0,
+                1.0,
+                0.5 * (1 + math.cos(math.pi / 4)),
+                0.5,
+                0.5 * (1 + math.cos(3 * math.pi / 4)),
+            ],
+        ),
+    ],
+)
+def test_lr_factor(schedule: str, warmup: int, expected: list[float]) -> None:
+    opt = DenseOptimizerConfig(schedule=schedule, warmup_steps=warmup)
+    got = [opt.lr_factor(s, total_steps=5) for s in range(5)]
+    assert got == pytest.approx(expected)
+    assert opt.lr_factor(10, total_steps=5) >= 0.0
+
+
+def test_tier_sizes() -> None:
+    assert DeviceTierConfig(rows=100, fraction=None).capacity_rows(1 << 30, 64) == 100
+    assert DeviceTierConfig(fraction=0.25).capacity_rows(1 << 20, 128) == (1 << 18) // 128
+    assert HostTierConfig(fraction=0.5).capacity_bytes(1000) == 500
