@@ -1,0 +1,156 @@
+"""The per-mini-batch embedding exchange: keys to owners, rows back, gradients to owners.
+
+Pure torch.distributed collectives (no Dask inside the batch loop), vectorised over keys.
+Example with 2 ranks, where keys ``a, b`` belong to rank 0 and ``c, d, e`` to rank 1::
+
+                         rank 0                        rank 1
+    batch keys           [a c a d]                     [b d d e]
+    route: unique keys,  [a | c d]   send [1, 2]       [b | d e]   send [1, 2]
+    grouped by owner          \\________ all_to_all_single (counts, keys) ________/
+    owned (by requester) [a | b]     recv [1, 1]       [c d | d e] recv [2, 2]
+    pull_rows            lookup_fn([a b])              lookup_fn([c d d e])
+                              \\________ all_to_all_single (rows back) _________/
+    rows of unique keys  [ra | rc rd]                  [rb | rd re]
+    ... forward/backward: gradients of the unique rows, same order ...
+    push_grads           [ga | gc gd] ---- all_to_all_single ----> owners
+                         apply_fn([a b], ...)          apply_fn([c d d e], ...)  (d twice:
+                                                       the table sums duplicate keys)
+
+``rows[routing.inverse]`` gives the batch's rows in batch order. With one rank everything
+short-circuits to local calls with the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from daskhps.distributed._errors import CommError
+from daskhps.distributed.comm import Comm
+from daskhps.sharding import ShardMap
+
+__all__ = ["Exchange", "Routing"]
+
+LookupFn = Callable[[torch.Tensor], torch.Tensor]
+ApplyFn = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where the keys of one local batch go, and which keys this rank serves.
+
+    ::
+
+        keys          [ unique keys owned by rank 0 | by rank 1 | ... ]   (sorted in a group)
+        send_counts     len of each group ------------^
+        inverse       position in ``keys`` of every batch key (shape of the batch)
+        owned         [ keys requested by rank 0 | by rank 1 | ... ]      (this rank owns all)
+        recv_counts     len of each group ------------^
+    """
+
+    keys: torch.Tensor
+    inverse: torch.Tensor
+    send_counts: list[int]
+    owned: torch.Tensor
+    recv_counts: list[int]
+
+
+class Exchange:
+    """Exchange of one table's rows and gradients between the ranks of ``comm``.
+
+    Every rank calls the same methods in the same order (they are collectives). ``comm``
+    may be None for a single rank.
+    """
+
+    def __init__(self, comm: Comm | None, shard_map: ShardMap) -> None:
+        world = comm.world_size if comm is not None else 1
+        if shard_map.num_workers != world:
+            raise CommError(
+                f"shard map for {shard_map.num_workers} workers used with {world} ranks: "
+                "build the ShardMap with num_workers equal to the number of ranks"
+            )
+        self.comm = comm
+        self.shard_map = shard_map
+        self.world_size = world
+        self.device = comm.device if comm is not None else torch.device("cpu")
+        self._ones = [1] * world
+
+    def route(self, keys: torch.Tensor) -> Routing:
+        """Deduplicate a batch's keys, group them by owner and tell each owner its keys."""
+        keys = keys.to(self.device, torch.int64)
+        uniq, inv = torch.unique(keys.reshape(-1), sorted=True, return_inverse=True)
+        inv = inv.reshape(keys.shape)
+        if self.world_size == 1:
+            n = [len(uniq)]
+            return Routing(uniq, inv, n, uniq, n)
+        owner = self.shard_map.worker(uniq)
+        order = torch.argsort(owner, stable=True)  # stable: keys stay sorted in a group
+        uniq = uniq[order]
+        where = torch.empty_like(order)
+        where[order] = torch.arange(len(order), device=order.device)
+        inv = where[inv]
+        send = torch.bincount(owner, minlength=self.world_size)
+        recv = torch.empty_like(send)
+        comm = self._comm()
+        comm.all_to_all_single(recv, send, self._ones, self._ones)
+        send_l, recv_l = send.tolist(), recv.tolist()
+        owned = torch.empty(sum(recv_l), dtype=torch.int64, device=self.device)
+        comm.all_to_all_single(owned, uniq, recv_l, send_l)
+        return Routing(uniq, inv, send_l, owned, recv_l)
+
+    def pull_rows(self, routing: Routing, lookup_fn: LookupFn) -> torch.Tensor:
+        """Rows of ``routing.keys`` (``float[len(keys), dim]``): every owner answers
+        ``lookup_fn(owned)`` for its requesters (called with an empty tensor when nobody
+        asks)."""
+        served = lookup_fn(routing.owned).to(self.device)
+        if self.world_size == 1:
+            return served
+        out = served.new_empty((len(routing.keys), *served.shape[1:]))
+        self._comm().all_to_all_single(
+            out, served.contiguous(), routing.send_counts, routing.recv_counts
+        )
+        return out
+
+    def push_grads(self, routing: Routing, grads: torch.Tensor, apply_fn: ApplyFn) -> None:
+        """Send the gradients of ``routing.keys`` (same order as :meth:`pull_rows`'s rows)
+        to their owners, which call ``apply_fn(owned, grads_of_owned)``."""
+        grads = grads.detach().to(self.device)
+        if grads.shape[0] != len(routing.keys):
+            raise CommError(
+                f"push_grads: {grads.shape[0]} gradient rows for {len(routing.keys)} routed "
+                "keys; pass the gradient of the pulled rows, in their order"
+            )
+        if self.world_size == 1:
+            apply_fn(routing.owned, grads)
+            return
+        out = grads.new_empty((len(routing.owned), *grads.shape[1:]))
+        self._comm().all_to_all_single(
+            out, grads.contiguous(), routing.recv_counts, routing.send_counts
+        )
+        apply_fn(routing.owned, out)
+
+    def allreduce_dense(self, params: torch.nn.Module | Iterable[torch.nn.Parameter]) -> None:
+        """Sum the dense gradients across ranks in one flattened bucket (the trainer then
+        divides by the global batch size). A parameter without a gradient counts as zero,
+        so every rank sends the same layout."""
+        if isinstance(params, torch.nn.Module):
+            params = params.parameters()
+        ps = [p for p in params if p.requires_grad]
+        if self.world_size == 1 or not ps:
+            return
+        for p in ps:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1).to(self.device) for p in ps])  # type: ignore[union-attr]
+        self._comm().all_reduce(flat)
+        offset = 0
+        for p in ps:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
+            offset += n
+
+    def _comm(self) -> Comm:
+        assert self.comm is not None  # world_size > 1 implies a group
+        return self.comm
