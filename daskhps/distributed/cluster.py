@@ -1,0 +1,204 @@
+"""Start or connect to the Dask cluster of a run, and tear it down cleanly.
+
+Three kinds: an embedded ``LocalCluster`` (the default), a ``LocalCUDACluster`` (one worker per
+GPU, needs ``dask_cuda`` and CUDA), or an existing scheduler address (a real cluster; only the
+client is closed at the end). The handle lists the workers in rank order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from distributed import Client, LocalCluster
+
+from daskhps.distributed._errors import ClusterError
+
+__all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterHandle:
+    """A running client (and the cluster it started, if any). Close it, or use ``with``."""
+
+    client: Client
+    cluster: Any | None
+    kind: Literal["local", "local-cuda", "address"]
+    dashboard_link: str | None
+    addresses: tuple[str, ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return len(self.addresses)
+
+    def close(self) -> None:
+        """Close the client, then the cluster this handle started (even if the first fails,
+        and on Ctrl-C). Safe to call twice."""
+        client, cluster = self.client, self.cluster
+        self.cluster = None
+        try:
+            if client.status not in ("closed", "closing"):
+                client.close()
+        finally:
+            if cluster is not None:
+                cluster.close()
+
+    def __enter__(self) -> ClusterHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def cuda_available() -> bool:
+    """Whether ``dask_cuda`` imports and torch sees a CUDA device."""
+    try:
+        import dask_cuda  # noqa: F401
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def start_cluster(
+    *,
+    address: str | None = None,
+    n_workers: int | None = 1,
+    threads_per_worker: int = 2,
+    memory_limit: str | int | float | None = "auto",
+    processes: bool = True,
+    gpus: bool | Literal["auto"] = False,
+    dashboard_address: str | None = "127.0.0.1:8787",
+    local_directory: str | None = None,
+    worker_env: Mapping[str, str] | None = None,
+    cuda_visible_devices: Sequence[int] | None = None,
+    wait_timeout_s: float = 60.0,
+) -> ClusterHandle:
+    """Start an embedded cluster, or connect to ``address``; wait for the workers.
+
+    Parameters
+    ----------
+    address:
+        Scheduler address of an existing cluster; the other cluster options are then
+        ignored, except ``n_workers`` (how many workers to wait for; None: those present).
+    n_workers, threads_per_worker, memory_limit, processes:
+        Embedded cluster. Two or more threads let the next pass stage while one trains.
+    gpus:
+        ``True``: a ``LocalCUDACluster`` (one worker per visible GPU unless ``n_workers``),
+        an error without ``dask_cuda`` or CUDA; ``"auto"``: that when possible, else a
+        ``LocalCluster`` (logged); ``False``: a ``LocalCluster``.
+    dashboard_address:
+        Where the dashboard listens (``None``: no dashboard). Defaults to this machine only.
+    worker_env:
+        Extra environment of worker processes (for instance ``OMP_NUM_THREADS``, which
+        Dask sets to 1 in worker processes, for torch's intra-op threads).
+    """
+    if address is not None:
+        return _connect(address, n_workers, wait_timeout_s)
+    use_cuda = gpus is True or (gpus == "auto" and cuda_available())
+    if gpus is True and not cuda_available():
+        raise ClusterError(
+            "gpus=True needs dask_cuda and a CUDA device, and this machine lacks one: install "
+            "the gpu extra on a GPU machine, or set gpus to 'auto' or False to train on CPU"
+        )
+    if gpus == "auto" and not use_cuda:
+        log.info("gpus='auto': no dask_cuda or no CUDA device, starting a CPU LocalCluster")
+    if n_workers is not None and n_workers < 1:
+        raise ClusterError(f"n_workers must be >= 1, got {n_workers}")
+    if threads_per_worker < 1:
+        raise ClusterError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+    kwargs: dict[str, Any] = {
+        "n_workers": n_workers,
+        "threads_per_worker": threads_per_worker,
+        "memory_limit": memory_limit,
+        "dashboard_address": dashboard_address,
+    }
+    if local_directory is not None:
+        kwargs["local_directory"] = local_directory
+    if worker_env:
+        kwargs["env"] = dict(worker_env)
+    cluster: Any = None
+    try:
+        if use_cuda:
+            from dask_cuda import LocalCUDACluster
+
+            if cuda_visible_devices is not None:
+                kwargs["CUDA_VISIBLE_DEVICES"] = list(cuda_visible_devices)
+            if n_workers is None:
+                kwargs.pop("n_workers")
+            cluster = LocalCUDACluster(**kwargs)
+            kind: Literal["local", "local-cuda"] = "local-cuda"
+        else:
+            if dashboard_address is None:
+                # No dashboard pages; the scheduler's HTTP server (health, /metrics) still
+                # starts, so keep it on this machine and off the default port.
+                kwargs["dashboard_address"] = "127.0.0.1:0"
+                kwargs["scheduler_kwargs"] = {"dashboard": False}
+            cluster = LocalCluster(processes=processes, **kwargs)
+            kind = "local"
+        client = Client(cluster)
+    except BaseException as e:
+        if cluster is not None:
+            cluster.close()
+        if isinstance(e, Exception) and not isinstance(e, ClusterError):
+            raise ClusterError(f"could not start the embedded Dask cluster: {e}") from e
+        raise
+    handle = ClusterHandle(client, cluster, kind, None)
+    try:
+        _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _connect(address: str, n_workers: int | None, wait_timeout_s: float) -> ClusterHandle:
+    try:
+        client = Client(address, timeout=wait_timeout_s)
+    except Exception as e:
+        raise ClusterError(
+            f"could not reach the Dask scheduler at {address!r} within {wait_timeout_s:g} s: "
+            f"{e}; check the address and that the scheduler is running"
+        ) from e
+    handle = ClusterHandle(client, None, "address", None)
+    try:
+        _finish(handle, n_workers, wait_timeout_s, True)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _finish(
+    handle: ClusterHandle, n_workers: int | None, timeout_s: float, dashboard: bool
+) -> None:
+    """Wait for the workers, record them in rank order, log the dashboard link."""
+    from daskhps.passes.owners import worker_addresses
+
+    client = handle.client
+    if n_workers:
+        try:
+            client.wait_for_workers(n_workers, timeout=timeout_s)
+        except TimeoutError as e:
+            have = len(client.scheduler_info(n_workers=-1)["workers"])
+            raise ClusterError(
+                f"only {have} of {n_workers} Dask workers joined within {timeout_s:g} s: "
+                "start more workers, lower n_workers, or raise the wait timeout"
+            ) from e
+    handle.addresses = tuple(worker_addresses(client))
+    if not handle.addresses:
+        raise ClusterError("the cluster has no workers: start some, or give n_workers")
+    # client.dashboard_link is formatted from a template even when no dashboard runs.
+    services = client.scheduler_info(n_workers=0).get("services", {})
+    link = client.dashboard_link if dashboard and "dashboard" in services else None
+    handle.dashboard_link = link
+    log.info(
+        "Dask cluster (%s): %d workers; dashboard: %s",
+        handle.kind,
+        len(handle.addresses),
+        link or "none",
+    )
