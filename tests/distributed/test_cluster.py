@@ -1,0 +1,149 @@
+"""Cluster start, ShardHost and the process group through a real LocalCluster."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+from daskhps.distributed import (
+    ClusterError,
+    CommError,
+    ShardHost,
+    TierSizing,
+    WorkerLostError,
+    close_shards,
+    commit_shards,
+    init_comm,
+    open_shards,
+    run_pinned,
+    shard_stats,
+    stage_shards,
+    start_cluster,
+)
+from daskhps.passes.owners import worker_addresses
+from daskhps.sharding import ShardMap
+from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from tests.distributed import _tasks
+
+SPEC = TableSpec(_tasks.TABLE, dim=4, optimizer=OptimizerSpec(kind="sgd", lr=1.0), seed=1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with start_cluster(
+        n_workers=2, threads_per_worker=2, memory_limit="1GiB", dashboard_address="127.0.0.1:0"
+    ) as handle:
+        yield handle
+
+
+@pytest.mark.slow
+def test_shards_comm_and_exchange_on_worker_processes(cluster, tmp_path):
+    client, addrs = cluster.client, cluster.addresses
+    assert cluster.kind == "local" and len(addrs) == 2 and list(addrs) == sorted(addrs)
+    assert cluster.dashboard_link and "127.0.0.1" in cluster.dashboard_link
+
+    host = ShardHost([SPEC], tmp_path / "stores", addrs, TierSizing(0.05, 0.05))
+    sizes = open_shards(client, host)
+    assert [s[_tasks.TABLE]["rank"] for s in sizes] == [0, 1]
+    assert all(s[_tasks.TABLE]["device_rows"] > 1000 for s in sizes)
+
+    # Stage each owner's keys, then exchange every rank's batch over the group.
+    smap = ShardMap(_tasks.NUM_SHARDS, 2)
+    batches = [torch.arange(0, 300, 3), torch.arange(100, 400, 2)]
+    every = torch.unique(torch.cat(batches))
+    owned = [every[smap.worker(every) == r] for r in range(2)]
+    reports = stage_shards(client, addrs, _tasks.TABLE, owned)
+    assert [r.rows for r in reports] == [len(o) for o in owned]
+
+    with init_comm(client, timeout_s=20) as group:
+        assert group.backend == "gloo" and group.world_size == 2
+        assert group.run(_tasks.all_reduce) == [[3.0] * 3, [3.0] * 3]
+        got = group.run(_tasks.exchange, rank_args=[(b,) for b in batches])
+
+    with EmbeddingTable.open(SPEC, tmp_path / "ref", device_rows=1000) as ref:
+        for keys, rows in got:
+            assert torch.equal(rows, ref.lookup(keys, read_only=True))
+
+    stats = shard_stats(client, addrs)
+    assert [s["rank"] for s in stats] == [0, 1]
+    assert [s["tables"][_tasks.TABLE]["pinned"] for s in stats] == [len(o) for o in owned]
+    commit_shards(client, addrs, "pass-0")
+    close_shards(client, addrs)
+    for r in range(2):
+        assert (tmp_path / "stores" / _tasks.TABLE / f"rank-{r}").is_dir()
+    # Closed shards released their locks: the stores reopen here, holding the pushed
+    # updates (SGD with lr 1: minus one per rank whose batch held the key).
+    with EmbeddingTable.open(SPEC, tmp_path / "ref2", device_rows=1000) as ref:
+        ukeys = torch.cat([torch.unique(b) for b in batches])
+        ref.apply_gradients(ukeys, torch.ones(len(ukeys), SPEC.dim))
+        for r in range(2):
+            path = tmp_path / "stores" / _tasks.TABLE / f"rank-{r}"
+            with EmbeddingTable.open(SPEC, path, device_rows=1000, mode="r") as shard:
+                want = ref.lookup(owned[r], read_only=True)
+                assert torch.equal(shard.lookup(owned[r], read_only=True), want)
+
+
+def test_thread_workers_get_explicit_groups():
+    """Two ranks in one process (threads): explicit groups, no default group needed."""
+    with start_cluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as handle:
+        assert handle.dashboard_link is None
+        with init_comm(handle.client, timeout_s=10) as group:
+            assert group.run(_tasks.all_reduce) == [[3.0] * 3, [3.0] * 3]
+
+
+def test_rank_that_cannot_join_fails_within_timeout():
+    """Rank 1's only thread is busy: rank 0 gives up after the timeout, with a clear error."""
+    with start_cluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as handle:
+        busy = handle.client.submit(
+            _tasks.sleep, 3.0, workers=[handle.addresses[1]], allow_other_workers=False, pure=False
+        )
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(CommError, match="could not form the process group within 1 s"):
+            init_comm(handle.client, timeout_s=1)
+        assert time.monotonic() - t0 < 2.9  # before the busy task ends
+        busy.result()
+
+
+@pytest.mark.slow
+def test_worker_killed_fails_the_run_with_a_clear_error():
+    with start_cluster(
+        n_workers=2, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None
+    ) as handle:
+        # Mid-collective: rank 0's all-reduce fails as soon as rank 1's process is gone.
+        group = init_comm(handle.client, timeout_s=5)
+        t0 = time.monotonic()
+        with pytest.raises(CommError, match=r"all_reduce failed.*a peer rank was lost"):
+            group.run(_tasks.die_in_collective)
+        assert time.monotonic() - t0 < 5
+        group.close()
+
+        # Outside any collective: the client notices the worker leaving and names the rank.
+        handle.client.wait_for_workers(2, timeout=30)
+        addrs = worker_addresses(handle.client)
+        t0 = time.monotonic()
+        lost = re.escape(f"rank 1 ({addrs[1]}) left the cluster")
+        with pytest.raises(WorkerLostError, match=lost):
+            run_pinned(handle.client, addrs, _tasks.die_or_sleep, rank_args=[(0,), (1,)])
+        assert time.monotonic() - t0 < 5  # long before rank 0's task would end
+
+
+def test_gpus_true_without_cuda_is_a_clear_error():
+    from daskhps.distributed import cuda_available
+
+    if cuda_available():
+        pytest.skip("this machine has CUDA and dask_cuda")
+    with pytest.raises(ClusterError, match="gpus=True needs dask_cuda"):
+        start_cluster(gpus=True)
+
+
+def test_unreachable_scheduler_is_a_clear_error():
+    with pytest.raises(ClusterError, match="could not reach the Dask scheduler"):
+        start_cluster(address="tcp://127.0.0.1:1", wait_timeout_s=1)

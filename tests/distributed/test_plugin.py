@@ -1,0 +1,105 @@
+"""ShardHost and tier sizing, on a stand-in worker (no cluster needed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from daskhps.distributed import MAX_CPU_FRACTION, ClusterError, ShardHost, TierSizing
+from daskhps.errors import ConfigError
+from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from daskhps.tiers.host import rows_for_bytes
+
+SMALL = TableSpec("small", dim=4, optimizer=OptimizerSpec(kind="sgd"))
+WIDE = TableSpec("wide", dim=16)  # adagrad: 32 floats a row
+GiB = 2**30
+
+
+def _worker(address: str = "tcp://w:1", limit: int | None = GiB) -> SimpleNamespace:
+    return SimpleNamespace(address=address, memory_manager=SimpleNamespace(memory_limit=limit))
+
+
+def test_sizing_needs_one_device_budget():
+    with pytest.raises(ConfigError, match="exactly one of device_fraction and device_rows"):
+        TierSizing()
+    with pytest.raises(ConfigError, match="exactly one"):
+        TierSizing(device_fraction=0.1, device_rows=10)
+    with pytest.raises(ConfigError, match="in \\(0, 1\\)"):
+        TierSizing(device_fraction=1.5)
+
+
+def test_sizing_stays_under_the_pause_threshold_on_cpu():
+    with pytest.raises(ConfigError, match=r"Dask pauses a worker at 0\.8"):
+        TierSizing(0.4, 0.4).resolve([SMALL], GiB)
+    with pytest.raises(ConfigError, match="need a worker memory limit"):
+        TierSizing(0.1).resolve([SMALL], None)
+    assert MAX_CPU_FRACTION < 0.8
+
+
+def test_sizing_splits_fractions_by_row_size():
+    got = TierSizing(0.2, 0.3).resolve([SMALL, WIDE], GiB)
+    (rows_s, host_s), (rows_w, host_w) = got["small"], got["wide"]
+    assert abs(rows_s - rows_w) / rows_w < 0.05  # about the same rows per table
+    hrows = [rows_for_bytes(t.width, h) for t, h in ((SMALL, host_s), (WIDE, host_w))]
+    assert abs(hrows[0] - hrows[1]) / hrows[1] < 0.05
+    assert host_s + host_w <= 0.3 * GiB
+    assert rows_s * SMALL.row_bytes + rows_w * WIDE.row_bytes <= 0.2 * GiB
+    assert TierSizing(device_rows=100, host_bytes=5).resolve([SMALL], None) == {"small": (100, 5)}
+
+
+def test_shards_open_per_rank_and_calls_take_the_lock(tmp_path):
+    host = ShardHost([SMALL, WIDE], tmp_path, ["tcp://w:0", "tcp://w:1"], TierSizing(0.01, 0.01))
+    host.setup(_worker("tcp://w:1"))
+    opened = host.open()
+    assert opened["small"]["rank"] == 1 and opened["small"]["device_rows"] > 0
+    assert (tmp_path / "small" / "rank-1").is_dir() and (tmp_path / "wide" / "rank-1").is_dir()
+
+    # Staging waits while another thread (the training loop) holds the table.
+    entered, times = threading.Event(), {}
+
+    def train() -> None:
+        with host.locked("small"):
+            entered.set()
+            time.sleep(0.3)
+            times["trained"] = time.monotonic()
+
+    t = threading.Thread(target=train)
+    t.start()
+    entered.wait()
+    report = host.stage("small", torch.arange(50))
+    times["staged"] = time.monotonic()
+    t.join()
+    assert times["staged"] >= times["trained"] and report.rows == 50
+
+    rows = host.lookup("small", torch.arange(3))
+    host.apply_gradients("small", torch.arange(3), torch.ones(3, 4))
+    assert not torch.equal(host.lookup("small", torch.arange(3), read_only=True), rows)
+    stats = host.stats()
+    assert stats["rank"] == 1 and stats["tables"]["small"]["pinned"] == 50
+    assert host.commit("c0") == {"small": "c0", "wide": "c0"}
+
+    host.teardown(_worker("tcp://w:1"))
+    host.close()  # twice is fine
+    # The store's write lock was released: it reopens at the committed state.
+    with EmbeddingTable.open(SMALL, tmp_path / "small" / "rank-1", device_rows=8) as t2:
+        assert not torch.equal(t2.lookup(torch.arange(3), read_only=True), rows)
+
+
+def test_worker_outside_the_ranks_holds_nothing(tmp_path):
+    host = ShardHost([SMALL], tmp_path, ["tcp://w:0"], TierSizing(device_rows=10))
+    host.setup(_worker("tcp://other:9"))
+    with pytest.raises(ClusterError, match="not one of the run's ranks"):
+        host.open()
+    with pytest.raises(ClusterError, match="not open on rank None"):
+        host.lookup("small", torch.arange(2))
+    with pytest.raises(ClusterError, match="not one of \\['small'\\]"):
+        host.lookup("nope", torch.arange(2))
+
+
+def test_table_names_must_be_unique(tmp_path):
+    with pytest.raises(ClusterError, match="unique"):
+        ShardHost([SMALL, SMALL], tmp_path, ["a"], TierSizing(device_rows=1))
