@@ -1,0 +1,82 @@
+"""Latency of one exchange round (route + pull + push) over a real gloo group.
+
+    python -m tests.distributed.bench_exchange --ranks 2 --keys 4096 --dim 16
+
+Each rank owns a real ``EmbeddingTable`` shard with its keys staged, draws ``--keys`` unique
+keys per batch, and times route (counts + keys all-to-all), pull (owner lookups + rows back)
+and push (gradients to owners + SGD update). One torch thread per rank. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from daskhps.distributed import Comm, Exchange
+from daskhps.sharding import ShardMap
+from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+
+
+def _rank(rank: int, args: argparse.Namespace, root: str) -> None:
+    torch.set_num_threads(1)
+    world = args.ranks
+    comm = Comm.create(rank, world, init_method=f"file://{root}/store", timeout_s=60)
+    ex = Exchange(comm, ShardMap(64, world))
+    spec = TableSpec("bench", dim=args.dim, optimizer=OptimizerSpec(kind="sgd"))
+    g = torch.Generator().manual_seed(rank)
+    pool = 1_000_000
+    batches = [torch.randperm(pool, generator=g)[: args.keys] for _ in range(args.batches)]
+    times: dict[str, list[float]] = {"route": [], "pull": [], "push": [], "round": []}
+    with EmbeddingTable.open(spec, Path(root) / f"rank-{rank}", device_rows=pool) as table:
+        mine = torch.arange(pool)
+        table.stage(mine[ex.shard_map.worker(mine) == rank])  # rows resident, as in a pass
+        lookup, apply = table.lookup, table.apply_gradients
+        if args.comm_only:  # the collectives alone: owners answer with zeros
+            lookup, apply = (lambda k: torch.zeros(len(k), args.dim)), (lambda k, g: None)
+        for i, keys in enumerate(batches):
+            comm.barrier()
+            t0 = time.perf_counter()
+            routing = ex.route(keys)
+            t1 = time.perf_counter()
+            rows = ex.pull_rows(routing, lookup)
+            t2 = time.perf_counter()
+            ex.push_grads(routing, torch.ones_like(rows), apply)
+            t3 = time.perf_counter()
+            if i >= args.warmup:
+                for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t3 - t0), strict=True):
+                    times[k].append(1e3 * v)
+        table.unpin()
+        table.commit("bench")  # keeps the close quiet; the store is thrown away anyway
+    comm.close()
+    if rank == 0:
+        out = {k: round(statistics.median(v), 3) for k, v in times.items()}
+        what = "collectives only" if args.comm_only else "with table lookups and SGD updates"
+        print(
+            json.dumps(
+                {"ranks": world, "keys": args.keys, "dim": args.dim, "what": what, "median_ms": out}
+            )
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--keys", type=int, default=4096)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batches", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--comm-only", action="store_true", help="owners answer with zeros")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        mp.spawn(_rank, args=(args, root), nprocs=args.ranks, join=True)
+
+
+if __name__ == "__main__":
+    main()
