@@ -75,3 +75,17 @@ def run_exchange(rank: int, world: int, root: str, disjoint: bool) -> None:
     torch.save(
         {"seen": seen, "keys": mine, "final": final, "dense": dense}, root_p / f"out-{rank}.pt"
     )
+
+
+def run_nccl(rank: int, world: int, root: str) -> None:
+    """An all-reduce and an uneven all-to-all over nccl, one GPU per rank."""
+    device = torch.device("cuda", rank)
+    comm = Comm.create(rank, world, init_method=f"file://{root}/store", device=device)
+    t = torch.full((4,), float(rank + 1), device=device)
+    comm.all_reduce(t)
+    send = [rank + 1] * world  # rank r sends r + 1 rows to everyone
+    recv = [r + 1 for r in range(world)]
+    out = torch.empty(sum(recv), device=device)
+    comm.all_to_all_single(out, torch.full((sum(send),), float(rank), device=device), recv, send)
+    comm.close()
+    torch.save({"sum": t.cpu(), "got": out.cpu()}, Path(root) / f"nccl-{rank}.pt")
