@@ -89,7 +89,13 @@ def read_click_log(
         source = DataSource(
             paths=paths,
             schema=load_schema(schema or "criteo"),
-            bad_rows=BadRowPolicy.from_dict(bad_rows) if bad_rows is not None else BadRowPolicy(),
+            bad_rows=(
+                bad_rows
+                if isinstance(bad_rows, BadRowPolicy)
+                else BadRowPolicy.from_dict(bad_rows)
+                if bad_rows is not None
+                else BadRowPolicy()
+            ),
         )
     files = resolve_files(source.paths, source.days, source.require_complete)
     backend = choose_backend(backend)

@@ -1,0 +1,59 @@
+"""Split a click log into training rows and held-out evaluation rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from daskhps.config.data import HoldoutConfig
+from daskhps.data.readers import ClickLog, read_click_log
+from daskhps.data.source import DataSource, day_of, resolve_files
+from daskhps.errors import DataError
+
+__all__ = ["read_train_and_holdout"]
+
+
+def _keep(
+    df: pd.DataFrame, fraction: float, seed: int, held: bool, partition_info: Any = None
+) -> pd.DataFrame:
+    """Rows chosen by a hash of (seed, partition, row): the same rows on every run."""
+    part = partition_info["number"] if partition_info else 0
+    u = np.random.default_rng([seed, part]).random(len(df))
+    return df[(u < fraction) == held]
+
+
+def read_train_and_holdout(
+    source: DataSource, holdout: HoldoutConfig | None, backend: str = "auto"
+) -> tuple[ClickLog, ClickLog | None]:
+    """The training log and the holdout log (None without a holdout)."""
+    kw: dict[str, Any] = {"schema": source.schema, "bad_rows": source.bad_rows, "backend": backend}
+    if holdout is None:
+        return read_click_log(source, **kw), None
+    if holdout.day is not None:
+        files = resolve_files(source.paths, source.days, source.require_complete)
+        days = sorted({d for f in files if (d := day_of(f)) is not None})
+        if not days:
+            raise DataError(
+                f"holdout.day needs day partitions (day=YYYY-MM-DD/...), but none of "
+                f"{list(source.paths)} has any: use holdout.fraction instead"
+            )
+        day = days[-1] if holdout.day == "last" else holdout.day
+        if day not in days:
+            raise DataError(f"holdout day {day} is not among the input's days ({', '.join(days)})")
+        train = [f for f in files if day_of(f) != day]
+        held = [f for f in files if day_of(f) == day]
+        if not train:
+            raise DataError(f"holding out {day} leaves no day to train on")
+        return read_click_log(train, **kw), read_click_log(held, **kw)
+    assert holdout.fraction is not None
+    log = read_click_log(source, **kw)
+    meta = log.frame._meta
+    train_frame = log.frame.map_partitions(_keep, holdout.fraction, holdout.seed, False, meta=meta)
+    held_frame = log.frame.map_partitions(_keep, holdout.fraction, holdout.seed, True, meta=meta)
+    return (
+        dataclasses.replace(log, frame=train_frame),
+        dataclasses.replace(log, frame=held_frame),
+    )

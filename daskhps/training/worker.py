@@ -1,0 +1,192 @@
+"""The worker side of training: the dense model replica and the mini-batch loop of each rank.
+
+Every function here runs in a Dask task pinned to one rank, started on all ranks at once by
+:meth:`daskhps.distributed.CommGroup.run`; inside, ranks talk through torch.distributed only.
+One mini-batch, on every rank in lockstep::
+
+    keys of my share ──route──► owners ──table.lookup──► rows ──► my unique rows (leaf)
+    rows[inverse] ──► model(dense, emb) ──► sum of BCE / global batch size ──► backward
+    leaf.grad ──push──► owners ──table.apply_gradients (sparse optimizer)
+    dense grads ──all_reduce(sum)──► clip ──► dense optimizer step (identical on every rank)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from daskhps.data.schema import Schema
+from daskhps.distributed import Comm, Exchange, local_shards
+from daskhps.models import ModelSpec
+from daskhps.sharding import ShardMap
+from daskhps.training.examples import WorkerExamples
+
+__all__ = ["TrainSetup", "drop_trainer", "eval_pass", "model_state", "setup_trainer", "train_pass"]
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """What every rank needs to build the same dense model replica."""
+
+    run_id: str
+    table: str
+    schema: Schema
+    model: ModelSpec
+    embedding_dim: int
+    num_shards: int
+    seed: int
+    optimizer: str
+    lr: float
+    weight_decay: float
+    grad_clip_norm: float | None
+    threads: int | None = None
+
+
+class _Replica:
+    def __init__(self, comm: Comm, setup: TrainSetup) -> None:
+        if setup.threads:
+            torch.set_num_threads(setup.threads)
+        self.setup = setup
+        schema = setup.schema
+        torch.manual_seed(setup.seed)  # the same initial dense weights on every rank
+        self.model = setup.model.build(
+            num_dense=len(schema.dense_names),
+            num_fields=len(schema.categorical_names),
+            embedding_dim=setup.embedding_dim,
+        )
+        params = list(self.model.parameters())
+        kind, lr, wd = setup.optimizer, setup.lr, setup.weight_decay
+        self.opt: torch.optim.Optimizer
+        if kind == "sgd":
+            self.opt = torch.optim.SGD(params, lr=lr, weight_decay=wd)
+        elif kind == "adagrad":
+            self.opt = torch.optim.Adagrad(params, lr=lr, weight_decay=wd)
+        else:
+            self.opt = torch.optim.Adam(params, lr=lr, weight_decay=wd)
+        self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size))
+        self.shards = local_shards()
+        self.step = 0
+
+
+_REPLICAS: dict[tuple[str, int], _Replica] = {}
+_LOCK = threading.Lock()
+
+
+def _replica(comm: Comm, run_id: str) -> _Replica:
+    with _LOCK:
+        return _REPLICAS[(run_id, comm.rank)]
+
+
+def setup_trainer(comm: Comm, setup: TrainSetup) -> int:
+    """Build this rank's replica; returns its number of dense parameters."""
+    rep = _Replica(comm, setup)
+    with _LOCK:
+        _REPLICAS[(setup.run_id, comm.rank)] = rep
+    return sum(p.numel() for p in rep.model.parameters())
+
+
+def drop_trainer(comm: Comm, run_id: str) -> None:
+    with _LOCK:
+        _REPLICAS.pop((run_id, comm.rank), None)
+
+
+def model_state(comm: Comm, run_id: str) -> dict[str, torch.Tensor]:
+    """This rank's dense weights (identical on every rank)."""
+    rep = _replica(comm, run_id)
+    return {k: v.detach().clone() for k, v in rep.model.state_dict().items()}
+
+
+def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]) -> dict:
+    """Train this rank's share of every global batch of one pass.
+
+    ``info``: ``num_batches``, ``batch_size`` (global), ``num_examples`` (of the pass),
+    ``lr`` (one learning rate per batch, from the schedule).
+    """
+    rep = _replica(comm, run_id)
+    setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
+    B, n, nb = info["batch_size"], info["num_examples"], info["num_batches"]
+    data = WorkerExamples.from_frame(part, setup.schema, B, nb)
+    lrs: list[float] = info["lr"]
+    table = setup.table
+    times: dict[str, float] = defaultdict(float)
+    losses: list[float] = []
+    loss_sum = 0.0
+    model.train()
+
+    def lookup(keys: torch.Tensor) -> torch.Tensor:
+        return shards.lookup(table, keys)
+
+    def apply(keys: torch.Tensor, grads: torch.Tensor) -> None:
+        shards.apply_gradients(table, keys, grads)
+
+    for b in range(nb):
+        size = min(B, n - b * B)  # the loss is the mean over the whole global batch
+        dense, keys, labels = data.batch(b)
+        t0 = time.perf_counter()
+        routing = ex.route(keys)
+        rows = ex.pull_rows(routing, lookup)
+        t1 = time.perf_counter()
+        leaf = rows.detach().requires_grad_(True)
+        logits = model(dense, leaf[routing.inverse])
+        loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        rep.opt.zero_grad(set_to_none=False)
+        (loss / size).backward()
+        t2 = time.perf_counter()
+        grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        ex.push_grads(routing, grad, apply)
+        t3 = time.perf_counter()
+        ex.allreduce_dense(model)
+        if setup.grad_clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), setup.grad_clip_norm)
+        for group in rep.opt.param_groups:
+            group["lr"] = lrs[b]
+        rep.opt.step()
+        rep.step += 1
+        t4 = time.perf_counter()
+        times["pull"] += t1 - t0
+        times["forward_backward"] += t2 - t1
+        times["push"] += t3 - t2
+        times["dense_sync_step"] += t4 - t3
+        value = float(loss.detach())
+        loss_sum += value
+        losses.append(value)
+    return {
+        "rank": comm.rank,
+        "examples": data.num_examples,
+        "loss_sum": loss_sum,
+        "batch_loss_sums": losses,
+        "seconds": dict(times),
+    }
+
+
+def eval_pass(
+    comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted click probabilities and labels of this rank's holdout rows, through
+    read-only lookups (no row is inserted anywhere)."""
+    rep = _replica(comm, run_id)
+    setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
+    data = WorkerExamples.from_frame(part, setup.schema, info["batch_size"], info["num_batches"])
+    preds = []
+    model.eval()
+
+    def lookup(keys: torch.Tensor) -> torch.Tensor:
+        return shards.lookup(setup.table, keys, read_only=True)
+
+    with torch.no_grad():
+        for b in range(info["num_batches"]):
+            dense, keys, _ = data.batch(b)
+            routing = ex.route(keys)
+            rows = ex.pull_rows(routing, lookup)
+            preds.append(torch.sigmoid(model(dense, rows[routing.inverse])))
+    model.train()
+    pred = torch.cat(preds).numpy() if preds else np.zeros(0, np.float32)
+    return pred, data.labels.numpy()
