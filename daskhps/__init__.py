@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 from daskhps.errors import DaskHPSError
+
+if TYPE_CHECKING:
+    from daskhps.config import RunConfig
+    from daskhps.training.trainer import RunResult
 
 __version__ = "0.1.0"
 
-__all__ = ["DaskHPSError", "__version__"]
+__all__ = ["DaskHPSError", "__version__", "train"]
+
+
+def train(config: RunConfig | str | Path, overrides: tuple[str, ...] = (), **kw: Any) -> RunResult:
+    """Train from a :class:`~daskhps.config.RunConfig` or a YAML file (with ``--set``-style
+    ``overrides``); the same job as ``daskhps train CONFIG``."""
+    from daskhps.config import RunConfig, load_config
+    from daskhps.training.trainer import Trainer
+
+    cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
+    return Trainer(cfg, **kw).run()

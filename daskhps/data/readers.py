@@ -16,6 +16,7 @@ reads each file once.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,17 @@ class ClickLog:
         return rep
 
 
+def _token(path: str, *args: Any) -> str:
+    """Task key of reading one file: its path, size and modification time are part of it, so
+    two logs never share a read task (nor does a file rewritten in place with its old one)."""
+    try:
+        st = os.stat(path)
+        stamp: tuple[int, int] = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        stamp = (-1, -1)  # reading it will report the error
+    return dask.base.tokenize(path, stamp, *args)
+
+
 def read_click_log(
     source: DataSource | str | Sequence[str],
     schema: Schema | str | None = None,
@@ -100,10 +112,13 @@ def read_click_log(
     files = resolve_files(source.paths, source.days, source.require_complete)
     backend = choose_backend(backend)
     schema_, policy = source.schema, source.bad_rows
-    token = dask.base.tokenize(schema_, policy, backend)
     parts = [
         delayed(_read, pure=True, nout=2)(
-            f, schema_, policy, backend, dask_key_name=f"read-shard-{token}-{i}"
+            f,
+            schema_,
+            policy,
+            backend,
+            dask_key_name=f"read-shard-{i}-{_token(f, schema_, policy, backend)}",
         )
         for i, f in enumerate(files)
     ]

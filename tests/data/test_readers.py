@@ -223,3 +223,19 @@ def test_pandas_reader_matches_read_csv(tmp_path: Path) -> None:
     ref = pd.read_csv(p, sep="\t", header=None, names=list(SCHEMA.columns), dtype=str)
     for c in ("C1", "C2"):
         assert frame[c].tolist() == hash_column(ref[c], c).tolist()
+
+
+def test_two_logs_never_share_read_tasks(tmp_path: Path) -> None:
+    """Logs of different files (say a training day and a holdout day) with the same number
+    of files must not collapse onto the same Dask tasks."""
+    from daskhps.data.readers import read_click_log
+
+    a, b = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    row = "\t".join(["{}"] + [""] * 13 + ["0000000a"] + [""] * 25) + "\n"
+    a.write_text(row.format(1))
+    b.write_text(row.format(0))
+    la, lb = read_click_log([str(a)]), read_click_log([str(b)])
+    assert la.frame["label"].compute().tolist() == [1.0]
+    assert lb.frame["label"].compute().tolist() == [0.0]
+    both = dask.compute(la.frame["label"].sum(), lb.frame["label"].sum())
+    assert both == (1.0, 0.0)

@@ -1,0 +1,67 @@
+"""The training job: the config in, a trained run directory out.
+
+A thin composition over the library: generate or find the click logs, train pass after pass on
+the cluster (:class:`daskhps.training.Trainer`), report. ``daskhps train CONFIG`` calls
+:func:`run`; Python code may call it, or :func:`daskhps.train`, directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from daskhps.config import RunConfig
+from daskhps.training.trainer import RunResult, Trainer
+
+__all__ = ["run", "train"]
+
+log = logging.getLogger("daskhps.pipelines.train")
+
+
+def train(config: RunConfig, *, progress: bool | None = None) -> RunResult:
+    """Train as ``config`` says; returns the per-pass records and final evaluation."""
+    if config.run.quiet:
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+    return Trainer(config, progress=progress).run()
+
+
+def _ceiling(config: RunConfig) -> float | None:
+    """AUC of the true generating function of synthetic logs, when there is one."""
+    gen = config.data.generate
+    if gen is None:
+        return None
+    path = Path(gen.out) / "generation.json"
+    try:
+        return float(json.loads(path.read_text())["ceiling_auc"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def run(config: RunConfig, resume: bool = False) -> int:
+    """Run the job; returns the process exit code."""
+    if resume:
+        print(
+            "daskhps train: error: --resume needs checkpoints, which this version does not "
+            "write yet; start the run again without --resume",
+            file=sys.stderr,
+        )
+        return 2
+    result = train(config)
+    final = result.final_eval
+    ceiling = _ceiling(config)
+    lines = [f"run directory: {result.run_dir}"]
+    if result.passes:
+        lines.append(
+            f"passes: {len(result.passes)}, final train loss {result.passes[-1]['train_loss']:.4f}"
+        )
+    if final:
+        lines.append(
+            "holdout: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k not in ("examples",))
+        )
+    if ceiling is not None:
+        lines.append(f"ceiling AUC of the generating function: {ceiling:.4f}")
+    print("\n".join(lines))
+    return 0
