@@ -260,7 +260,7 @@ def _join(
     timeout_s: float,
 ) -> str:
     store = None
-    if init_method.startswith("tcp://"):
+    if init_method.startswith("tcp://") and world > 1:  # one rank needs no store
         with _LOCK:
             store = _STORES.get(token) if rank == 0 else None
         if store is None:

@@ -28,7 +28,7 @@ from daskhps.distributed import (
     ShardHost,
     TierSizing,
     close_shards,
-    flush_shards,
+    commit_shards,
     init_comm,
     local_shards,
     open_shards,
@@ -113,6 +113,8 @@ class Trainer:
             log.warning("starting a new run: removing the stores of an earlier run in %s", stores)
             shutil.rmtree(stores)
         result = RunResult(self.run_dir)
+        # Read (lazily) before the cluster starts: paths that match nothing fail in a second.
+        logs = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
         with self._start_cluster() as handle:
             if handle.dashboard_link:
                 log.info("dashboard: %s", handle.dashboard_link)
@@ -135,7 +137,7 @@ class Trainer:
             )
             try:
                 open_shards(client, host)
-                self._train(client, group, addresses, result)
+                self._train(client, group, addresses, logs, result)
             finally:
                 try:
                     close_shards(client, addresses)
@@ -145,14 +147,17 @@ class Trainer:
         return result
 
     def _train(
-        self, client: Any, group: CommGroup, addresses: list[str], result: RunResult
+        self,
+        client: Any,
+        group: CommGroup,
+        addresses: list[str],
+        logs: tuple[ClickLog, ClickLog | None],
+        result: RunResult,
     ) -> None:
         cfg = self.config
         W = len(addresses)
         table = cfg.table.name
-        train_log, holdout_log = read_train_and_holdout(
-            cfg.data.source, cfg.data.holdout, cfg.data.backend
-        )
+        train_log, holdout_log = logs
         train_log = train_log.persist()
         plan = build_plan(train_log, cfg.passes.plan, W, seed=cfg.run.seed)
         bad_rows = train_log.compute_report().to_dict()
@@ -173,7 +178,6 @@ class Trainer:
             grad_clip_norm=opt.grad_clip_norm,
         )
         group.run(worker.setup_trainer, setup, what="build dense replicas")
-        B = cfg.passes.plan.global_batch_size
         total_steps = cfg.passes.epochs * sum(p.num_batches for p in plan.passes)
         step = 0
         metrics_path = self.run_dir / "metrics.jsonl"
@@ -205,12 +209,11 @@ class Trainer:
                         f.write(json.dumps(rec) + "\n")
         finally:
             bar.close()
-        flush_shards(client, addresses)
+        commit_shards(client, addresses, "end", {"passes": len(result.passes)})
         if result.passes:
             result.final_eval = result.passes[-1].get("eval", {})
         result.dense_state = group.run(worker.model_state, self.run_id, what="dense weights")[0]
         group.run(worker.drop_trainer, self.run_id, what="drop dense replicas")
-        del W, B
 
     def _place_holdout(self, client: Any, holdout: ClickLog, addresses: list[str]) -> dict:
         holdout = holdout.persist()
