@@ -103,7 +103,7 @@ def test_wide_models_match_reference(cls: type[DeepFM] | type[WideDeep]) -> None
     model = cls(num_dense=4, num_fields=3, embedding_dim=D)
     dense, sparse = _inputs(model, 5, 4, 3)
     emb, w = sparse[..., :D], sparse[..., D]
-    linear = model.linear if isinstance(model, DeepFM) else model.wide
+    linear = model.wide  # DeepFM is Wide & Deep plus the FM term
     deep = model.deep(torch.cat([emb.reshape(5, -1), dense], 1)).squeeze(1)
     want = linear.bias + dense @ linear.weight.weight.squeeze(0) + w.sum(1) + deep
     if cls is DeepFM:
