@@ -29,7 +29,7 @@ __all__ = ["MEMORY_BUDGET", "RunConfig", "load_config"]
 # share the worker's process memory, so together they may take at most this fraction: the
 # rest is room for the dense model, batches, staging buffers and Dask itself.
 PAUSE_FRACTION = 0.8
-MEMORY_BUDGET = 0.7
+MEMORY_BUDGET = 0.6
 
 
 @dataclass(frozen=True)

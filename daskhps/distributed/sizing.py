@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
+from daskhps.config.runconfig import MEMORY_BUDGET
 from daskhps.errors import ConfigError
 from daskhps.table import TableSpec
 from daskhps.tiers.host import rows_for_bytes
 
 __all__ = ["MAX_CPU_FRACTION", "TierSizing"]
 
-MAX_CPU_FRACTION = 0.6
+MAX_CPU_FRACTION = MEMORY_BUDGET  # one limit for config checks and worker sizing
 _MAX_GPU_FRACTION = 0.9
 
 
