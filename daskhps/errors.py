@@ -34,8 +34,12 @@ class DataError(DaskHPSError, ValueError):
     """Input data (keys, rows, gradients, click-log rows) has the wrong type, shape or content."""
 
 
-class CapacityError(DaskHPSError, MemoryError):
-    """A working set does not fit the tier that must hold it."""
+class CapacityError(DaskHPSError, ValueError):
+    """A working set does not fit the tier that must hold it.
+
+    Not a ``MemoryError``: a ``MemoryError`` subclass cannot be rebuilt after travelling from
+    a Dask worker to the client, and these errors are raised on workers.
+    """
 
 
 class StoreNotFoundError(DaskHPSError, FileNotFoundError):

@@ -15,6 +15,7 @@ import logging
 import shutil
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ from daskhps.distributed import (
 )
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import CommGroup
-from daskhps.passes import PassPlan, build_plan, place_on_workers, plan_owner_keys
+from daskhps.errors import CapacityError
+from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
+from daskhps.table import StageReport
 from daskhps.training import worker
 from daskhps.training.examples import route_examples
 from daskhps.training.holdout import read_train_and_holdout
@@ -67,6 +70,53 @@ class RunResult:
 
 def _unpin(table: str) -> None:
     local_shards().unpin(table)
+
+
+@dataclass(frozen=True)
+class _PassContext:
+    client: Any
+    group: CommGroup
+    addresses: list[str]
+    train_log: ClickLog
+    plan: PassPlan
+    shard_map: ShardMap
+
+
+@dataclass
+class _Prepared:
+    """A pass ready to train: its keys and examples on their workers, maybe already staged."""
+
+    spec: PassSpec
+    keys: tuple[Any, ...]
+    examples: tuple[Any, ...]
+    staged: bool = False
+    reports: list[StageReport] = field(default_factory=list)
+    late: list[StageReport] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def stage_now(self, ctx: _PassContext, table: str) -> None:
+        """Stage (or re-pin) the pass's keys; rows evicted since an early staging come back."""
+        t = time.perf_counter()
+        reports = stage_shards(ctx.client, ctx.addresses, table, self.keys)
+        if self.staged:
+            self.late = reports
+        else:
+            self.reports, self.staged = reports, True
+        self.seconds["stage"] = self.seconds.get("stage", 0.0) + time.perf_counter() - t
+
+    def staged_from(self) -> dict[str, int]:
+        """Where the staged rows came from (re-pinning counts only rows fetched again)."""
+        out = {
+            "device": sum(r.from_device for r in self.reports),
+            "host": sum(r.from_host for r in self.reports),
+            "store": sum(r.from_store for r in self.reports),
+            "init": sum(r.initialised for r in self.reports),
+        }
+        for r in self.late:
+            out["host"] += r.from_host
+            out["store"] += r.from_store
+            out["init"] += r.initialised
+        return {k: int(v) for k, v in out.items()}
 
 
 class Trainer:
@@ -178,37 +228,50 @@ class Trainer:
             grad_clip_norm=opt.grad_clip_norm,
         )
         group.run(worker.setup_trainer, setup, what="build dense replicas")
-        total_steps = cfg.passes.epochs * sum(p.num_batches for p in plan.passes)
+        schedule = [(epoch, spec) for epoch in range(cfg.passes.epochs) for spec in plan.passes]
+        total_steps = sum(spec.num_batches for _, spec in schedule)
         step = 0
         metrics_path = self.run_dir / "metrics.jsonl"
         metrics_path.write_text("")
         bar = tqdm(total=total_steps, unit="batch", disable=not self.progress, desc="training")
+        ctx = _PassContext(client, group, addresses, train_log, plan, shard_map)
+        # Pass k+1 is read, hashed, deduplicated, shuffled and staged on a driver thread while
+        # pass k trains on the workers (Baidu's pipeline). That needs a second thread on every
+        # worker: with one, a shuffle task of pass k+1 could hold a worker's only thread while
+        # the other ranks wait for it inside a collective of pass k.
+        pipelined = _min_threads(client, addresses) >= 2
+        if not pipelined:
+            log.warning(
+                "workers have one thread each: pass k+1 is prepared after pass k instead of "
+                "while it trains; give workers 2 threads (cluster.threads_per_worker) to overlap"
+            )
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daskhps-prepare")
         try:
-            for epoch in range(cfg.passes.epochs):
-                for spec in plan.passes:
-                    rec = self._one_pass(
-                        client,
-                        group,
-                        addresses,
-                        train_log,
-                        plan,
-                        spec,
-                        shard_map,
-                        step,
-                        total_steps,
-                        holdout,
-                    )
-                    rec.update(epoch=epoch, bad_rows_skipped=bad_rows if not result.passes else {})
-                    step += spec.num_batches
-                    bar.update(spec.num_batches)
-                    bar.set_postfix(
-                        loss=f"{rec['train_loss']:.4f}", auc=rec.get("eval", {}).get("auc")
-                    )
-                    result.passes.append(rec)
-                    with metrics_path.open("a") as f:
-                        f.write(json.dumps(rec) + "\n")
+            upcoming = pool.submit(self._prepare, ctx, schedule[0][1]) if schedule else None
+            for i, (epoch, spec) in enumerate(schedule):
+                assert upcoming is not None
+                prepared = upcoming.result()
+                if not prepared.staged:
+                    prepared.stage_now(ctx, table)
+                has_next = i + 1 < len(schedule)
+                ahead = (
+                    pool.submit(self._prepare, ctx, schedule[i + 1][1])
+                    if pipelined and has_next
+                    else None
+                )
+                rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
+                if has_next:
+                    upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1])
+                rec.update(epoch=epoch, bad_rows_skipped=bad_rows if not result.passes else {})
+                step += spec.num_batches
+                bar.update(spec.num_batches)
+                bar.set_postfix(loss=f"{rec['train_loss']:.4f}", auc=rec.get("eval", {}).get("auc"))
+                result.passes.append(rec)
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
         finally:
             bar.close()
+            pool.shutdown(wait=True, cancel_futures=True)
         commit_shards(client, addresses, "end", {"passes": len(result.passes)})
         if result.passes:
             result.final_eval = result.passes[-1].get("eval", {})
@@ -227,40 +290,50 @@ class Trainer:
         placed = place_on_workers(client, routed, addresses)
         return {"futures": placed.futures, "batch_size": bs, "num_batches": -(-n // bs), "n": n}
 
-    def _one_pass(
+    def _prepare(self, ctx: _PassContext, spec: PassSpec) -> _Prepared:
+        """Route a pass's keys to their owners and its examples to their workers, and try to
+        stage the keys (pinned) while the previous pass may still hold its own pins."""
+        cfg = self.config
+        table = cfg.table.name
+        t = time.perf_counter()
+        owned = plan_owner_keys(ctx.train_log, ctx.plan, spec, ctx.shard_map)
+        keys = place_on_workers(ctx.client, owned, ctx.addresses)
+        routed = route_examples(
+            ctx.train_log.frame,
+            ctx.plan.partition_lengths,
+            spec.start,
+            spec.stop,
+            batch_size=cfg.passes.plan.global_batch_size,
+            num_workers=len(ctx.addresses),
+            order=spec.order() if spec.shuffled else None,
+        )
+        examples = place_on_workers(ctx.client, routed, ctx.addresses)
+        prepared = _Prepared(spec, keys.futures, examples.futures)
+        prepared.seconds["route"] = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            prepared.reports = stage_shards(ctx.client, ctx.addresses, table, keys.futures)
+            prepared.staged = True
+        except CapacityError as e:
+            # Both working sets do not fit the device tier together: stage after the previous
+            # pass unpins.
+            log.debug("pass %d staged after the previous one: %s", spec.index, e)
+        prepared.seconds["stage_ahead"] = time.perf_counter() - t
+        return prepared
+
+    def _run_pass(
         self,
-        client: Any,
-        group: CommGroup,
-        addresses: list[str],
-        train_log: ClickLog,
-        plan: PassPlan,
-        spec: Any,
-        shard_map: ShardMap,
+        ctx: _PassContext,
+        prepared: _Prepared,
         step: int,
         total_steps: int,
         holdout: dict | None,
+        upcoming: Future[_Prepared] | None,
     ) -> dict[str, Any]:
         cfg = self.config
         table = cfg.table.name
+        spec = prepared.spec
         B = cfg.passes.plan.global_batch_size
-        seconds: dict[str, float] = {}
-        t = time.perf_counter()
-        owned = plan_owner_keys(train_log, plan, spec, shard_map)
-        keys = place_on_workers(client, owned, addresses)
-        reports = stage_shards(client, addresses, table, keys.futures)
-        seconds["plan_shuffle_stage"] = time.perf_counter() - t
-        t = time.perf_counter()
-        routed = route_examples(
-            train_log.frame,
-            plan.partition_lengths,
-            spec.start,
-            spec.stop,
-            batch_size=B,
-            num_workers=len(addresses),
-            order=spec.order() if spec.shuffled else None,
-        )
-        examples = place_on_workers(client, routed, addresses)
-        seconds["route_examples"] = time.perf_counter() - t
         opt = cfg.dense_optimizer
         info = {
             "batch_size": B,
@@ -268,17 +341,26 @@ class Trainer:
             "num_examples": spec.num_examples,
             "lr": [opt.lr * opt.lr_factor(step + b, total_steps) for b in range(spec.num_batches)],
         }
+        seconds = dict(prepared.seconds)
         t = time.perf_counter()
-        outs = group.run(
+        outs = ctx.group.run(
             worker.train_pass,
             self.run_id,
             info,
-            rank_args=[(f,) for f in examples.futures],
+            rank_args=[(f,) for f in prepared.examples],
             what="train pass",
         )
         seconds["train"] = train_s = time.perf_counter() - t
-        run_pinned(client, addresses, _unpin, table, what="unpin")
+        t = time.perf_counter()
+        if upcoming is not None:
+            upcoming_pass = upcoming.result()  # its staging must not race the unpin
+            run_pinned(ctx.client, ctx.addresses, _unpin, table, what="unpin")
+            upcoming_pass.stage_now(ctx, table)  # re-pin what was staged ahead
+        else:
+            run_pinned(ctx.client, ctx.addresses, _unpin, table, what="unpin")
+        seconds["unpin_repin"] = time.perf_counter() - t
         loss_sum = sum(o["loss_sum"] for o in outs)
+        reports = prepared.reports
         rec: dict[str, Any] = {
             "pass": spec.index,
             "examples": spec.num_examples,
@@ -289,21 +371,16 @@ class Trainer:
                 for b in range(spec.num_batches)
             ],
             "rows_staged": int(sum(r.rows for r in reports)),
-            "staged_from": {
-                "device": int(sum(r.from_device for r in reports)),
-                "host": int(sum(r.from_host for r in reports)),
-                "store": int(sum(r.from_store for r in reports)),
-                "init": int(sum(r.initialised for r in reports)),
-            },
+            "staged_from": prepared.staged_from(),
             "worker_seconds": {
                 k: max(o["seconds"].get(k, 0.0) for o in outs) for k in outs[0]["seconds"]
             },
         }
         if holdout is not None and cfg.eval.every_pass:
             t = time.perf_counter()
-            rec["eval"] = self._evaluate(group, holdout)
+            rec["eval"] = self._evaluate(ctx.group, holdout)
             seconds["eval"] = time.perf_counter() - t
-        stats = shard_stats(client, addresses)
+        stats = shard_stats(ctx.client, ctx.addresses)
         rec["tiers"] = _tier_summary(stats, table)
         rec["seconds"] = seconds
         return rec
@@ -334,6 +411,11 @@ class Trainer:
                 else None
             ),
         }
+
+
+def _min_threads(client: Any, addresses: list[str]) -> int:
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return min(int(workers[a].get("nthreads", 1)) for a in addresses)
 
 
 def _tier_summary(stats: list[dict[str, Any]], table: str) -> dict[str, Any]:

@@ -90,7 +90,12 @@ def _run(cfg: RunConfig) -> RunResult:
 
 
 @pytest.mark.slow
-def test_tiny_tiers_train_bit_identical_to_roomy_tiers(tmp_path: Path, logs: Path) -> None:
+@pytest.mark.parametrize("threads", [1, 2], ids=["sequential", "pipelined"])
+def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
+    tmp_path: Path, logs: Path, threads: int
+) -> None:
+    """With 2 threads per worker pass k+1 is staged while pass k trains (or, where both
+    working sets do not fit, right after); the model must not notice either way."""
     just_fits = _max_pass_working_set(logs)
     tiny_cfg = _config(
         tmp_path / "tiny",
@@ -100,13 +105,18 @@ def test_tiny_tiers_train_bit_identical_to_roomy_tiers(tmp_path: Path, logs: Pat
             "table.optimizer": {"kind": "adagrad", "lr": 0.05},
             "table.tiers": {"device": {"rows": just_fits}, "host": {"fraction": 0.0}},
             "passes.epochs": 2,
+            "cluster.threads_per_worker": threads,
         },
     )
     roomy_cfg = _config(
         tmp_path / "roomy",
         logs,
         workers=1,
-        **{"table.optimizer": {"kind": "adagrad", "lr": 0.05}, "passes.epochs": 2},
+        **{
+            "table.optimizer": {"kind": "adagrad", "lr": 0.05},
+            "passes.epochs": 2,
+            "cluster.threads_per_worker": threads,
+        },
     )
     tiny, roomy = _run(tiny_cfg), _run(roomy_cfg)
     assert len(tiny.passes) == len(roomy.passes) == 6
