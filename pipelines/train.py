@@ -24,7 +24,8 @@ def train(config: RunConfig, *, progress: bool | None = None) -> RunResult:
     """Train as ``config`` says; returns the per-pass records and final evaluation."""
     if config.run.quiet:
         logging.getLogger("distributed").setLevel(logging.ERROR)
-    return Trainer(config, progress=progress).run()
+    echo = None if config.run.quiet else (lambda message: print(message, file=sys.stderr))
+    return Trainer(config, progress=progress, echo=echo).run()
 
 
 def _ceiling(config: RunConfig) -> float | None:

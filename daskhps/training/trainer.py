@@ -15,6 +15,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,8 +123,15 @@ class _Prepared:
 class Trainer:
     """Runs one training job described by a :class:`RunConfig`."""
 
-    def __init__(self, config: RunConfig, *, progress: bool | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        progress: bool | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
+        self.echo = echo or (lambda message: log.info("%s", message))
         self.run_dir = Path(config.run.dir)
         self.progress = (not config.run.quiet) if progress is None else progress
         self.run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
@@ -167,7 +175,7 @@ class Trainer:
         logs = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
         with self._start_cluster() as handle:
             if handle.dashboard_link:
-                log.info("dashboard: %s", handle.dashboard_link)
+                self.echo(f"dashboard: {handle.dashboard_link}")
             addresses = list(handle.addresses)
             client = handle.client
             spec = cfg.table_spec()
