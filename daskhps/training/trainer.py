@@ -218,7 +218,9 @@ class Trainer:
         train_log, holdout_log = logs
         train_log = train_log.persist()
         plan = build_plan(train_log, cfg.passes.plan, W, seed=cfg.run.seed)
-        bad_rows = train_log.compute_report().to_dict()
+        report = train_log.compute_report()
+        report.log_summary(log)
+        bad_by_pass = _bad_rows_by_pass(report.by_shard(), plan)
         holdout = self._place_holdout(client, holdout_log, addresses) if holdout_log else None
         shard_map = ShardMap(cfg.passes.plan.num_shards, W)
         opt = cfg.dense_optimizer
@@ -270,7 +272,9 @@ class Trainer:
                 rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
                 if has_next:
                     upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1])
-                rec.update(epoch=epoch, bad_rows_skipped=bad_rows if not result.passes else {})
+                # skipped rows are counted when their file is first read: in the first epoch
+                skipped = bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
+                rec.update(epoch=epoch, bad_rows_skipped=skipped)
                 step += spec.num_batches
                 bar.update(spec.num_batches)
                 bar.set_postfix(loss=f"{rec['train_loss']:.4f}", auc=rec.get("eval", {}).get("auc"))
@@ -419,6 +423,23 @@ class Trainer:
                 else None
             ),
         }
+
+
+def _bad_rows_by_pass(
+    by_file: dict[str, dict[str, int]], plan: PassPlan
+) -> dict[int, dict[str, int]]:
+    """Skipped rows by reason, attributed to the pass in which each file starts."""
+    lengths = np.asarray(plan.partition_lengths, dtype=np.int64)
+    begins = np.cumsum(lengths) - lengths
+    starts = np.array([p.start for p in plan.passes], dtype=np.int64)
+    out: dict[int, dict[str, int]] = {}
+    for f, b in zip(plan.files, begins, strict=True):
+        if f not in by_file or not len(starts):
+            continue
+        index = plan.passes[max(int(np.searchsorted(starts, b, side="right")) - 1, 0)].index
+        for reason, n in by_file[f].items():
+            out.setdefault(index, {})[reason] = out.get(index, {}).get(reason, 0) + int(n)
+    return out
 
 
 def _min_threads(client: Any, addresses: list[str]) -> int:
