@@ -61,3 +61,18 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
         str(tmp_path / "logs"),
     )
     assert any("read_csv" in (r.get("baseline_name") or r["name"]) for r in recs)
+
+
+@pytest.mark.slow
+def test_bench_train_quick() -> None:
+    recs = _run("bench_train.py", "--quick")
+    vs_torch = [r for r in recs if r["name"].startswith("daskhps train step")]
+    assert len(vs_torch) == 1 and vs_torch[0]["unit"] == "examples/s"
+    assert "plain PyTorch" in vs_torch[0]["baseline_name"]
+    ooc = [r for r in recs if "x its host tier" in r["name"]]
+    assert len(ooc) == 1
+    assert sum(ooc[0]["hit_rate"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert ooc[0]["stage_from"]["from_store"] > 0  # rows really went through the zarr tier
+    names = " ".join(r["name"] for r in recs)
+    for stage in ("stage", "pull", "forward_backward", "push", "dense_step", "flush"):
+        assert f"out-of-core run: {stage} per pass" in names
