@@ -22,12 +22,15 @@ from typing import Any
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
+from daskhps.data.hashing import missing_key
 from daskhps.data.schema import LABEL, Schema
 from daskhps.errors import DataError
 
-__all__ = ["WorkerExamples", "route_examples", "worker_of_rank"]
+__all__ = ["WorkerExamples", "bag_keys", "route_examples", "worker_of_rank"]
 
 RANK = "daskhps_rank"
 WORKER = "daskhps_worker"  # not "_worker": the p2p shuffle uses that name itself
@@ -108,6 +111,56 @@ def route_examples(
     return routed.map_partitions(_sort, meta=meta.drop(columns=[WORKER]).reset_index(drop=True))
 
 
+def _list_column(col: pd.Series, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(length of each row's list, values of all lists in row order) of a multi-hot column.
+
+    Takes Arrow list columns as well as object columns of Python lists or arrays; a null
+    cell has length 0.
+    """
+    arr = pa.array(col, type=pa.list_(pa.int64()), from_pandas=True)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(arr), 0), dtype=np.int64)
+    flat = arr.flatten()  # values of the non-null lists only, honouring slices
+    if flat.null_count:
+        raise DataError(f"multi-hot field {name!r}: a list holds a null key; parse the log first")
+    return lengths, np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def bag_keys(df: pd.DataFrame, schema: Schema) -> tuple[np.ndarray, np.ndarray]:
+    """Every key of ``df``'s rows as CSR bags in example-major order (bag ``i`` is field
+    ``i % F`` of row ``i // F``, the order :func:`daskhps.models.pool` expects).
+
+    Returns ``(keys int64[N], offsets int64[n * F + 1])``. A single-hot field gives one key per
+    row; an empty or missing multi-hot cell gives ``[missing key of the field]``, as the parser
+    does, so no bag is empty.
+    """
+    n, fields = len(df), schema.categorical
+    nf = len(fields)
+    bag_len = np.ones((n, nf), dtype=np.int64)
+    lists: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for j, f in enumerate(fields):
+        if f.multi_hot:
+            lens, vals = _list_column(df[f.name], f.name)
+            lists[j] = (lens, vals)
+            bag_len[:, j] = np.maximum(lens, 1)
+    offsets = np.zeros(n * nf + 1, dtype=np.int64)
+    np.cumsum(bag_len.reshape(-1), out=offsets[1:])
+    keys = np.empty(int(offsets[-1]), dtype=np.int64)
+    bag_start = offsets[:-1].reshape(n, nf)
+    for j, f in enumerate(fields):
+        if j not in lists:
+            keys[bag_start[:, j]] = df[f.name].to_numpy(dtype=np.int64)
+            continue
+        lens, vals = lists[j]
+        # Value k of row i lands at bag_start[i, j] + k: shift each row's run of values from
+        # its place in the field's flat list to its bag.
+        list_start = np.cumsum(lens) - lens
+        keys[np.arange(len(vals)) + np.repeat(bag_start[:, j] - list_start, lens)] = vals
+        keys[bag_start[lens == 0, j]] = missing_key(f.name)
+    return keys, offsets
+
+
 @dataclass
 class WorkerExamples:
     """One worker's rows of a pass as tensors, cut into its share of each global batch.
@@ -116,41 +169,56 @@ class WorkerExamples:
 
         rows (sorted by rank)   r0 r1 r2 | r3 r4 | ...
         batch of each row       0  0  0  | 1  1  | ...     rank // global batch size
-        batch(b)  ->  (dense[n_b, D], keys[n_b, F], labels[n_b])
+        batch(b)  ->  (dense[n_b, D], keys, offsets, labels[n_b])
+
+    Single-hot schemas keep ``keys`` as ``int64[n, F]`` and ``offsets`` None. With a multi-hot
+    field, ``keys`` is every key flat (``int64[N]``) and ``offsets`` (``int64[n * F + 1]``) cuts
+    it into example-major bags; :meth:`batch` rebases a batch's offsets to start at 0.
     """
 
     dense: torch.Tensor
     keys: torch.Tensor
     labels: torch.Tensor
     starts: np.ndarray  # row index where each global batch begins (length num_batches + 1)
+    offsets: torch.Tensor | None = None
+    num_fields: int = 0
 
     @classmethod
     def from_frame(
         cls, df: pd.DataFrame, schema: Schema, batch_size: int, num_batches: int
     ) -> WorkerExamples:
-        multi = [f.name for f in schema.categorical if f.multi_hot]
-        if multi:
-            raise DataError(
-                f"multi-hot fields {multi} are not supported by the trainer yet; "
-                "list them as single-valued categorical fields or drop them from the schema"
-            )
         dense_cols = list(schema.dense_names)
         cat_cols = list(schema.categorical_names)
         dense = df[dense_cols].to_numpy(dtype=np.float32) if dense_cols else None
         n = len(df)
         rank = df[RANK].to_numpy(dtype=np.int64) if n else np.zeros(0, np.int64)
         starts = np.searchsorted(rank // batch_size, np.arange(num_batches + 1), side="left")
+        offsets = None
+        if any(f.multi_hot for f in schema.categorical):
+            flat, offs = bag_keys(df, schema)
+            keys = torch.from_numpy(flat)
+            offsets = torch.from_numpy(offs)
+        else:
+            keys = torch.from_numpy(np.ascontiguousarray(df[cat_cols].to_numpy(dtype=np.int64)))
         return cls(
             dense=torch.from_numpy(dense) if dense is not None else torch.zeros(n, 0),
-            keys=torch.from_numpy(np.ascontiguousarray(df[cat_cols].to_numpy(dtype=np.int64))),
+            keys=keys,
             labels=torch.from_numpy(df[LABEL].to_numpy(dtype=np.float32)),
             starts=starts,
+            offsets=offsets,
+            num_fields=len(cat_cols),
         )
 
     @property
     def num_examples(self) -> int:
         return int(self.labels.shape[0])
 
-    def batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(dense, keys, offsets, labels)`` of this worker's share of global batch ``b``."""
         lo, hi = int(self.starts[b]), int(self.starts[b + 1])
-        return self.dense[lo:hi], self.keys[lo:hi], self.labels[lo:hi]
+        if self.offsets is None:
+            return self.dense[lo:hi], self.keys[lo:hi], None, self.labels[lo:hi]
+        offs = self.offsets[lo * self.num_fields : hi * self.num_fields + 1]
+        first = offs[0]
+        keys = self.keys[int(first) : int(offs[-1])]
+        return self.dense[lo:hi], keys, offs - first, self.labels[lo:hi]

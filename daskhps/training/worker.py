@@ -5,7 +5,8 @@ Every function here runs in a Dask task pinned to one rank, started on all ranks
 One mini-batch, on every rank in lockstep::
 
     keys of my share ──route──► owners ──table.lookup──► rows ──► my unique rows (leaf)
-    rows[inverse] ──► model(dense, emb) ──► sum of BCE / global batch size ──► backward
+    rows[inverse] (──pool bags, multi-hot schemas──►) emb[n, F, D] ──► model(dense, emb)
+        ──► sum of BCE / global batch size ──► backward
     leaf.grad ──push──► owners ──table.apply_gradients (sparse optimizer)
     dense grads ──all_reduce(sum)──► clip ──► dense optimizer step (identical on every rank)
 """
@@ -15,8 +16,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -25,11 +27,107 @@ import torch.nn.functional as F
 
 from daskhps.data.schema import Schema
 from daskhps.distributed import Comm, Exchange, local_shards
-from daskhps.models import ModelSpec
+from daskhps.distributed.exchange import Routing
+from daskhps.models import ModelSpec, pool
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import WorkerExamples
 
-__all__ = ["TrainSetup", "drop_trainer", "eval_pass", "model_state", "setup_trainer", "train_pass"]
+__all__ = [
+    "BagPooling",
+    "TrainSetup",
+    "bag_pooling",
+    "batch_forward",
+    "drop_trainer",
+    "eval_pass",
+    "model_state",
+    "pull_batch",
+    "setup_trainer",
+    "sparse_input",
+    "train_pass",
+]
+
+LookupFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class BagPooling:
+    """How a multi-hot schema's bags become one row per (example, field).
+
+    ``mode`` is what :func:`pool` runs for every bag; ``mean_fields`` (``bool[F]``) is set only
+    when the fields mix modes: then ``mode`` is ``"sum"`` and those fields are divided by their
+    bag lengths afterwards.
+    """
+
+    mode: Literal["sum", "mean"]
+    num_fields: int
+    mean_fields: torch.Tensor | None = None
+
+
+def bag_pooling(schema: Schema) -> BagPooling | None:
+    """The pooling of ``schema``'s bags; None for a single-hot schema (no pooling at all)."""
+    fields = schema.categorical
+    if not any(f.multi_hot for f in fields):
+        return None
+    # A single-hot bag holds exactly one key, so sum and mean agree on it: only the multi-hot
+    # fields decide whether one pool call covers every field.
+    modes = {f.pooling for f in fields if f.multi_hot}
+    if modes == {"sum"} or modes == {"mean"}:
+        return BagPooling("sum" if modes == {"sum"} else "mean", len(fields))
+    mean = torch.tensor([f.multi_hot and f.pooling == "mean" for f in fields])
+    return BagPooling("sum", len(fields), mean)
+
+
+def pull_batch(
+    exchange: Exchange, lookup_fn: LookupFn, keys: torch.Tensor
+) -> tuple[Routing, torch.Tensor]:
+    """Route a batch's keys and pull their unique rows as a leaf that collects their gradient."""
+    routing = exchange.route(keys)
+    rows = exchange.pull_rows(routing, lookup_fn)
+    return routing, rows.detach().requires_grad_(True)
+
+
+def sparse_input(
+    leaf: torch.Tensor,
+    routing: Routing,
+    offsets: torch.Tensor | None,
+    pooling: BagPooling | None,
+) -> torch.Tensor:
+    """The model's ``sparse`` input ``float[n, F, D]`` from the unique rows of a batch.
+
+    Without ``offsets`` (single-hot) the keys were ``int64[n, F]`` and the rows are gathered
+    straight into place; otherwise the flat rows are pooled bag by bag.
+    """
+    if offsets is None:
+        return leaf[routing.inverse]
+    if pooling is None:
+        raise ValueError("sparse_input: bag offsets given without a pooling (see bag_pooling)")
+    nf = pooling.num_fields
+    n = (offsets.numel() - 1) // nf
+    # Offsets come from WorkerExamples, which builds them valid: skip the check (a device sync
+    # on GPU) on every batch.
+    bags = pool(leaf[routing.inverse], offsets.to(leaf.device), pooling.mode, check=False)
+    out = bags.view(n, nf, leaf.shape[1])
+    if pooling.mean_fields is not None:
+        lengths = offsets.diff().view(n, nf).to(leaf.device)
+        mean = pooling.mean_fields.to(leaf.device)
+        div = torch.where(mean, lengths.clamp(min=1), torch.ones_like(lengths))
+        out = out / div.to(out.dtype).unsqueeze(-1)
+    return out
+
+
+def batch_forward(
+    model: torch.nn.Module,
+    exchange: Exchange,
+    lookup_fn: LookupFn,
+    dense: torch.Tensor,
+    keys: torch.Tensor,
+    offsets: torch.Tensor | None,
+    pooling: BagPooling | None,
+) -> tuple[torch.Tensor, Routing, torch.Tensor]:
+    """One batch's logits, with the routing and the leaf of unique rows whose ``.grad``
+    (after backward) goes to :meth:`Exchange.push_grads`."""
+    routing, leaf = pull_batch(exchange, lookup_fn, keys)
+    return model(dense, sparse_input(leaf, routing, offsets, pooling)), routing, leaf
 
 
 @dataclass(frozen=True)
@@ -73,6 +171,7 @@ class _Replica:
             self.opt = torch.optim.Adam(params, lr=lr, weight_decay=wd)
         self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size))
         self.shards = local_shards()
+        self.pooling = bag_pooling(schema)
         self.step = 0
 
 
@@ -129,13 +228,11 @@ def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]
 
     for b in range(nb):
         size = min(B, n - b * B)  # the loss is the mean over the whole global batch
-        dense, keys, labels = data.batch(b)
+        dense, keys, offsets, labels = data.batch(b)
         t0 = time.perf_counter()
-        routing = ex.route(keys)
-        rows = ex.pull_rows(routing, lookup)
+        routing, leaf = pull_batch(ex, lookup, keys)
         t1 = time.perf_counter()
-        leaf = rows.detach().requires_grad_(True)
-        logits = model(dense, leaf[routing.inverse])
+        logits = model(dense, sparse_input(leaf, routing, offsets, rep.pooling))
         loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
         rep.opt.zero_grad(set_to_none=False)
         (loss / size).backward()
@@ -183,10 +280,9 @@ def eval_pass(
 
     with torch.no_grad():
         for b in range(info["num_batches"]):
-            dense, keys, _ = data.batch(b)
-            routing = ex.route(keys)
-            rows = ex.pull_rows(routing, lookup)
-            preds.append(torch.sigmoid(model(dense, rows[routing.inverse])))
+            dense, keys, offsets, _ = data.batch(b)
+            logits, _, _ = batch_forward(model, ex, lookup, dense, keys, offsets, rep.pooling)
+            preds.append(torch.sigmoid(logits))
     model.train()
     pred = torch.cat(preds).numpy() if preds else np.zeros(0, np.float32)
     return pred, data.labels.numpy()

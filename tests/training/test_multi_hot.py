@@ -1,0 +1,270 @@
+"""Multi-hot fields in the trainer: bag keys of a worker's rows, pooled embeddings, gradients
+back to the table rows, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import nn
+
+from daskhps.data.hashing import hash_column, missing_key
+from daskhps.data.schema import LABEL, Schema, load_schema
+from daskhps.distributed import Exchange
+from daskhps.sharding import ShardMap
+from daskhps.table import EmbeddingTable, TableSpec
+from daskhps.table.optimizers import OptimizerSpec
+from daskhps.training.examples import RANK, WorkerExamples, bag_keys
+from daskhps.training.worker import BagPooling, bag_pooling, batch_forward
+
+ROOT = Path(__file__).resolve().parents[2]
+DIM = 4
+
+
+def _schema(tags_pooling: str = "mean", more_pooling: str = "mean") -> Schema:
+    return Schema.from_dict(
+        {
+            "name": "mh",
+            "format": "parquet",
+            "label": "clicked",
+            "dense": ["x"],
+            "categorical": [
+                "ad",
+                {"name": "tags", "separator": "|", "pooling": tags_pooling},
+                "user",
+                {"name": "more", "separator": ",", "pooling": more_pooling},
+            ],
+        }
+    )
+
+
+def _frame(list_kind: str) -> pd.DataFrame:
+    """Six rows, sorted by rank, two per global batch of 2; empty and missing cells included."""
+    tags: list[Any] = [[1, 2, 3], [], None, [4], [5, 5], [6]]
+    more: list[Any] = [[7], [8, 9], [10, 11, 12], None, [], [13]]
+    df = pd.DataFrame(
+        {
+            LABEL: np.array([1, 0, 0, 1, 1, 0], np.float32),
+            "x": np.arange(6, dtype=np.float32),
+            "ad": np.arange(100, 106, dtype=np.int64),
+            "user": np.arange(200, 206, dtype=np.int64),
+            RANK: np.arange(6, dtype=np.int64),
+        }
+    )
+    for name, cells in (("tags", tags), ("more", more)):
+        if list_kind == "arrow":
+            arr = pa.array(cells, pa.list_(pa.int64()))
+            df[name] = pd.Series(pd.arrays.ArrowExtensionArray(arr))
+        else:  # what a shuffle may hand back: Python lists and numpy arrays in an object column
+            df[name] = pd.Series(
+                [None if c is None else np.array(c, np.int64) for c in cells], dtype=object
+            )
+    return df[[LABEL, "x", "ad", "tags", "user", "more", RANK]]
+
+
+def _naive_bags(df: pd.DataFrame, schema: Schema) -> list[list[int]]:
+    """One list of keys per (row, field), row-major: the reference for bag_keys."""
+    bags = []
+    for i in range(len(df)):
+        for f in schema.categorical:
+            v = df[f.name].iloc[i]
+            if not f.multi_hot:
+                bags.append([int(v)])
+            elif v is None or v is pd.NA or len(v) == 0:
+                bags.append([missing_key(f.name)])
+            else:
+                bags.append([int(k) for k in v])
+    return bags
+
+
+@pytest.mark.parametrize("list_kind", ["arrow", "object"])
+def test_bag_keys_match_a_naive_reference(list_kind: str) -> None:
+    schema, df = _schema(), _frame(list_kind)
+    keys, offsets = bag_keys(df, schema)
+    bags = _naive_bags(df, schema)
+    assert offsets.dtype == keys.dtype == np.int64
+    assert offsets.tolist() == np.concatenate([[0], np.cumsum([len(b) for b in bags])]).tolist()
+    assert keys.tolist() == [k for b in bags for k in b]
+    # a slice of the frame (a later batch) reads its own rows only
+    sub = df.iloc[3:]
+    sk, so = bag_keys(sub, schema)
+    sb = _naive_bags(sub, schema)
+    assert sk.tolist() == [k for b in sb for k in b]
+    assert np.diff(so).tolist() == [len(b) for b in sb]
+
+
+def test_worker_examples_cut_bags_by_batch() -> None:
+    schema, df = _schema(), _frame("arrow")
+    data = WorkerExamples.from_frame(df, schema, batch_size=2, num_batches=3)
+    assert data.offsets is not None
+    bags = _naive_bags(df, schema)
+    nf = len(schema.categorical)
+    for b in range(3):
+        dense, keys, offsets, labels = data.batch(b)
+        mine = bags[2 * b * nf : 2 * (b + 1) * nf]
+        assert offsets is not None and int(offsets[0]) == 0
+        assert np.diff(offsets.numpy()).tolist() == [len(x) for x in mine]
+        assert keys.tolist() == [k for x in mine for k in x]
+        assert dense[:, 0].tolist() == [2.0 * b, 2.0 * b + 1]
+        assert labels.tolist() == df[LABEL].tolist()[2 * b : 2 * b + 2]
+
+
+def test_single_hot_schema_keeps_the_key_matrix() -> None:
+    schema = Schema.from_dict(
+        {"name": "sh", "format": "parquet", "label": "c", "categorical": ["ad", "user"]}
+    )
+    df = _frame("arrow")[[LABEL, "ad", "user", RANK]]
+    data = WorkerExamples.from_frame(df, schema, batch_size=4, num_batches=2)
+    assert data.offsets is None and bag_pooling(schema) is None
+    _, keys, offsets, _ = data.batch(0)
+    assert offsets is None
+    assert keys.tolist() == df[["ad", "user"]].to_numpy()[:4].tolist()
+
+
+def test_bag_pooling_modes() -> None:
+    same = bag_pooling(_schema("sum", "sum"))
+    assert same == BagPooling("sum", 4)
+    mixed = bag_pooling(_schema("mean", "sum"))
+    assert mixed is not None and mixed.mode == "sum"
+    assert mixed.mean_fields is not None
+    assert mixed.mean_fields.tolist() == [False, True, False, False]
+
+
+class _Capture(nn.Module):
+    """Records the sparse input; its logit is a fixed linear function of it."""
+
+    def __init__(self, num_fields: int) -> None:
+        super().__init__()
+        self.w = torch.linspace(-1.0, 1.0, num_fields * DIM).view(num_fields, DIM)
+        self.seen: torch.Tensor | None = None
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        self.seen = sparse.detach().clone()
+        return (sparse * self.w).sum((1, 2)) + dense.sum(1)
+
+
+@pytest.mark.parametrize("poolings", [("mean", "sum"), ("mean", "mean"), ("sum", "sum")])
+def test_batch_forward_pools_bags_and_gradients_reach_the_rows(
+    tmp_path: Path, poolings: tuple[str, str]
+) -> None:
+    schema = _schema(*poolings)
+    df = _frame("arrow")
+    data = WorkerExamples.from_frame(df, schema, batch_size=6, num_batches=1)
+    dense, keys, offsets, labels = data.batch(0)
+    nf = len(schema.categorical)
+    spec = TableSpec("t", DIM, OptimizerSpec("sgd", lr=0.5), seed=3)
+    with EmbeddingTable.open(spec, tmp_path / "t", device_rows=64) as table:
+        before = table.peek(keys).clone()
+        model = _Capture(nf)
+        logits, routing, leaf = batch_forward(
+            model,
+            Exchange(None, ShardMap(8, 1)),
+            table.lookup,
+            dense,
+            keys,
+            offsets,
+            bag_pooling(schema),
+        )
+        # the pooled input equals a per-bag reference on the table's own rows
+        assert model.seen is not None and model.seen.shape == (6, nf, DIM)
+        bounds = offsets.tolist()
+        for i in range(6 * nf):
+            rows = before[bounds[i] : bounds[i + 1]]
+            mode = schema.categorical[i % nf].pooling
+            ref = rows.sum(0) if mode == "sum" else rows.mean(0)
+            torch.testing.assert_close(model.seen[i // nf, i % nf], ref, rtol=1e-6, atol=1e-7)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        loss.backward()
+        assert leaf.grad is not None and leaf.grad.shape == (len(routing.keys), DIM)
+        Exchange(None, ShardMap(8, 1)).push_grads(routing, leaf.grad, table.apply_gradients)
+        after, start = table.peek(routing.keys), _rows_of(before, keys, routing.keys)
+        assert bool((after != start).any(1).all()), "every key of the batch got a gradient"
+        # SGD: row -= lr * grad, with grad what the leaf collected over all bags of the key
+        torch.testing.assert_close(after, start - 0.5 * leaf.grad)
+
+
+def _rows_of(rows: torch.Tensor, keys: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """Rows (given per key of ``keys``) of each key of ``wanted``."""
+    pos = {int(k): i for i, k in enumerate(keys.tolist())}
+    return rows[[pos[int(k)] for k in wanted.tolist()]]
+
+
+def _write_ads_log(root: Path, rows_per_day: int = 240) -> None:
+    rng = np.random.default_rng(0)
+    vocab = np.array(["sport", "cars", "food", "music", "travel", "tech"])
+    for d, day in enumerate(("2024-01-01", "2024-01-02")):
+        n = rows_per_day
+        ad = rng.integers(0, 30, n)
+        n_tags = rng.integers(0, 4, n)
+        tags = ["|".join(rng.choice(vocab, k, replace=False)) for k in n_tags]
+        tags = [t if i % 7 else None for i, t in enumerate(tags)]  # some missing cells
+        clicked = ((ad % 3 == 0) ^ (n_tags > 1)).astype(np.int64)
+        out = root / f"day={day}"
+        out.mkdir(parents=True)
+        pq.write_table(
+            pa.table(
+                {
+                    "clicked": clicked,
+                    "price": rng.exponential(5.0, n),
+                    "age": rng.integers(18, 70, n),
+                    "ad_id": ad,
+                    "user_id": [f"u{u}" for u in rng.integers(0, 50 + d, n)],
+                    "interests": tags,
+                }
+            ),
+            out / "part-0.parquet",
+        )
+
+
+@pytest.mark.slow
+def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
+    from daskhps.config import RunConfig
+    from daskhps.training.trainer import Trainer
+
+    logs = tmp_path / "logs"
+    _write_ads_log(logs)
+    schema = load_schema(ROOT / "configs/schemas/ads_multi_hot.yaml")
+    cfg = RunConfig.from_dict(
+        {
+            "run": {"name": "mh", "dir": str(tmp_path / "run"), "seed": 1, "quiet": True},
+            "data": {
+                "train": {"paths": [str(logs)]},
+                "schema": schema.to_dict(),
+                "holdout": {"day": "last"},
+            },
+            "passes": {"epochs": 1, "examples_per_pass": 120, "global_batch_size": 40},
+            "table": {
+                "dim": 4,
+                "optimizer": {"kind": "adagrad", "lr": 0.1},
+                "tiers": {"device": {"rows": 10_000}, "host": {"fraction": 0.05}},
+            },
+            "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
+            "dense_optimizer": {"kind": "adam", "lr": 0.01},
+            "cluster": {
+                "n_workers": 1,
+                "threads_per_worker": 1,
+                "memory_limit": "1GiB",
+                "gpu": False,
+                "dashboard_address": None,
+            },
+        },
+        source="test",
+    )
+    result = Trainer(cfg, progress=False).run()
+    assert len(result.passes) == 2
+    losses = [x for p in result.passes for x in p["batch_losses"]]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    assert all(0.0 <= p["eval"]["auc"] <= 1.0 for p in result.passes)
+    # the interest keys (and the field's missing key) were trained and committed
+    spec = cfg.table_spec()
+    path = Path(cfg.table.tiers.store_dir) / spec.name / "rank-0"
+    with EmbeddingTable.open(spec, path, device_rows=16, mode="r") as table:
+        stored = set(table.store.keys().tolist())
+    interests = hash_column(["sport", "cars", "food", "music", "travel", "tech"], "interests")
+    assert set(interests.tolist()) | {missing_key("interests")} <= stored
