@@ -47,6 +47,7 @@ from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.table.init import init_embedding, mix64
 from daskhps.tiers.host import rows_for_bytes
+from daskhps.training.worker import sparse_input
 
 NUM_FIELDS = 26
 NUM_DENSE = 13
@@ -191,7 +192,7 @@ class DaskhpsSide:
             rows = ex.pull_rows(routing, table.lookup)
             t1 = time.perf_counter()
             leaf = rows.detach().requires_grad_(True)
-            logits = model(dense, leaf[routing.inverse])
+            logits = model(dense, sparse_input(leaf, routing, None, None))
             loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
             opt.zero_grad(set_to_none=False)
             (loss / size).backward()

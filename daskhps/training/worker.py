@@ -86,6 +86,13 @@ def pull_batch(
     return routing, rows.detach().requires_grad_(True)
 
 
+def _gather(leaf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``leaf[index]`` whose backward sums in a fixed order: the backward of advanced
+    indexing (``index_put_`` with accumulate) is not deterministic with several CPU threads,
+    that of ``index_select`` (``index_add_``) is, so reruns and resumed runs match bit for bit."""
+    return leaf.index_select(0, index.reshape(-1)).view(*index.shape, leaf.shape[1])
+
+
 def sparse_input(
     leaf: torch.Tensor,
     routing: Routing,
@@ -98,14 +105,14 @@ def sparse_input(
     straight into place; otherwise the flat rows are pooled bag by bag.
     """
     if offsets is None:
-        return leaf[routing.inverse]
+        return _gather(leaf, routing.inverse)
     if pooling is None:
         raise ValueError("sparse_input: bag offsets given without a pooling (see bag_pooling)")
     nf = pooling.num_fields
     n = (offsets.numel() - 1) // nf
     # Offsets come from WorkerExamples, which builds them valid: skip the check (a device sync
     # on GPU) on every batch.
-    bags = pool(leaf[routing.inverse], offsets.to(leaf.device), pooling.mode, check=False)
+    bags = pool(_gather(leaf, routing.inverse), offsets.to(leaf.device), pooling.mode, check=False)
     out = bags.view(n, nf, leaf.shape[1])
     if pooling.mean_fields is not None:
         lengths = offsets.diff().view(n, nf).to(leaf.device)

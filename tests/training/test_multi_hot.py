@@ -268,3 +268,30 @@ def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
         stored = set(table.store.keys().tolist())
     interests = hash_column(["sport", "cars", "food", "music", "travel", "tech"], "interests")
     assert set(interests.tolist()) | {missing_key("interests")} <= stored
+
+
+def test_sparse_input_backward_is_deterministic_with_threads() -> None:
+    """Gradients of the gathered rows sum in a fixed order even with several CPU threads, so
+    a rerun (or a resumed run) reproduces the model bit for bit."""
+    from daskhps.distributed.exchange import Routing
+    from daskhps.training.worker import sparse_input
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        gen = torch.Generator().manual_seed(0)
+        rows = torch.randn(3000, 9, generator=gen)
+        inverse = torch.randint(0, 3000, (4000, 26), generator=gen)
+        upstream = torch.randn(4000, 26, 9, generator=gen)
+        routing = Routing(torch.arange(3000), inverse, [3000], torch.arange(3000), [3000])
+        grads = []
+        for _ in range(5):
+            leaf = rows.clone().requires_grad_(True)
+            out = sparse_input(leaf, routing, None, None)
+            assert torch.equal(out, rows[inverse])
+            (out * upstream).sum().backward()
+            assert leaf.grad is not None
+            grads.append(leaf.grad)
+        assert all(torch.equal(grads[0], g) for g in grads[1:])
+    finally:
+        torch.set_num_threads(threads)
