@@ -6,9 +6,9 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from daskhps._yaml import parse_scalar
 from daskhps.config._context import closest
 from daskhps.config._keys import all_keys, free_form
-from daskhps.config._yaml import parse_scalar
 from daskhps.errors import ConfigError
 
 __all__ = ["apply_overrides", "parse_override"]

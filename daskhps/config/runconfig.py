@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daskhps._yaml import dump_yaml, load_yaml_with_lines
 from daskhps.config._context import Ctx
 from daskhps.config._keys import SECTIONS
-from daskhps.config._yaml import dump_yaml, load_yaml_with_lines
 from daskhps.config.cluster import ClusterConfig
 from daskhps.config.data import DataConfig
 from daskhps.config.overrides import apply_overrides

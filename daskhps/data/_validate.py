@@ -10,8 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from daskhps._yaml import load_yaml_with_lines
 from daskhps.errors import ConfigError
 
 __all__ = ["check_keys", "get", "load_yaml", "where"]
@@ -24,21 +23,9 @@ def where(source: str, key: str) -> str:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file, bad YAML or a non-mapping is a ConfigError."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the file ({e.strerror or e})") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from e
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    return dict(data)
+    """Read a YAML mapping; a missing file, bad YAML or a non-mapping is a ConfigError naming
+    the file (and the line of a syntax error). The same loader as run configs."""
+    return load_yaml_with_lines(path)[0]
 
 
 def check_keys(d: Any, allowed: Sequence[str], source: str, prefix: str = "") -> dict[str, Any]:

@@ -104,7 +104,7 @@ def test_dict_source_is_named() -> None:
 
 
 def test_unreadable_and_bad_yaml(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read the config file"):
+    with pytest.raises(ConfigError, match="cannot read the file"):
         load_config(tmp_path / "missing.yaml")
     path = write(tmp_path, "data:\n  generate: {days: 1\n")
     with pytest.raises(ConfigError, match=rf"^{path}:3: not valid YAML"):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from daskhps._yaml import load_yaml_with_lines
 from daskhps.config import RunConfig, load_config
-from daskhps.config._yaml import load_yaml_with_lines
 from daskhps.data.schema import criteo_schema
 from tests.config.helpers import MINIMAL, load, write
 

@@ -88,7 +88,7 @@ def test_load_schema_errors(tmp_path: Path) -> None:
         load_schema(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:2: not valid YAML"):
         load_schema(bad)
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):

@@ -50,7 +50,7 @@ def load_yaml_with_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, in
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from e
+        raise ConfigError(f"{path}: cannot read the file ({e.strerror or e})") from e
     try:
         node = yaml.compose(text, Loader=_Loader)
         data = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
