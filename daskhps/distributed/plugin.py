@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from distributed import WorkerPlugin
 
@@ -233,7 +234,10 @@ def _open() -> dict[str, dict[str, int]]:
 
 
 def _stage(part: Any, table: str) -> StageReport:
-    keys = torch.as_tensor(part["key"].to_numpy() if hasattr(part, "columns") else part)
+    raw = part["key"].to_numpy() if hasattr(part, "columns") else part
+    if isinstance(raw, np.ndarray) and not raw.flags.writeable:
+        raw = raw.copy()  # a read-only pandas view: torch must not alias it
+    keys = torch.as_tensor(raw)
     return local_shards().stage(table, keys.to(torch.int64))
 
 

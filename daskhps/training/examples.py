@@ -161,6 +161,12 @@ def bag_keys(df: pd.DataFrame, schema: Schema) -> tuple[np.ndarray, np.ndarray]:
     return keys, offsets
 
 
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``a``'s memory, or of a copy when pandas handed out a read-only view
+    (copy-on-write): torch must not alias memory it may not write."""
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
 @dataclass
 class WorkerExamples:
     """One worker's rows of a pass as tensors, cut into its share of each global batch.
@@ -196,14 +202,14 @@ class WorkerExamples:
         offsets = None
         if any(f.multi_hot for f in schema.categorical):
             flat, offs = bag_keys(df, schema)
-            keys = torch.from_numpy(flat)
-            offsets = torch.from_numpy(offs)
+            keys = _tensor(flat)
+            offsets = _tensor(offs)
         else:
-            keys = torch.from_numpy(np.ascontiguousarray(df[cat_cols].to_numpy(dtype=np.int64)))
+            keys = _tensor(np.ascontiguousarray(df[cat_cols].to_numpy(dtype=np.int64)))
         return cls(
-            dense=torch.from_numpy(dense) if dense is not None else torch.zeros(n, 0),
+            dense=_tensor(dense) if dense is not None else torch.zeros(n, 0),
             keys=keys,
-            labels=torch.from_numpy(df[LABEL].to_numpy(dtype=np.float32)),
+            labels=_tensor(df[LABEL].to_numpy(dtype=np.float32)),
             starts=starts,
             offsets=offsets,
             num_fields=len(cat_cols),
