@@ -47,7 +47,7 @@ from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.table.init import init_embedding, mix64
 from daskhps.tiers.host import rows_for_bytes
-from daskhps.training.worker import sparse_input
+from daskhps.training.worker import train_step
 
 NUM_FIELDS = 26
 NUM_DENSE = 13
@@ -186,28 +186,21 @@ class DaskhpsSide:
         model.train()
         for b in range(data.num_batches):
             dense, keys, labels = data.batch(b)
-            size = len(labels)
-            t0 = time.perf_counter()
-            routing = ex.route(keys)
-            rows = ex.pull_rows(routing, table.lookup)
-            t1 = time.perf_counter()
-            leaf = rows.detach().requires_grad_(True)
-            logits = model(dense, sparse_input(leaf, routing, None, None))
-            loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-            opt.zero_grad(set_to_none=False)
-            (loss / size).backward()
-            t2 = time.perf_counter()
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            ex.push_grads(routing, grad, table.apply_gradients)
-            t3 = time.perf_counter()
-            ex.allreduce_dense(model)  # one rank: a no-op, as in the trainer
-            opt.step()
-            t4 = time.perf_counter()
-            t["pull"] += t1 - t0
-            t["forward_backward"] += t2 - t1
-            t["push"] += t3 - t2
-            t["dense_step"] += t4 - t3
-            loss_sum += float(loss.detach())
+            # the trainer's own step (one rank: the exchange and all-reduce are local)
+            loss_sum += train_step(
+                model,
+                opt,
+                ex,
+                table.lookup,
+                table.apply_gradients,
+                (dense, keys, None, labels),
+                global_size=len(labels),
+                lr=None,
+                grad_clip_norm=None,
+                pooling=None,
+                times=t,
+            )
+        t["dense_step"] = t.pop("dense_sync_step", 0.0)  # one rank: no sync, only the step
         t0 = time.perf_counter()
         table.unpin()
         t["unpin"] = time.perf_counter() - t0

@@ -210,6 +210,53 @@ def model_state(comm: Comm, run_id: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in rep.model.state_dict().items()}
 
 
+def train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    exchange: Exchange,
+    lookup_fn: LookupFn,
+    apply_fn: Callable[[torch.Tensor, torch.Tensor], None],
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
+    *,
+    global_size: int,
+    lr: float | None,
+    grad_clip_norm: float | None,
+    pooling: BagPooling | None,
+    times: dict[str, float],
+) -> float:
+    """One synchronous mini-batch step of this rank; returns the summed loss of its share.
+
+    ``batch`` is ``(dense, keys, offsets, labels)`` (see :meth:`WorkerExamples.batch`); the
+    loss is the mean over the whole global batch of ``global_size`` examples. Seconds per
+    stage are added to ``times``.
+    """
+    dense, keys, offsets, labels = batch
+    t0 = time.perf_counter()
+    routing, leaf = pull_batch(exchange, lookup_fn, keys)
+    t1 = time.perf_counter()
+    logits = model(dense, sparse_input(leaf, routing, offsets, pooling))
+    loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+    opt.zero_grad(set_to_none=False)
+    (loss / global_size).backward()
+    t2 = time.perf_counter()
+    grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+    exchange.push_grads(routing, grad, apply_fn)
+    t3 = time.perf_counter()
+    exchange.allreduce_dense(model)
+    if grad_clip_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    opt.step()
+    t4 = time.perf_counter()
+    times["pull"] = times.get("pull", 0.0) + t1 - t0
+    times["forward_backward"] = times.get("forward_backward", 0.0) + t2 - t1
+    times["push"] = times.get("push", 0.0) + t3 - t2
+    times["dense_sync_step"] = times.get("dense_sync_step", 0.0) + t4 - t3
+    return float(loss.detach())
+
+
 def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]) -> dict:
     """Train this rank's share of every global batch of one pass.
 
@@ -234,32 +281,20 @@ def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]
         shards.apply_gradients(table, keys, grads)
 
     for b in range(nb):
-        size = min(B, n - b * B)  # the loss is the mean over the whole global batch
-        dense, keys, offsets, labels = data.batch(b)
-        t0 = time.perf_counter()
-        routing, leaf = pull_batch(ex, lookup, keys)
-        t1 = time.perf_counter()
-        logits = model(dense, sparse_input(leaf, routing, offsets, rep.pooling))
-        loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        rep.opt.zero_grad(set_to_none=False)
-        (loss / size).backward()
-        t2 = time.perf_counter()
-        grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-        ex.push_grads(routing, grad, apply)
-        t3 = time.perf_counter()
-        ex.allreduce_dense(model)
-        if setup.grad_clip_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), setup.grad_clip_norm)
-        for group in rep.opt.param_groups:
-            group["lr"] = lrs[b]
-        rep.opt.step()
+        value = train_step(
+            model,
+            rep.opt,
+            ex,
+            lookup,
+            apply,
+            data.batch(b),
+            global_size=min(B, n - b * B),
+            lr=lrs[b],
+            grad_clip_norm=setup.grad_clip_norm,
+            pooling=rep.pooling,
+            times=times,
+        )
         rep.step += 1
-        t4 = time.perf_counter()
-        times["pull"] += t1 - t0
-        times["forward_backward"] += t2 - t1
-        times["push"] += t3 - t2
-        times["dense_sync_step"] += t4 - t3
-        value = float(loss.detach())
         loss_sum += value
         losses.append(value)
     return {
