@@ -21,6 +21,18 @@ from daskhps.tiers.base import Evicted, Tier
 
 MakeTier = Callable[[int, int], Tier]
 
+# Devices a torch-backed tier runs on; CUDA cases carry the `gpu` marker.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+
 WIDTH = 5
 EXTREME_KEYS = [-(2**63), 2**63 - 1, -1, 0, 1]
 

@@ -18,19 +18,9 @@ from daskhps.errors import CapacityError, ConfigError, DataError
 from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.base import Evicted
 from daskhps.tiers.device import DeviceCache
-from tests.tiers.conformance import MakeTier, TierConformance, odd_bits_rows, same_bits
+from tests.tiers.conformance import DEVICES, MakeTier, TierConformance, odd_bits_rows, same_bits
 
 W = 4
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-        ],
-    ),
-]
 
 
 @pytest.fixture(params=DEVICES)

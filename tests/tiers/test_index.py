@@ -10,20 +10,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from daskhps.tiers import _index
 from daskhps.tiers._index import _PAIRS, KeyIndex, _home
+from tests.tiers.conformance import DEVICES
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 EXTREMES = [I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX]
-
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-        ],
-    ),
-]
 
 
 def t(xs: list[int], device: str = "cpu") -> torch.Tensor:
