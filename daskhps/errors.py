@@ -9,10 +9,12 @@ from __future__ import annotations
 
 __all__ = [
     "CapacityError",
+    "CheckpointError",
     "CommitNotFoundError",
     "ConfigError",
     "DaskHPSError",
     "DataError",
+    "ResumeError",
     "StoreCorruptedError",
     "StoreExistsError",
     "StoreLockedError",
@@ -40,6 +42,14 @@ class CapacityError(DaskHPSError, ValueError):
     Not a ``MemoryError``: a ``MemoryError`` subclass cannot be rebuilt after travelling from
     a Dask worker to the client, and these errors are raised on workers.
     """
+
+
+class CheckpointError(DaskHPSError, OSError):
+    """A checkpoint is missing, incomplete, damaged, or could not be written."""
+
+
+class ResumeError(DaskHPSError, ValueError):
+    """A run cannot resume: no checkpoint, or its config changed in a way resume refuses."""
 
 
 class StoreNotFoundError(DaskHPSError, FileNotFoundError):

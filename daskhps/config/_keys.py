@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig
 from daskhps.config.data import TRAIN_KEYS, DataConfig, GenerateConfig, HoldoutConfig
 from daskhps.config.run import RunSection
@@ -16,7 +17,17 @@ from daskhps.table.optimizers import OptimizerSpec
 __all__ = ["FREE", "SECTIONS", "all_keys", "key_tree"]
 
 FREE = "<free-form>"  # a mapping whose keys are checked by its component (schema, options)
-SECTIONS = ("run", "data", "passes", "table", "model", "dense_optimizer", "cluster", "eval")
+SECTIONS = (
+    "run",
+    "data",
+    "passes",
+    "table",
+    "model",
+    "dense_optimizer",
+    "cluster",
+    "eval",
+    "checkpoint",
+)
 
 
 def _node(keys: tuple[str, ...], **sub: Any) -> dict[str, Any]:
@@ -51,6 +62,7 @@ def key_tree() -> dict[str, Any]:
         "dense_optimizer": _node(DenseOptimizerConfig.KEYS),
         "cluster": _node(ClusterConfig.KEYS),
         "eval": _node(EvalConfig.KEYS),
+        "checkpoint": _node(CheckpointConfig.KEYS),
     }
 
 

@@ -121,6 +121,15 @@ DOCS: dict[str, tuple[str, ...]] = {
     "eval.every_pass": ("bool", "Evaluate after every pass (always at the end)."),
     "eval.batch_size": ("int >= 1", "Rows per evaluation batch."),
     "eval.metrics": ("list", "Of `auc`, `logloss`, `ne`, `calibration`."),
+    "checkpoint.every_passes": (
+        "int >= 0",
+        "Checkpoint every N passes and after the last; 0: never.",
+    ),
+    "checkpoint.keep": ("int >= 1", "Keep the newest N checkpoints (older ones are deleted)."),
+    "checkpoint.full_every": (
+        "int >= 1",
+        "Every Nth checkpoint is a full base; others are deltas.",
+    ),
 }
 _SECTION_TEXT = {
     "run": "The run: its name, directory and seed.",
@@ -131,6 +140,7 @@ _SECTION_TEXT = {
     "dense_optimizer": "The dense model's optimizer and learning-rate schedule.",
     "cluster": "The Dask cluster: embedded (default) or an existing scheduler.",
     "eval": "Evaluation on `data.holdout`.",
+    "checkpoint": "Checkpoints of the run (docs/checkpoints.md).",
 }
 # Sample configs whose resolved values are the defaults (each holds the alternative the
 # other leaves out: train files vs generated logs, a holdout).

@@ -13,6 +13,7 @@ from typing import Any
 from daskhps._yaml import dump_yaml, load_yaml_with_lines
 from daskhps.config._context import Ctx
 from daskhps.config._keys import SECTIONS
+from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig
 from daskhps.config.data import DataConfig
 from daskhps.config.overrides import apply_overrides
@@ -49,6 +50,7 @@ class RunConfig:
     dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     source: str = field(default="<dict>", compare=False)
 
     @classmethod
@@ -70,6 +72,7 @@ class RunConfig:
             "dense_optimizer": self.dense_optimizer.to_dict(),
             "cluster": self.cluster.to_dict(),
             "eval": self.eval.to_dict(),
+            "checkpoint": self.checkpoint.to_dict(),
         }
 
     def to_yaml(self) -> str:
@@ -117,6 +120,7 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
         dense_optimizer=DenseOptimizerConfig.parse(d.get("dense_optimizer"), ctx),
         cluster=ClusterConfig.parse(d.get("cluster"), ctx),
         eval=EvalConfig.parse(d.get("eval"), ctx),
+        checkpoint=CheckpointConfig.parse(d.get("checkpoint"), ctx),
         source=ctx.source,
     )
     _check(cfg, ctx)

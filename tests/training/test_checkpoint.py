@@ -1,0 +1,183 @@
+"""Checkpoint files: written in a crash-safe order, verified on every load, torn ones never
+loaded, a full disk leaves the previous checkpoint intact. No cluster: plain files and torch."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from daskhps.config import RunConfig
+from daskhps.errors import CheckpointError, DaskHPSError
+from daskhps.training import checkpoint as ck
+from daskhps.training.checkpoint import (
+    Checkpoint,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
+
+
+def _config(run_dir: Path) -> RunConfig:
+    return RunConfig.from_dict(
+        {
+            "run": {"name": "ck", "dir": str(run_dir)},
+            "data": {"train": {"paths": "logs"}},
+            "table": {"dim": 4, "optimizer": {"kind": "adagrad"}},
+            "cluster": {"n_workers": 2, "gpu": False},
+        }
+    )
+
+
+def _model_and_opt(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.randn(8, 3)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _write(run_dir: Path, passes_done: int, seed: int = 0) -> Checkpoint:
+    cfg = _config(run_dir)
+    model, opt = _model_and_opt(seed)
+    folder = ck.start_checkpoint(run_dir, checkpoint_name(passes_done))
+    files = ck.write_payload(
+        folder,
+        model=model.state_dict(),
+        optimizer=opt.state_dict(),
+        rng=[torch.get_rng_state()],
+        state={"epoch": 0, "pass": passes_done - 1, "step": 10 * passes_done},
+    )
+    return ck.finish_checkpoint(
+        folder,
+        files,
+        {
+            "kind": "delta",
+            "passes_done": passes_done,
+            "step": 10 * passes_done,
+            "commit": folder.name,
+            "stores_dir": str(run_dir / "stores"),
+            "num_workers": 2,
+            "num_shards": 64,
+            "table": cfg.table_spec().layout(),
+            "config": cfg.to_dict(),
+            "metrics": {"auc": 0.7},
+        },
+    )
+
+
+def test_round_trip_through_the_manifest(tmp_path: Path) -> None:
+    written = _write(tmp_path, 2, seed=5)
+    got = load_checkpoint(written.path)
+    model, opt = _model_and_opt(5)
+    assert got.name == got.commit == "pass-000002"
+    assert (got.passes_done, got.step, got.num_workers, got.num_shards) == (2, 20, 2, 64)
+    assert got.kind == "delta" and got.metrics == {"auc": 0.7}
+    assert got.config == _config(tmp_path)
+    assert got.table_spec == _config(tmp_path).table_spec()
+    assert got.store_path(1) == tmp_path / "stores" / "embeddings" / "rank-1"
+    for k, v in model.state_dict().items():
+        assert torch.equal(got.dense_state()[k], v)
+    fresh, fresh_opt = _model_and_opt(99)
+    fresh.load_state_dict(got.dense_state())
+    fresh_opt.load_state_dict(got.optimizer_state())
+    assert torch.equal(
+        fresh_opt.state_dict()["state"][0]["exp_avg"],
+        opt.state[opt.param_groups[0]["params"][0]]["exp_avg"],
+    )
+    assert got.state()["step"] == 20
+    assert len(got.rng_states()) == 1
+    m = json.loads((written.path / ck.MANIFEST).read_text())
+    assert m["format"] == 1 and set(m["files"]) == {ck.DENSE, ck.STATE}
+
+
+def test_list_skips_torn_and_damaged_checkpoints(tmp_path: Path) -> None:
+    for n in (1, 2, 3):
+        _write(tmp_path, n)
+    assert [c.passes_done for c in list_checkpoints(tmp_path)] == [1, 2, 3]
+    # a checkpoint whose manifest was never written (killed while writing it)
+    (tmp_path / "checkpoints" / checkpoint_name(3) / ck.MANIFEST).unlink()
+    # a checkpoint whose dense weights changed after the manifest (one byte flipped)
+    dense = tmp_path / "checkpoints" / checkpoint_name(2) / ck.DENSE
+    data = bytearray(dense.read_bytes())
+    data[-20] ^= 0xFF
+    dense.write_bytes(bytes(data))
+    assert [c.passes_done for c in list_checkpoints(tmp_path)] == [1]
+    assert latest_checkpoint(tmp_path).passes_done == 1  # type: ignore[union-attr]
+    assert load_checkpoint(tmp_path).passes_done == 1
+    with pytest.raises(CheckpointError, match=r"dense.pt is missing or does not match"):
+        load_checkpoint(dense.parent)
+    with pytest.raises(CheckpointError, match=r"no MANIFEST.json"):
+        load_checkpoint(tmp_path / "checkpoints" / checkpoint_name(3))
+
+
+def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("run: {}\n")
+    with pytest.raises(CheckpointError, match="has no complete checkpoint"):
+        load_checkpoint(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="neither a checkpoint"):
+        load_checkpoint(tmp_path)
+    c = _write(tmp_path / "new", 1)
+    m = json.loads((c.path / ck.MANIFEST).read_text())
+    m["format"] = 2
+    (c.path / ck.MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="format 2 is newer"):
+        load_checkpoint(c.path)
+    assert isinstance(CheckpointError("x"), DaskHPSError)
+
+
+def test_full_disk_leaves_the_previous_checkpoint_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _write(tmp_path, 1)
+    real = ck._write_all
+
+    def half_then_full(fd: int, data: bytes) -> None:
+        real(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ck, "_write_all", half_then_full)
+    with pytest.raises(CheckpointError, match=r"No space left on device.*earlier checkpoints"):
+        _write(tmp_path, 2)
+    monkeypatch.setattr(ck, "_write_all", real)
+    assert [c.name for c in list_checkpoints(tmp_path)] == [before.name]
+    assert load_checkpoint(tmp_path).dense_state().keys() == before.dense_state().keys()
+    torn = tmp_path / "checkpoints" / checkpoint_name(2)
+    assert not (torn / ck.MANIFEST).exists()
+    assert not list(torn.glob("*.tmp"))  # the half-written file was removed
+    # the next attempt (after space was freed) replaces the torn folder
+    assert _write(tmp_path, 2).passes_done == 2
+    assert [c.passes_done for c in list_checkpoints(tmp_path)] == [1, 2]
+
+
+def test_full_disk_while_writing_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path, 1)
+    real = ck._write_file
+
+    def manifest_fails(path: Path, data: bytes) -> dict:
+        if path.name == ck.MANIFEST:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data)
+
+    monkeypatch.setattr(ck, "_write_file", manifest_fails)
+    with pytest.raises(CheckpointError, match=r"MANIFEST.json failed: .*No space left"):
+        _write(tmp_path, 2)
+    assert [c.passes_done for c in list_checkpoints(tmp_path)] == [1]
+
+
+def test_remove_checkpoint_deletes_the_manifest_first(tmp_path: Path) -> None:
+    c = _write(tmp_path, 1)
+    ck.remove_checkpoint(c.path)
+    assert not c.path.exists()
+    assert list_checkpoints(tmp_path) == []
