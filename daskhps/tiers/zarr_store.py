@@ -758,6 +758,30 @@ class ZarrStore(Tier):
         """Every readable commit, oldest first."""
         return [m.info for m in self._manifests]
 
+    # -- read-only views for readers that refresh to a newer commit ------------------------
+
+    @property
+    def segment_ids(self) -> frozenset[int]:
+        """Segments the open state reads rows from. A key whose row differs between two
+        commits lies in a segment that only one of them uses (segments are immutable and a
+        key's row is the one of its latest segment), so diffing these sets finds a delta."""
+        return frozenset(self._chain.refs)
+
+    def segment_keys(self, ids: frozenset[int] | set[int]) -> torch.Tensor:
+        """Keys held in the segments ``ids`` (a subset of :attr:`segment_ids`), concatenated;
+        reads their key arrays only, no rows."""
+        unknown = sorted(set(ids) - set(self._chain.refs))
+        if unknown:
+            raise DataError(
+                f"{self.name}: segments {unknown[:5]} are not used by the open state of "
+                f"{self.path}; pass ids from segment_ids"
+            )
+        parts = [np.empty(0, dtype=np.int64)]
+        for sid in sorted(ids):
+            seg = self._segments.get(sid) or self._load_segment(sid)
+            parts.append(seg.keys.read_all())
+        return torch.from_numpy(np.concatenate(parts))
+
     @property
     def latest_commit(self) -> CommitInfo | None:
         return self._manifests[-1].info if self._manifests else None

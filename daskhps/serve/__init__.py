@@ -1,0 +1,24 @@
+"""Serving: a read-only hierarchical lookup for inference, batch scoring, and export.
+
+* :class:`ServingLookup` — ``keys -> rows`` through device cache -> host memory -> the rank
+  stores of a committed table version (never written), refreshed by deltas;
+* :func:`load_servable` — a checkpoint (or a run's latest) as config + dense weights + table;
+* :mod:`daskhps.serve.score` — batch scoring of click logs on a Dask cluster (imports dask);
+* :mod:`daskhps.serve.export` — TorchScript dense model beside an embedding dump.
+"""
+
+from __future__ import annotations
+
+from daskhps.serve.lookup import RefreshReport, ServingLookup
+from daskhps.serve.stores import ShardedStores, initial_rows
+from daskhps.serve.version import Servable, TableVersion, load_servable
+
+__all__ = [
+    "RefreshReport",
+    "Servable",
+    "ServingLookup",
+    "ShardedStores",
+    "TableVersion",
+    "initial_rows",
+    "load_servable",
+]

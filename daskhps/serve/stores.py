@@ -1,0 +1,117 @@
+"""The bottom of the serving hierarchy: every rank store of a table version, read-only.
+
+::
+
+    keys ──ShardMap.worker──► rank 0 store (mode "r", commit c) ──found──► rows
+                              rank 1 store ...                 ──missing─► init(seed, key)
+
+Stores are opened with ``mode="r"``: no lock is taken and nothing is ever written, so a
+trainer may keep appending and committing while a reader serves an earlier commit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from daskhps.errors import StoreMismatchError
+from daskhps.serve.version import TableVersion
+from daskhps.table.init import init_embedding
+from daskhps.table.optimizers import init_state
+from daskhps.table.spec import TableSpec
+from daskhps.tiers.base import check_keys
+from daskhps.tiers.zarr_store import ZarrStore
+
+__all__ = ["ShardedStores", "initial_rows"]
+
+
+def initial_rows(spec: TableSpec, keys: torch.Tensor) -> torch.Tensor:
+    """Full rows (embedding, optimizer state) of keys never written: a pure function of
+    (table seed, key), as in training (DESIGN.md, invariant 2)."""
+    emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
+    return torch.cat([emb, init_state(spec.optimizer, len(keys), spec.dim, keys.device)], dim=1)
+
+
+class ShardedStores:
+    """Read-only rows of one :class:`TableVersion`, over all its rank stores."""
+
+    def __init__(self, version: TableVersion) -> None:
+        self.version = version
+        self.spec = version.spec
+        self.stores: list[ZarrStore] = []
+        self.initialised = 0  # rows served from init (keys no store holds)
+        try:
+            for rank in range(version.num_workers):
+                self.stores.append(
+                    ZarrStore.open(
+                        version.store_path(rank),
+                        name=f"{self.spec.name}/zarr rank-{rank}",
+                        width=self.spec.width,
+                        layout=self.spec.layout(),
+                        mode="r",
+                        commit=version.commit,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def rows_read(self) -> int:
+        """Rows read from the stores since opening."""
+        return sum(s.stats.rows_read for s in self.stores)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.stores)
+
+    def read(self, keys: torch.Tensor) -> torch.Tensor:
+        """Full rows of unique ``keys`` (CPU ``float32[n, width]``); unseen keys read their
+        initial value."""
+        keys = check_keys(keys, f"table {self.spec.name!r}: read").cpu()
+        rows = torch.empty(len(keys), self.spec.width, dtype=torch.float32)
+        found = torch.zeros(len(keys), dtype=torch.bool)
+        if len(self.stores) == 1:
+            got = self.stores[0].lookup(keys, out=rows)
+            found = got.found
+        else:
+            owner = self.version.shard_map.worker(keys)
+            order = torch.argsort(owner, stable=True)
+            counts = torch.bincount(owner, minlength=len(self.stores)).tolist()
+            for store, idx in zip(self.stores, order.split(counts), strict=True):
+                if len(idx):
+                    got = store.lookup(keys[idx])
+                    rows[idx] = got.rows
+                    found[idx] = got.found
+        fresh = (~found).nonzero().squeeze(1)
+        if len(fresh):
+            rows[fresh] = initial_rows(self.spec, keys[fresh])
+            self.initialised += len(fresh)
+        return rows
+
+    def changed_keys(self, newer: ShardedStores) -> torch.Tensor:
+        """Unique keys whose row may differ between this version and ``newer``: those of the
+        segments that only one of the two uses, rank by rank. Reads key arrays, no rows.
+
+        Raises
+        ------
+        StoreMismatchError
+            When the versions do not share a table layout and sharding (no delta exists).
+        """
+        a, b = self.version, newer.version
+        if (a.spec, a.num_workers, a.num_shards) != (b.spec, b.num_workers, b.num_shards):
+            raise StoreMismatchError(
+                f"no delta from {a.describe()} to {b.describe()}: the table layout or the "
+                "sharding differs; open a new lookup on the newer version instead"
+            )
+        parts = [torch.empty(0, dtype=torch.int64)]
+        for old, new in zip(self.stores, newer.stores, strict=True):
+            mine, theirs = old.segment_ids, new.segment_ids
+            if mine - theirs:
+                parts.append(old.segment_keys(mine - theirs))
+            if theirs - mine:
+                parts.append(new.segment_keys(theirs - mine))
+        return torch.unique(torch.cat(parts))
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.close()
+        self.stores = []

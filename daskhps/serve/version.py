@@ -1,0 +1,145 @@
+"""What serving reads: a published table version, and a model ready to score.
+
+A :class:`TableVersion` names one committed state of a sharded table::
+
+    <stores_dir>/<table>/rank-0   ... rank-<W-1>     one zarr store per training rank
+    commit <name> in every store                      (a checkpoint names its commit)
+    owner of a key: ShardMap(num_shards, W).worker(key)
+
+A :class:`Servable` adds the run config (schema, model) and the dense weights. It comes from a
+checkpoint folder or a run directory (its latest checkpoint) with :func:`load_servable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from daskhps.errors import ConfigError, DaskHPSError
+from daskhps.sharding import ShardMap
+from daskhps.table.spec import TableSpec
+
+if TYPE_CHECKING:
+    from daskhps.config import RunConfig
+
+__all__ = ["Servable", "TableVersion", "load_servable"]
+
+
+@dataclass(frozen=True)
+class TableVersion:
+    """One committed state of a table sharded over ``num_workers`` rank stores."""
+
+    stores_dir: Path
+    spec: TableSpec
+    num_workers: int
+    num_shards: int
+    commit: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stores_dir", Path(self.stores_dir))
+        ShardMap(self.num_shards, self.num_workers)  # validates both counts
+
+    @property
+    def shard_map(self) -> ShardMap:
+        return ShardMap(self.num_shards, self.num_workers)
+
+    def store_path(self, rank: int) -> Path:
+        return self.stores_dir / self.spec.name / f"rank-{rank}"
+
+    def describe(self) -> str:
+        return (
+            f"table {self.spec.name!r} at commit {self.commit!r} of {self.stores_dir} "
+            f"({self.num_workers} rank stores)"
+        )
+
+
+@dataclass(frozen=True)
+class Servable:
+    """A model ready to score: run config, dense weights and the table version it reads.
+
+    Attributes
+    ----------
+    name:
+        The checkpoint's name (or any label), reported in outputs.
+    config:
+        The run config the model was trained with (schema, model, table).
+    dense_state:
+        The dense model's ``state_dict``.
+    table:
+        Where the embedding rows are.
+    """
+
+    name: str
+    config: RunConfig
+    dense_state: dict[str, torch.Tensor]
+    table: TableVersion
+
+    def build_model(self) -> torch.nn.Module:
+        """The dense model with the trained weights, in eval mode."""
+        cfg = self.config
+        schema = cfg.data.schema
+        model = cfg.model.build(
+            num_dense=len(schema.dense_names),
+            num_fields=len(schema.categorical_names),
+            embedding_dim=cfg.table.dim,
+        )
+        try:
+            model.load_state_dict(self.dense_state)
+        except RuntimeError as e:
+            raise ConfigError(
+                f"model {self.name!r}: the saved dense weights do not fit the model its config "
+                f"describes ({str(e).splitlines()[0]}); the checkpoint is damaged or was "
+                "written by another model definition"
+            ) from e
+        return model.eval()
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Any) -> Servable:
+        """From a :class:`daskhps.training.checkpoint.Checkpoint`."""
+        cfg = ckpt.config
+        table = TableVersion(
+            stores_dir=Path(ckpt.stores_dir),
+            spec=ckpt.table_spec,
+            num_workers=int(ckpt.num_workers),
+            num_shards=int(ckpt.num_shards),
+            commit=str(ckpt.commit),
+        )
+        return cls(str(ckpt.name), cfg, ckpt.dense_state(), table)
+
+
+def load_servable(path: str | Path) -> Servable:
+    """The model of a checkpoint folder, or of a run directory's latest checkpoint.
+
+    Raises
+    ------
+    DaskHPSError
+        When ``path`` holds no complete checkpoint (naming the path and what was found).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(
+            f"model {str(path)!r}: no such file or directory; give a checkpoint folder "
+            "(<run dir>/checkpoints/<name>) or a run directory"
+        )
+    try:
+        from daskhps.training.checkpoint import load_checkpoint
+    except ImportError as e:  # pragma: no cover - depends on the installed version
+        raise ConfigError(f"model {str(path)!r}: this daskhps cannot read checkpoints ({e})") from e
+    try:
+        ckpt = load_checkpoint(p)
+    except DaskHPSError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"model {str(path)!r}: not a readable checkpoint ({e}); give a complete checkpoint "
+            "folder (one with MANIFEST.json) or a run directory that holds one"
+        ) from e
+    if ckpt is None:
+        raise ConfigError(
+            f"model {str(path)!r}: no complete checkpoint there (a checkpoint is complete once "
+            "its MANIFEST.json is written); train with checkpoints enabled or give another path"
+        )
+    return Servable.from_checkpoint(ckpt)

@@ -1,0 +1,70 @@
+"""Real sharded table versions on disk for the serving tests, and their reference rows."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from daskhps.serve import TableVersion
+from daskhps.sharding import ShardMap
+from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+
+SPEC = TableSpec("emb", 4, OptimizerSpec("adagrad", lr=0.1), seed=7)
+SHARDS = 8
+
+
+def version(stores: Path, commit: str, workers: int = 2, spec: TableSpec = SPEC) -> TableVersion:
+    return TableVersion(stores, spec, workers, SHARDS, commit)
+
+
+def train_commit(
+    stores: Path,
+    keys: torch.Tensor,
+    commit: str,
+    *,
+    workers: int = 2,
+    spec: TableSpec = SPEC,
+    seed: int = 0,
+    from_commit: str | None = None,
+) -> None:
+    """Apply one random gradient to ``keys`` (routed to their rank stores) and commit."""
+    owner = ShardMap(SHARDS, workers).worker(keys)
+    gen = torch.Generator().manual_seed(seed)
+    grads = torch.randn(len(keys), spec.dim, generator=gen)
+    for r in range(workers):
+        mine = owner == r
+        path = stores / spec.name / f"rank-{r}"
+        with EmbeddingTable.open(spec, path, device_rows=100_000, commit=from_commit) as t:
+            if bool(mine.any()):
+                t.apply_gradients(keys[mine], grads[mine])
+            t.commit(commit)
+
+
+def reference_rows(v: TableVersion, keys: torch.Tensor) -> torch.Tensor:
+    """Full rows of ``keys`` at ``v``, read with the table's own read-only peek."""
+    owner = v.shard_map.worker(keys)
+    out = torch.empty(len(keys), v.spec.width)
+    for r in range(v.num_workers):
+        mine = (owner == r).nonzero().squeeze(1)
+        with EmbeddingTable.open(
+            v.spec, v.store_path(r), device_rows=1, mode="r", commit=v.commit
+        ) as t:
+            out[mine] = t.peek(keys[mine])
+    return out
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int32).numpy()
+
+
+def tree_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under ``folder``: unchanged means nothing was written."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            st = os.stat(os.path.join(root, f))
+            out[os.path.join(root, f)] = (st.st_size, st.st_mtime_ns)
+    return out
