@@ -28,6 +28,7 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import hash_column, missing_key
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
 from daskhps.errors import DataError
+from daskhps.monitor import stage_span
 
 __all__ = ["empty_frame", "parse_table", "read_shard"]
 
@@ -221,12 +222,13 @@ def parse_table(
     for f in schema.dense:
         out[f.name] = _dense_out(dense_vals[f.name][good], f)
     keep = pa.array(good) if not good.all() else None
-    for cf in schema.categorical:
-        col = table[cf.name] if keep is None else table[cf.name].filter(keep)
-        if cf.multi_hot:
-            out[cf.name] = _multi_hot(col, cf).array
-        else:
-            out[cf.name] = hash_column(col, cf.name)
+    with stage_span("hash"):
+        for cf in schema.categorical:
+            col = table[cf.name] if keep is None else table[cf.name].filter(keep)
+            if cf.multi_hot:
+                out[cf.name] = _multi_hot(col, cf).array
+            else:
+                out[cf.name] = hash_column(col, cf.name)
     frame = pd.DataFrame(out)
     report = BadRowReport(counts, {path: int(good.sum())})
     return frame, report

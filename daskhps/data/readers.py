@@ -31,6 +31,7 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport
 from daskhps.data.parse import empty_frame, read_shard
 from daskhps.data.schema import Schema, load_schema
 from daskhps.data.source import DataSource, resolve_files
+from daskhps.monitor import stage_span
 
 __all__ = ["ClickLog", "read_click_log"]
 
@@ -48,8 +49,9 @@ def _to_backend(frame: pd.DataFrame, backend: str) -> Any:
 def _read(
     path: str, schema: Schema, policy: BadRowPolicy, backend: str
 ) -> tuple[Any, pd.DataFrame]:
-    frame, report = read_shard(path, schema, policy)
-    return _to_backend(frame, backend), report.to_frame()
+    with stage_span("read"):  # parse and validate too; the hashing inside is "hash"
+        frame, report = read_shard(path, schema, policy)
+        return _to_backend(frame, backend), report.to_frame()
 
 
 @dataclass(frozen=True)

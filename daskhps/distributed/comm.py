@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from daskhps.distributed._errors import CommError
 from daskhps.distributed._pinned import missing_workers, run_pinned
+from daskhps.monitor import stage_span
 
 __all__ = ["Comm", "CommGroup", "init_comm", "local_comm"]
 
@@ -296,6 +297,15 @@ def _call(rank: int, token: str, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(local_comm(token), *args)
 
 
+# Collective tasks metered as a stage (Fine Performance Metrics page), by their `what`.
+STAGE_OF_TASK = {"train pass": "train", "evaluate": "eval"}
+
+
+def _call_in_stage(stage: str, rank: int, token: str, fn: Callable[..., Any], *args: Any) -> Any:
+    with stage_span(stage):
+        return fn(local_comm(token), *args)
+
+
 class CommGroup:
     """The client's handle on a group formed on Dask workers by :func:`init_comm`.
 
@@ -330,14 +340,16 @@ class CommGroup:
     ) -> list[Any]:
         """Run ``fn(comm, *rank_args[r], *args)`` on every rank at once; results in rank
         order. ``fn`` may run collectives; arguments may be futures living on that worker."""
+        stage = STAGE_OF_TASK.get(what or "")
+        head = (stage,) if stage else ()
         per_rank = [
-            (r, self.token, fn, *(rank_args[r] if rank_args is not None else ()))
+            (*head, r, self.token, fn, *(rank_args[r] if rank_args is not None else ()))
             for r in range(self.world_size)
         ]
         return run_pinned(
             self.client,
             self.addresses,
-            _call,
+            _call_in_stage if stage else _call,
             *args,
             rank_args=per_rank,
             what=what or str(getattr(fn, "__name__", "collective task")),

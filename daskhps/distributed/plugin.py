@@ -32,12 +32,15 @@ from distributed import WorkerPlugin
 from daskhps.distributed._errors import ClusterError
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.sizing import TierSizing
+from daskhps.monitor import ShardMetrics, stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
 
 __all__ = [
     "ShardHost",
     "close_shards",
     "commit_shards",
+    "compact_shards",
+    "drop_commits_before",
     "flush_shards",
     "local_shards",
     "open_shards",
@@ -99,6 +102,7 @@ class ShardHost(WorkerPlugin):
         self.memory_limit: int | None = None
         self.tables: dict[str, EmbeddingTable] = {}
         self.locks: dict[str, threading.Lock] = {}
+        self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
 
     # -- plugin hooks (event loop: keep them light; opening runs in a task) -------------
 
@@ -110,8 +114,12 @@ class ShardHost(WorkerPlugin):
         self.tables = {}
         if self.rank is None:
             log.warning("worker %s is not one of the run's ranks: it holds no shard", addr)
+        self.monitor = ShardMetrics(self, str(addr))
+        self.monitor.register(worker)
 
     def teardown(self, worker: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.unregister(worker)
         self.close()
 
     # -- worker-side API -----------------------------------------------------------------
@@ -156,8 +164,11 @@ class ShardHost(WorkerPlugin):
             yield t
 
     def stage(self, table: str, keys: torch.Tensor) -> StageReport:
-        with self.locked(table) as t:
-            return t.stage(keys)
+        with stage_span("stage"), self.locked(table) as t:
+            report = t.stage(keys)
+        if self.monitor is not None:
+            self.monitor.note_staged(table, report.rows)
+        return report
 
     def unpin(self, table: str) -> None:
         with self.locked(table) as t:
@@ -174,7 +185,7 @@ class ShardHost(WorkerPlugin):
     def flush(self) -> dict[str, int]:
         out = {}
         for name in self.tables:
-            with self.locked(name) as t:
+            with stage_span("write-back"), self.locked(name) as t:
                 out[name] = t.flush()
         return out
 
@@ -182,7 +193,10 @@ class ShardHost(WorkerPlugin):
         out = {}
         for table in self.tables:
             with self.locked(table) as t:
-                out[table] = t.commit(name, meta).name
+                with stage_span("write-back"):
+                    t.flush()
+                with stage_span("checkpoint"):  # the flush inside commit finds nothing dirty
+                    out[table] = t.commit(name, meta).name
         return out
 
     def stats(self) -> dict[str, Any]:
@@ -190,6 +204,8 @@ class ShardHost(WorkerPlugin):
         for name in self.tables:
             with self.locked(name) as t:
                 out[name] = t.stats()
+                if self.monitor is not None:  # the lock is held anyway: refresh for free
+                    self.monitor.update(name, out[name], len(t.store))
         return {"rank": self.rank, "memory_limit": self.memory_limit, "tables": out}
 
     def close(self) -> None:
@@ -285,6 +301,43 @@ def commit_shards(
 
 def shard_stats(client: Any, addresses: Sequence[str]) -> list[dict[str, Any]]:
     return run_pinned(client, addresses, _stats, what="shard stats")
+
+
+def _compact() -> dict[str, int]:
+    host = local_shards()
+    out = {}
+    for name in list(host.tables):
+        with host.locked(name) as t:
+            # Merging small segments too: evictions in the middle of a pass leave many.
+            out[name] = t.store.compact(min_stale=0.5, merge_below=4096).bytes_freed
+    return out
+
+
+def compact_shards(client: Any, addresses: Sequence[str]) -> list[dict[str, int]]:
+    """Compact every shard store (the next commit writes a full index snapshot: a base);
+    bytes freed per table, in rank order."""
+    return run_pinned(client, addresses, _compact, what="compact shards")
+
+
+def _drop_before(name: str) -> dict[str, int]:
+    host = local_shards()
+    out = {}
+    for table in list(host.tables):
+        with host.locked(table) as t:
+            names = [c.name for c in t.store.commits()]
+            if name not in names:
+                out[table] = 0
+                continue
+            keep = len(names) - (len(names) - 1 - names[::-1].index(name))
+            out[table] = len(t.store.drop_commits(keep))
+    return out
+
+
+def drop_commits_before(client: Any, addresses: Sequence[str], name: str) -> list[dict[str, int]]:
+    """Drop every commit older than the newest commit called ``name`` in every shard store,
+    and the files only they used; commits dropped per table, in rank order. A store without
+    ``name`` is left alone."""
+    return run_pinned(client, addresses, _drop_before, name, what="drop old commits")
 
 
 def close_shards(client: Any, addresses: Sequence[str]) -> None:

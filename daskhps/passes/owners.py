@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from daskhps.data.readers import ClickLog
+from daskhps.monitor import stage_span
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
 
@@ -68,16 +69,17 @@ def select_examples(
 
 def _local_keys(df: Any, fields: tuple[str, ...], multi: tuple[str, ...]) -> Any:
     """All keys of a partition, deduplicated locally (cuts shuffle volume)."""
-    arrays = [np.asarray(df[f].to_numpy(), dtype=np.int64) for f in fields]
-    for f in multi:
-        col = df[f]
-        if isinstance(col, pd.Series):
-            flat = pa.array(col.array).flatten()
-        else:  # cudf: the list column's values
-            flat = col.list.leaves.to_arrow()
-        arrays.append(np.asarray(flat, dtype=np.int64))
-    keys = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
-    return pd.DataFrame({"key": keys})
+    with stage_span("dedup"):
+        arrays = [np.asarray(df[f].to_numpy(), dtype=np.int64) for f in fields]
+        for f in multi:
+            col = df[f]
+            if isinstance(col, pd.Series):
+                flat = pa.array(col.array).flatten()
+            else:  # cudf: the list column's values
+                flat = col.list.leaves.to_arrow()
+            arrays.append(np.asarray(flat, dtype=np.int64))
+        keys = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
+        return pd.DataFrame({"key": keys})
 
 
 def pass_keys(log_: ClickLog, lengths: Sequence[int], start: int, stop: int) -> dd.DataFrame:
@@ -90,21 +92,22 @@ def pass_keys(log_: ClickLog, lengths: Sequence[int], start: int, stop: int) -> 
 
 
 def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:
-    keys = df["key"].to_numpy()
-    shard = shard_map.shard(keys)
-    worker = (shard * shard_map.num_workers) // shard_map.num_shards
-    return pd.DataFrame({"worker": worker, "shard": shard, "key": keys})
+    with stage_span("shuffle"):  # owner routing; Dask's own shuffle tasks show separately
+        keys = df["key"].to_numpy()
+        shard = shard_map.shard(keys)
+        worker = (shard * shard_map.num_workers) // shard_map.num_shards
+        return pd.DataFrame({"worker": worker, "shard": shard, "key": keys})
 
 
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
     """Global dedup (each key reaches one partition only) and sort by (shard, key)."""
-    df = df.reset_index()
-    keys, first = np.unique(df["key"].to_numpy(), return_index=True)
-    shard = df["shard"].to_numpy()[first]
-    order = np.lexsort((keys, shard))
-    return pd.DataFrame(
-        {"worker": df["worker"].to_numpy()[first][order], "shard": shard[order], "key": keys[order]}
-    )
+    with stage_span("dedup"):
+        df = df.reset_index()
+        keys, first = np.unique(df["key"].to_numpy(), return_index=True)
+        shard = df["shard"].to_numpy()[first]
+        order = np.lexsort((keys, shard))
+        worker = df["worker"].to_numpy()[first][order]
+        return pd.DataFrame({"worker": worker, "shard": shard[order], "key": keys[order]})
 
 
 def owner_keys(

@@ -1,0 +1,348 @@
+"""Figures of one worker's shards for the dashboard's Workers table and for ``/metrics``.
+
+::
+
+    ShardHost (worker plugin)
+      setup ──► ShardMetrics(host).register(worker)
+                  worker.metrics["daskhps_<table>_<figure>"] = callback   (Workers table)
+                  the process's prometheus collector lists this worker    (/metrics)
+      stage ──► note_staged(table, rows)       stats ──► update(table, stats, store_rows)
+      teardown ──► unregister(worker)
+
+Callbacks run on the worker's event loop at every heartbeat, so they read a snapshot. The
+snapshot is refreshed at most every ``refresh_s`` and only for tables whose lock is free at
+that moment (``acquire(blocking=False)``): a table busy staging or training keeps its last
+figures, and the event loop never waits for it. Refreshing calls ``EmbeddingTable.stats()``,
+which walks the store's folder for its size on disk; ``refresh_s`` bounds how often.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from daskhps.monitor.stages import stage_seconds
+
+__all__ = ["TIERS", "ShardMetrics", "TableFigures", "announce_pass", "metric_name"]
+
+TIERS = ("device", "host", "store", "init")  # where a staged or looked-up row came from
+PREFIX = "daskhps"
+
+
+@dataclass
+class TableFigures:
+    """The latest figures of one table's shard on one worker."""
+
+    hit_rate: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIERS, 0.0))
+    rows_from: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    rows: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "store": 0})
+    bytes: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0, "store": 0})
+    store_read_per_s: float = 0.0
+    store_written_per_s: float = 0.0
+    pinned_rows: int = 0
+    rows_staged: int = 0  # cumulative, every stage() call
+    at: float = 0.0  # time.monotonic() of the stats behind these figures
+
+    def flat(self) -> dict[str, float]:
+        """``{figure: value}``, one scalar per Workers-table column."""
+        out: dict[str, float] = {}
+        for tier, v in self.hit_rate.items():
+            out[f"hit_rate_{tier}"] = round(v, 4)
+        for tier, n in self.rows.items():
+            out[f"rows_{tier}"] = n
+        for tier, n in self.bytes.items():
+            out[f"bytes_{tier}"] = n
+        out["store_rows_read_per_s"] = round(self.store_read_per_s, 1)
+        out["store_rows_written_per_s"] = round(self.store_written_per_s, 1)
+        out["rows_staged"] = self.rows_staged
+        out["pinned_rows"] = self.pinned_rows
+        return out
+
+
+def metric_name(table: str, figure: str) -> str:
+    """The Workers-table column of ``figure`` of ``table`` (letters, digits, ``_`` only)."""
+    return re.sub(r"\W", "_", f"{PREFIX}_{table}_{figure}")
+
+
+FIGURES = tuple(TableFigures().flat())
+
+
+class ShardMetrics:
+    """Snapshot of a :class:`~daskhps.distributed.ShardHost`'s tables, cheap to read.
+
+    Parameters
+    ----------
+    host:
+        Anything with ``tables`` (name -> EmbeddingTable, filled when shards open) and
+        ``locks`` (name -> threading.Lock) dicts and ``specs`` (the table names).
+    address:
+        The worker's address; the label of every Prometheus series.
+    refresh_s:
+        Shortest time between two refreshes from the tables.
+    """
+
+    def __init__(
+        self, host: Any, address: str, refresh_s: float = 2.0, rate_window_s: float = 10.0
+    ) -> None:
+        self.host = host
+        self.address = address
+        self.refresh_s = refresh_s
+        self.rate_window_s = rate_window_s
+        # (time, store rows read, store rows written) per table, the last rate_window_s
+        self._samples: dict[str, deque[tuple[float, int, int]]] = {n: deque() for n in host.specs}
+        self.current_pass = -1  # -1: no pass has started
+        self._figures = {name: TableFigures() for name in host.specs}
+        self._lock = threading.Lock()  # guards _figures; never held while reading a table
+        self._refreshed = 0.0
+        self._names: list[str] = []
+
+    # -- updates -----------------------------------------------------------------------
+
+    def note_staged(self, table: str, rows: int) -> None:
+        with self._lock:
+            self._figures[table].rows_staged += int(rows)
+
+    def update(self, table: str, stats: dict[str, Any], store_rows: int) -> None:
+        """Take ``EmbeddingTable.stats()`` of ``table`` (read by a caller holding its lock)."""
+        now = time.monotonic()
+        store = stats.get("store", {})
+        read, written = int(store.get("rows_read", 0)), int(store.get("rows_written", 0))
+        with self._lock:
+            f = self._figures[table]
+            samples = self._samples[table]
+            samples.append((now, read, written))
+            while len(samples) > 2 and samples[1][0] <= now - self.rate_window_s:
+                samples.popleft()  # keep one sample at least a window old
+            t0, r0, w0 = samples[0]
+            dt = now - t0
+            f.store_read_per_s = max(read - r0, 0) / dt if dt > 0 else 0.0
+            f.store_written_per_s = max(written - w0, 0) / dt if dt > 0 else 0.0
+            f.at = now
+            f.rows_from = {t: int(stats.get("rows_from", {}).get(t, 0)) for t in TIERS}
+            f.hit_rate = {t: float(stats.get("hit_rate", {}).get(t, 0.0)) for t in TIERS}
+            for tier in ("device", "host"):
+                s = stats.get(tier, {})
+                f.rows[tier] = int(s.get("rows", 0))
+                f.bytes[tier] = int(s.get("bytes", 0))
+            f.rows["store"] = int(store_rows)
+            f.bytes["store"] = int(store.get("bytes_on_disk", 0))
+            f.pinned_rows = int(stats.get("pinned", 0))
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read every table whose lock is free now, at most every ``refresh_s``."""
+        now = time.monotonic()
+        if not force and now - self._refreshed < self.refresh_s:
+            return
+        self._refreshed = now
+        for name, lock in list(self.host.locks.items()):
+            if not lock.acquire(blocking=False):
+                continue  # staging or training holds it: keep the last figures
+            try:
+                table = self.host.tables.get(name)
+                if table is None:
+                    continue
+                stats, store_rows = table.stats(), len(table.store)
+            finally:
+                lock.release()
+            self.update(name, stats, store_rows)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def figures(self) -> dict[str, TableFigures]:
+        """A copy of the latest figures, by table (refreshing first if due)."""
+        self.refresh()
+        with self._lock:
+            return {
+                k: TableFigures(**{**vars(v), **_copied_dicts(v)}) for k, v in self._figures.items()
+            }
+
+    def value(self, table: str, figure: str) -> float:
+        """One figure of one table (refreshing first if due)."""
+        self.refresh()
+        with self._lock:
+            return self._figures[table].flat()[figure]
+
+    # -- registration ------------------------------------------------------------------
+
+    def register(self, worker: Any) -> None:
+        """Add the Workers-table callbacks to ``worker.metrics`` and list this worker on the
+        process's ``/metrics``."""
+        metrics = getattr(worker, "metrics", None)
+        if isinstance(metrics, dict):
+            self._names = []
+            for table in self._figures:
+                for figure in FIGURES:
+                    name = metric_name(table, figure)
+                    metrics[name] = _Callback(self, table, figure)
+                    self._names.append(name)
+            metrics[f"{PREFIX}_pass"] = _PassCallback(self)
+            self._names.append(f"{PREFIX}_pass")
+        _collector().add(self)
+
+    def unregister(self, worker: Any) -> None:
+        metrics = getattr(worker, "metrics", None)
+        if isinstance(metrics, dict):
+            for name in self._names:
+                if isinstance(metrics.get(name), _Callback | _PassCallback):
+                    metrics.pop(name, None)
+        self._names = []
+        _collector().remove(self)
+
+
+def _copied_dicts(f: TableFigures) -> dict[str, Any]:
+    return {k: dict(v) for k, v in vars(f).items() if isinstance(v, dict)}
+
+
+class _Callback:
+    """``worker.metrics`` entry: ``callback(worker) -> value`` of one figure."""
+
+    def __init__(self, metrics: ShardMetrics, table: str, figure: str) -> None:
+        self.metrics, self.table, self.figure = metrics, table, figure
+
+    def __call__(self, worker: Any = None) -> float:
+        return self.metrics.value(self.table, self.figure)
+
+
+class _PassCallback:
+    def __init__(self, metrics: ShardMetrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, worker: Any = None) -> int:
+        return self.metrics.current_pass
+
+
+# -- the current pass ------------------------------------------------------------------
+
+
+def _set_pass(index: int, dask_worker: Any = None) -> bool:
+    m = _collector().get(str(dask_worker.address))
+    if m is not None:
+        m.current_pass = int(index)
+    return m is not None
+
+
+def announce_pass(client: Any, addresses: list[str], index: int) -> None:
+    """Tell every worker in ``addresses`` that pass ``index`` is training (the ``pass``
+    column). Runs on the workers' event loops, not in a task thread."""
+    client.run(_set_pass, index, workers=list(addresses), on_error="ignore")
+
+
+# -- Prometheus ------------------------------------------------------------------------
+
+
+class _Collector:
+    """One prometheus collector per process, listing every registered worker's figures.
+
+    One per process, not per worker: with ``processes=False`` several workers share the
+    process's registry, and registering a second collector with the same metric names fails.
+    Each series carries a ``worker`` label instead.
+    """
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, ShardMetrics] = {}
+        self._lock = threading.Lock()
+
+    def add(self, m: ShardMetrics) -> None:
+        with self._lock:
+            self._hosts[m.address] = m  # a plugin registered again replaces the old one
+
+    def remove(self, m: ShardMetrics) -> None:
+        with self._lock:
+            if self._hosts.get(m.address) is m:
+                del self._hosts[m.address]
+
+    def get(self, address: str) -> ShardMetrics | None:
+        with self._lock:
+            return self._hosts.get(address)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            hosts = list(self._hosts.values())
+        g = {
+            "hit_rate": GaugeMetricFamily(
+                "daskhps_hit_rate",
+                "Fraction of rows staged or looked up that came from each tier (since open)",
+                labels=["worker", "table", "tier"],
+            ),
+            "rows": GaugeMetricFamily(
+                "daskhps_rows", "Rows held in each tier", labels=["worker", "table", "tier"]
+            ),
+            "bytes": GaugeMetricFamily(
+                "daskhps_bytes",
+                "Bytes held by each tier (the store: on disk)",
+                labels=["worker", "table", "tier"],
+            ),
+            "read": GaugeMetricFamily(
+                "daskhps_store_rows_read_per_second",
+                "Rows read from the zarr store per second, over the last 10 s or so",
+                labels=["worker", "table"],
+            ),
+            "written": GaugeMetricFamily(
+                "daskhps_store_rows_written_per_second",
+                "Rows written to the zarr store per second, over the last 10 s or so",
+                labels=["worker", "table"],
+            ),
+            "pinned": GaugeMetricFamily(
+                "daskhps_pinned_rows",
+                "Rows pinned in the device tier (staged working sets)",
+                labels=["worker", "table"],
+            ),
+            "pass": GaugeMetricFamily(
+                "daskhps_pass", "Index of the pass training now (-1: none yet)", labels=["worker"]
+            ),
+        }
+        staged = CounterMetricFamily(
+            "daskhps_rows_staged", "Rows staged into the device tier", labels=["worker", "table"]
+        )
+        rows_from = CounterMetricFamily(
+            "daskhps_rows_from",
+            "Rows staged or looked up, by the tier they came from",
+            labels=["worker", "table", "tier"],
+        )
+        seconds = CounterMetricFamily(
+            "daskhps_stage_seconds", "Seconds spent in each stage", labels=["worker", "stage"]
+        )
+        for m in hosts:
+            w = m.address
+            g["pass"].add_metric([w], m.current_pass)
+            for table, f in m.figures().items():
+                for tier in TIERS:
+                    g["hit_rate"].add_metric([w, table, tier], f.hit_rate[tier])
+                    rows_from.add_metric([w, table, tier], f.rows_from[tier])
+                for tier in f.rows:
+                    g["rows"].add_metric([w, table, tier], f.rows[tier])
+                    g["bytes"].add_metric([w, table, tier], f.bytes[tier])
+                g["read"].add_metric([w, table], f.store_read_per_s)
+                g["written"].add_metric([w, table], f.store_written_per_s)
+                g["pinned"].add_metric([w, table], f.pinned_rows)
+                staged.add_metric([w, table], f.rows_staged)
+            for (_, stage), s in sorted(stage_seconds(w).items()):
+                seconds.add_metric([w, stage], s)
+        yield from g.values()
+        yield staged
+        yield rows_from
+        yield seconds
+
+
+_COLLECTOR: _Collector | None = None
+_COLLECTOR_LOCK = threading.Lock()
+
+
+def _collector() -> _Collector:
+    """The process's collector, registered with prometheus_client's registry once."""
+    global _COLLECTOR
+    with _COLLECTOR_LOCK:
+        if _COLLECTOR is None:
+            from prometheus_client import REGISTRY
+
+            c = _Collector()
+            REGISTRY.register(c)
+            _COLLECTOR = c
+        return _COLLECTOR

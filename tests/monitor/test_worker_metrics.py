@@ -1,0 +1,128 @@
+"""ShardMetrics on a ShardHost with real tables and zarr stores, on a stand-in worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from prometheus_client import REGISTRY, generate_latest
+
+from daskhps.distributed import ShardHost, TierSizing
+from daskhps.monitor import metric_name
+from daskhps.table import OptimizerSpec, TableSpec
+
+SPEC = TableSpec("clicks", dim=4, optimizer=OptimizerSpec(kind="sgd"))
+ADDRESS = "tcp://stand-in:1"
+
+
+def _worker() -> SimpleNamespace:
+    return SimpleNamespace(
+        address=ADDRESS, memory_manager=SimpleNamespace(memory_limit=2**30), metrics={}
+    )
+
+
+@pytest.fixture
+def host(tmp_path):
+    # 200 device rows and no host tier: staging 300 keys in two passes pushes rows to zarr.
+    h = ShardHost([SPEC], tmp_path, [ADDRESS], TierSizing(device_rows=200, host_bytes=0))
+    w = _worker()
+    h.setup(w)
+    h.open()
+    yield h, w
+    h.teardown(w)
+
+
+def _value(worker: SimpleNamespace, figure: str) -> float:
+    return worker.metrics[metric_name("clicks", figure)](worker)
+
+
+def test_callbacks_show_tiers_staging_and_store_traffic(host):
+    h, w = host
+    assert h.monitor is not None
+    h.monitor.refresh_s = 0.0  # refresh at every read in this test
+    assert _value(w, "rows_staged") == 0 and w.metrics["daskhps_pass"](w) == -1
+
+    keys = torch.arange(150)
+    h.stage("clicks", keys)
+    h.apply_gradients("clicks", keys, torch.ones(150, 4))  # dirty rows, device hits
+    h.unpin("clicks")
+    assert _value(w, "rows_staged") == 150
+    assert _value(w, "hit_rate_init") == 0.5 and _value(w, "hit_rate_device") == 0.5
+    assert _value(w, "rows_device") == 150 and _value(w, "bytes_device") > 0
+    assert _value(w, "rows_store") == 0
+
+    time.sleep(0.05)
+    h.stage("clicks", torch.arange(100, 250))  # 100 new rows push 50 dirty ones to zarr
+    h.unpin("clicks")
+    assert _value(w, "rows_store") == 50 and _value(w, "rows_device") == 200
+    assert _value(w, "store_rows_written_per_s") > 0
+    on_disk = h.tables["clicks"].store.keys()
+    h.stage("clicks", on_disk)  # read back from zarr
+    assert _value(w, "rows_staged") == 350 and _value(w, "pinned_rows") == 50
+    # rows from: device 150 + 50, init 150 + 100, store 50
+    assert _value(w, "hit_rate_store") == pytest.approx(50 / 500, abs=1e-4)
+    assert _value(w, "hit_rate_init") == pytest.approx(250 / 500, abs=1e-4)
+    assert _value(w, "store_rows_read_per_s") > 0 and _value(w, "bytes_store") > 0
+
+
+def test_a_busy_table_keeps_its_last_figures_without_waiting(host):
+    h, w = host
+    h.monitor.refresh_s = 0.0
+    h.stage("clicks", torch.arange(10))
+    assert _value(w, "pinned_rows") == 10
+    holding, release = threading.Event(), threading.Event()
+
+    def train() -> None:
+        with h.locked("clicks") as t:
+            t.unpin()
+            holding.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    holding.wait(5)
+    try:
+        t0 = time.perf_counter()
+        assert _value(w, "pinned_rows") == 10  # the last snapshot, not the locked table
+        assert time.perf_counter() - t0 < 0.1
+    finally:
+        release.set()
+        thread.join()
+    assert _value(w, "pinned_rows") == 0  # lock free again: refreshed
+
+
+def test_refresh_is_rate_limited(host):
+    h, w = host
+    h.monitor.refresh_s = 60.0
+    h.monitor.refresh(force=True)
+    h.stage("clicks", torch.arange(10))
+    assert _value(w, "pinned_rows") == 0  # not yet refreshed
+    h.monitor.refresh(force=True)
+    assert _value(w, "pinned_rows") == 10
+
+
+def test_prometheus_lists_the_worker_then_forgets_it(tmp_path):
+    h = ShardHost([SPEC], tmp_path, [ADDRESS], TierSizing(device_rows=100, host_bytes=0))
+    w = _worker()
+    h.setup(w)
+    h.open()
+    h.stage("clicks", torch.arange(20))
+    h.monitor.refresh(force=True)
+    text = generate_latest(REGISTRY).decode()
+    assert f'daskhps_rows{{table="clicks",tier="device",worker="{ADDRESS}"}} 20.0' in text
+    assert f'daskhps_rows_staged_total{{table="clicks",worker="{ADDRESS}"}} 20.0' in text
+    # Registering the plugin again (same worker) replaces the series instead of failing.
+    h2 = ShardHost([SPEC], tmp_path / "b", [ADDRESS], TierSizing(device_rows=100, host_bytes=0))
+    h.teardown(w)
+    h2.setup(w)
+    assert metric_name("clicks", "rows_device") in w.metrics
+    text = generate_latest(REGISTRY).decode()
+    # one device series per family (hit rate, rows from, rows, bytes): no duplicates
+    assert text.count(f'tier="device",worker="{ADDRESS}"') == 4
+    assert f'daskhps_rows{{table="clicks",tier="device",worker="{ADDRESS}"}} 0.0' in text
+    h2.teardown(w)
+    assert not [k for k in w.metrics if k.startswith("daskhps_")]
+    assert ADDRESS not in generate_latest(REGISTRY).decode()
