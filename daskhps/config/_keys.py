@@ -9,6 +9,7 @@ from typing import Any
 from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig
 from daskhps.config.data import TRAIN_KEYS, DataConfig, GenerateConfig, HoldoutConfig
+from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
 from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
@@ -27,6 +28,7 @@ SECTIONS = (
     "cluster",
     "eval",
     "checkpoint",
+    "retrain",
 )
 
 
@@ -63,6 +65,7 @@ def key_tree() -> dict[str, Any]:
         "cluster": _node(ClusterConfig.KEYS),
         "eval": _node(EvalConfig.KEYS),
         "checkpoint": _node(CheckpointConfig.KEYS),
+        "retrain": _node(RetrainConfig.KEYS),
     }
 
 

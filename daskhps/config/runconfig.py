@@ -17,6 +17,7 @@ from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig
 from daskhps.config.data import DataConfig
 from daskhps.config.overrides import apply_overrides
+from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
 from daskhps.config.table import TableConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
@@ -51,6 +52,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
     source: str = field(default="<dict>", compare=False)
 
     @classmethod
@@ -73,6 +75,7 @@ class RunConfig:
             "cluster": self.cluster.to_dict(),
             "eval": self.eval.to_dict(),
             "checkpoint": self.checkpoint.to_dict(),
+            "retrain": self.retrain.to_dict(),
         }
 
     def to_yaml(self) -> str:
@@ -121,6 +124,7 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
         cluster=ClusterConfig.parse(d.get("cluster"), ctx),
         eval=EvalConfig.parse(d.get("eval"), ctx),
         checkpoint=CheckpointConfig.parse(d.get("checkpoint"), ctx),
+        retrain=RetrainConfig.parse(d.get("retrain"), ctx),
         source=ctx.source,
     )
     _check(cfg, ctx)
