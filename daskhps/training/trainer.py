@@ -42,6 +42,7 @@ from daskhps.distributed import (
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import CommGroup
 from daskhps.errors import CapacityError
+from daskhps.monitor import announce_pass
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
@@ -269,6 +270,8 @@ class Trainer:
                     if pipelined and has_next
                     else None
                 )
+                bar.set_description(f"pass {i + 1}/{len(schedule)}")
+                announce_pass(client, addresses, spec.index)  # the dashboard's pass column
                 rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
                 if has_next:
                     upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1])
