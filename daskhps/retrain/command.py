@@ -1,0 +1,61 @@
+"""``daskhps retrain CONFIG [--rollback VERSION | --versions | --dry-run]``: the command line
+of the retraining job (``pipelines/retrain.py``); its exit codes are :class:`ExitCode`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from daskhps.config.commands import add_config_arguments
+from daskhps.config.runconfig import load_config
+from daskhps.errors import ConfigError
+from daskhps.retrain.codes import EXIT_CODES_HELP, ExitCode
+
+__all__ = ["PIPELINE", "add_retrain_arguments", "run_retrain"]
+
+PIPELINE = "pipelines.retrain"
+
+
+def add_retrain_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--rollback",
+        metavar="VERSION",
+        help="make the published VERSION (e.g. v000002) current again, then exit",
+    )
+    what.add_argument(
+        "--versions", action="store_true", help="list the published versions and exit"
+    )
+    what.add_argument(
+        "--dry-run", action="store_true", help="say which days a run would use, then exit"
+    )
+    p.epilog = EXIT_CODES_HELP + "\n\nSee docs/retraining.md (cron, systemd timer, rollback)."
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def run_retrain(args: argparse.Namespace) -> int:
+    """Validate the config, then run ``pipelines.retrain.run``."""
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"daskhps retrain: error: {e}", file=sys.stderr)
+        return ExitCode.BAD_CONFIG
+    if importlib.util.find_spec("pipelines") is None or importlib.util.find_spec(PIPELINE) is None:
+        print(
+            "daskhps retrain: error: the retraining pipeline (pipelines/retrain.py) is not "
+            f"installed; the config {args.config} is valid",
+            file=sys.stderr,
+        )
+        return ExitCode.ERROR
+    run = importlib.import_module(PIPELINE).run
+    return int(
+        run(
+            config,
+            rollback_to=args.rollback,
+            list_versions=args.versions,
+            dry_run=args.dry_run,
+        )
+    )

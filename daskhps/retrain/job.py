@@ -1,0 +1,231 @@
+"""One scheduled retraining run, a rollback, and the version listing.
+
+::
+
+    lock <run.dir>/retrain.lock ──(held)──► exit 5 LOCKED
+      scan day=*/ folders ─► plan_days ──(no new complete day)──► exit 3 NOTHING_NEW
+      train candidate from CURRENT (attempts/<id>/), score both on the newest day
+      guard ──(fails)──► record the attempt, CURRENT unchanged ──► exit 4 REJECTED
+            ──(holds)──► registry.json + CURRENT (atomic) ──────► exit 0 PUBLISHED
+
+Every outcome is an :class:`Outcome` with its exit code and a message that says what happened
+and why; errors raise (the pipeline turns them into exit codes 1 and 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from daskhps.config import RunConfig
+from daskhps.errors import ConfigError
+from daskhps.retrain.codes import ExitCode
+from daskhps.retrain.days import DayPlan, plan_days, scan_days
+from daskhps.retrain.errors import VersionNotFoundError
+from daskhps.retrain.guard import judge
+from daskhps.retrain.lock import RetrainLock
+from daskhps.retrain.publish import freeze_version
+from daskhps.retrain.versions import Attempt, Registry, Version
+
+__all__ = ["Outcome", "describe_versions", "registry_of", "retrain", "rollback"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run did: its exit code, a message for the log, the version now current."""
+
+    code: ExitCode
+    message: str
+    current: Version | None = None
+    plan: DayPlan | None = None
+
+
+def registry_of(config: RunConfig) -> Registry:
+    """The version registry of ``config``'s run directory (``<run.dir>/versions``)."""
+    return Registry(Path(config.run.dir) / "versions")
+
+
+def _attempt_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k} {metrics[k]:.5f}" for k in ("auc", "logloss") if k in metrics)
+
+
+def retrain(
+    config: RunConfig,
+    *,
+    echo: Callable[[str], None] | None = None,
+    progress: bool | None = None,
+    dry_run: bool = False,
+) -> Outcome:
+    """Train on the new complete days and publish the candidate if the guard holds.
+
+    ``dry_run`` stops after choosing the days (exit code 0 when there is work, 3 when not).
+    """
+    from daskhps.retrain.candidate import train_candidate
+
+    say = echo or (lambda message: log.info("%s", message))
+    if config.data.train is None:
+        raise ConfigError(
+            f"{config.source}: data.train: daskhps retrain needs data.train.paths (the folder "
+            "of the day=YYYY-MM-DD/ partitions), not data.generate"
+        )
+    run_dir = Path(config.run.dir)
+    with RetrainLock(run_dir):
+        registry = registry_of(config)
+        current = registry.current()
+        days = scan_days(list(config.data.train.paths))
+        plan = plan_days(
+            days, current.trained_through if current else None, registry.seen_through()
+        )
+        if not plan.has_work:
+            return Outcome(ExitCode.NOTHING_NEW, f"nothing to do: {plan.reason}", current, plan)
+        base = f"version {current.name}" if current else "scratch (nothing published yet)"
+        what = f"train on {', '.join(plan.train)} from {base}; score on {plan.eval_day}" + (
+            f"; ignored: {', '.join(plan.ignored)}" if plan.ignored else ""
+        )
+        if dry_run:
+            return Outcome(ExitCode.PUBLISHED, f"would {what}", current, plan)
+        say(f"retrain: {what}")
+        attempt_id = _attempt_id()
+        attempt_dir = run_dir / "attempts" / attempt_id
+        assert plan.eval_day is not None
+        try:
+            cand = train_candidate(
+                config,
+                plan,
+                attempt_dir,
+                current.checkpoint if current else None,
+                echo=echo,
+                progress=progress,
+            )
+        except Exception as e:
+            registry.record(
+                Attempt(
+                    attempt_id,
+                    current.name if current else None,
+                    plan.train,
+                    plan.eval_day,
+                    "failed",
+                    reasons=(f"{type(e).__name__}: {e}",),
+                    time=time.time(),
+                )
+            )
+            raise
+        baseline_name = f"published {current.name}" if current else "untrained model"
+        verdict = judge(cand.metrics, cand.baseline, config.retrain, baseline_name)
+        scores = (
+            f"on {plan.eval_day}: candidate {_fmt(cand.metrics)}; "
+            f"{baseline_name} {_fmt(cand.baseline)}"
+        )
+        attempt = Attempt(
+            attempt_id,
+            current.name if current else None,
+            plan.train,
+            plan.eval_day,
+            "published" if verdict.publish else "rejected",
+            reasons=verdict.failed if not verdict.publish else verdict.passed,
+            metrics=cand.metrics,
+            baseline=cand.baseline,
+            time=time.time(),
+        )
+        if not verdict.publish:
+            registry.record(attempt)
+            keep = f"{current.name} stays current" if current else "nothing is published"
+            return Outcome(
+                ExitCode.REJECTED,
+                f"candidate rejected ({verdict.explain()}); {keep}. Scores {scores}. "
+                f"The next run trains on {plan.eval_day} too. Candidate kept in {attempt_dir}",
+                current,
+                plan,
+            )
+        name = registry.next_name()
+        frozen = freeze_version(cand.checkpoint, registry.folder / name, name)
+        version = Version(
+            name=name,
+            checkpoint=str(frozen.path),
+            commit=frozen.commit,
+            stores_dir=str(frozen.stores_dir),
+            parent=current.name if current else None,
+            train_days=plan.train,
+            trained_through=plan.train[-1],
+            eval_day=plan.eval_day,
+            metrics=cand.metrics,
+            baseline=cand.baseline,
+            created=time.time(),
+        )
+        registry.publish(version, dataclasses.replace(attempt, version=version.name))
+        return Outcome(
+            ExitCode.PUBLISHED,
+            f"published {version.name} ({verdict.explain()}). Scores {scores}. "
+            f"Checkpoint {version.checkpoint}",
+            version,
+            plan,
+        )
+
+
+def _check_restorable(version: Version) -> None:
+    """Raise unless the version's checkpoint loads and every rank store holds its commit."""
+    from daskhps.tiers._manifest import scan_manifests
+    from daskhps.training.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(version.checkpoint)
+    missing = []
+    for rank in range(ckpt.num_workers):
+        manifests, _ = scan_manifests(ckpt.store_path(rank) / "commits")
+        if version.commit not in {m.name for m in manifests}:
+            missing.append(str(ckpt.store_path(rank)))
+    if missing:
+        raise VersionNotFoundError(
+            f"version {version.name}: commit {version.commit!r} is gone from {', '.join(missing)} "
+            "(dropped or compacted away); choose another version"
+        )
+
+
+def rollback(config: RunConfig, name: str) -> Outcome:
+    """Make the published version ``name`` current again (under the run's lock)."""
+    with RetrainLock(Path(config.run.dir)):
+        registry = registry_of(config)
+        target = registry.get(name)
+        _check_restorable(target)
+        previous, now = registry.rollback(name)
+        was = previous.name if previous else "none"
+        return Outcome(
+            ExitCode.PUBLISHED,
+            f"CURRENT is now {now.name} (was {was}); the next run trains from it on the "
+            f"complete days after {now.trained_through}, once a day newer than "
+            f"{registry.seen_through() or now.eval_day} is complete",
+            now,
+        )
+
+
+def describe_versions(config: RunConfig) -> str:
+    """The published versions and the recent attempts, as a text table."""
+    registry = registry_of(config)
+    current = registry.current()
+    lines = ["   version  parent   trained through  scored on   auc      logloss  created"]
+    for v in registry.versions():
+        mark = "*" if current and v.name == current.name else " "
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created))
+        lines.append(
+            f"{mark}  {v.name:<8} {v.parent or '-':<8} {v.trained_through:<16} {v.eval_day:<11} "
+            f"{v.metrics.get('auc', float('nan')):<8.5f} "
+            f"{v.metrics.get('logloss', float('nan')):<8.5f} {created}"
+        )
+    if len(lines) == 1:
+        lines.append("   (none published)")
+    rejected = [a for a in registry.attempts() if a.outcome != "published"][-5:]
+    if rejected:
+        lines.append("recent attempts not published:")
+        for a in rejected:
+            lines.append(f"   {a.id} {a.outcome} scored on {a.eval_day}: {'; '.join(a.reasons)}")
+    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""Freeze a candidate's checkpoint as a published version.
+
+A training run names its store commits after its checkpoints (``pass-000003``), and every
+candidate trained from the same version writes into the same append-only stores: a later
+candidate's ``pass-000003`` would replace an earlier one's. Publishing therefore gives the
+candidate's state a commit name no other run uses (``version-v000002``) in every rank store,
+and writes the version's own checkpoint folder beside the registry::
+
+    <run.dir>/versions/v000002/   dense.pt, state.json   copied (the dense model: small)
+                                  MANIFEST.json          commit: version-v000002 (written last)
+
+The table is never copied: the new commit records the same rows (an index snapshot or the
+list of segments to replay). ``daskhps predict --model <run.dir>/versions/v000002`` and any
+other reader of checkpoints load a version like a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from daskhps.errors import CheckpointError
+from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.training.checkpoint import (
+    Checkpoint,
+    finish_checkpoint,
+    remove_checkpoint,
+)
+
+__all__ = ["commit_name", "freeze_version"]
+
+_FILLED_IN = ("format", "daskhps_version", "name", "created", "files")
+
+
+def commit_name(version: str) -> str:
+    """The store commit of a published version: never written by a training run."""
+    return f"version-{version}"
+
+
+def _commit_stores(ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> None:
+    """Commit every rank store of ``ckpt``, opened at its commit, again as ``name``."""
+    spec = ckpt.table_spec
+    for rank in range(ckpt.num_workers):
+        with ZarrStore.open(
+            ckpt.store_path(rank),
+            name=f"{spec.name}/zarr",
+            width=spec.width,
+            layout=spec.layout(),
+            mode="r+",
+            commit=ckpt.commit,
+        ) as store:
+            store.commit(name, meta)
+
+
+def _copy_durably(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # on disk before the manifest that vouches for it
+    finally:
+        os.close(fd)
+
+
+def freeze_version(ckpt: Checkpoint, folder: Path, version: str) -> Checkpoint:
+    """Publishable copy of ``ckpt`` in ``folder`` whose stores commit is only this version's.
+
+    Crash-safe in this order: store commits (an unused commit is harmless), payload files,
+    manifest last. A folder left by an earlier, interrupted try is replaced.
+    """
+    name = commit_name(version)
+    _commit_stores(ckpt, name, {"version": version, "checkpoint": str(ckpt.path)})
+    if folder.exists():
+        remove_checkpoint(folder)
+    folder.mkdir(parents=True)
+    try:
+        for fname in ckpt.manifest["files"]:
+            _copy_durably(ckpt.path / fname, folder / fname)
+        fields = {k: v for k, v in ckpt.manifest.items() if k not in _FILLED_IN}
+        fields.update(commit=name, version=version, trained_as=str(ckpt.path))
+        return finish_checkpoint(folder, dict(ckpt.manifest["files"]), fields)
+    except OSError as e:
+        remove_checkpoint(folder)
+        raise CheckpointError(
+            f"publishing {version}: writing {folder} failed ({e}); nothing was published and "
+            "the current version is unchanged: free disk space and run again"
+        ) from e
+    except BaseException:
+        remove_checkpoint(folder)
+        raise

@@ -1,0 +1,57 @@
+"""The scheduled retraining job: new complete log days in, a guarded, versioned model out.
+
+A thin composition over :mod:`daskhps.retrain` (docs/retraining.md): take the run's lock, find
+the complete days newer than the published version, train a candidate from it on all of them
+but the newest, score both on the newest, publish if the guard holds. ``daskhps retrain
+CONFIG`` calls :func:`run`; a scheduler (cron, a systemd timer) acts on its exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from daskhps.config import RunConfig
+from daskhps.errors import ConfigError, DaskHPSError
+from daskhps.retrain import ExitCode, RetrainLockedError
+from daskhps.retrain.job import describe_versions, retrain, rollback
+
+__all__ = ["run"]
+
+log = logging.getLogger("daskhps.pipelines.retrain")
+
+
+def _error(message: str) -> None:
+    print(f"daskhps retrain: {message}", file=sys.stderr)
+
+
+def run(
+    config: RunConfig,
+    *,
+    rollback_to: str | None = None,
+    list_versions: bool = False,
+    dry_run: bool = False,
+) -> int:
+    """Run the job (or roll back, or list versions); returns the exit code (``ExitCode``)."""
+    if config.run.quiet:
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+    echo = None if config.run.quiet else (lambda message: print(message, file=sys.stderr))
+    try:
+        if list_versions:
+            print(describe_versions(config))
+            return ExitCode.PUBLISHED
+        if rollback_to is not None:
+            outcome = rollback(config, rollback_to)
+        else:
+            outcome = retrain(config, echo=echo, dry_run=dry_run)
+    except RetrainLockedError as e:
+        _error(f"locked: {e}")
+        return ExitCode.LOCKED
+    except ConfigError as e:
+        _error(f"error: {e}")
+        return ExitCode.BAD_CONFIG
+    except (DaskHPSError, OSError) as e:  # OSError: disk full, permission denied
+        _error(f"error: {e}")
+        return ExitCode.ERROR
+    print(outcome.message)
+    return outcome.code
