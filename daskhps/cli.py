@@ -104,6 +104,12 @@ def _config_commands() -> Any:
     return commands
 
 
+def _report_command() -> Any:
+    from daskhps.monitor import command
+
+    return command
+
+
 COMMANDS: dict[str, Command] = {
     "generate": Command(
         "generate",
@@ -122,6 +128,12 @@ COMMANDS: dict[str, Command] = {
         "validate a run config and print it with every default filled in, as YAML",
         lambda p: _config_commands().add_config_arguments(p),
         lambda args: _config_commands().run_config(args),
+    ),
+    "report": Command(
+        "report",
+        "write the run report (HTML with the plots inline, and PNGs) of a run directory",
+        lambda p: _report_command().add_report_arguments(p),
+        lambda args: _report_command().run_report(args),
     ),
 }
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from daskhps.config import RunConfig
+from daskhps.monitor.progress import quiet_run
+from daskhps.monitor.report import write_report
 from daskhps.training.trainer import RunResult, Trainer
 
 __all__ = ["run", "train"]
@@ -23,7 +25,7 @@ log = logging.getLogger("daskhps.pipelines.train")
 def train(config: RunConfig, *, progress: bool | None = None) -> RunResult:
     """Train as ``config`` says; returns the per-pass records and final evaluation."""
     if config.run.quiet:
-        logging.getLogger("distributed").setLevel(logging.ERROR)
+        quiet_run()  # no Dask chatter: warnings and errors only
     echo = None if config.run.quiet else (lambda message: print(message, file=sys.stderr))
     return Trainer(config, progress=progress, echo=echo).run()
 
@@ -40,6 +42,17 @@ def _ceiling(config: RunConfig) -> float | None:
         return None
 
 
+def _report(result: RunResult, ceiling: float | None) -> Path | None:
+    """Write the run report (docs/monitoring.md); failing to draw it never fails the run."""
+    if not result.passes:
+        return None
+    try:
+        return write_report(result.run_dir, ceiling_auc=ceiling)
+    except Exception as e:  # a plotting problem must not lose a trained model's exit code
+        log.warning("could not write the run report of %s: %s", result.run_dir, e)
+        return None
+
+
 def run(config: RunConfig, resume: bool = False) -> int:
     """Run the job; returns the process exit code."""
     if resume:
@@ -52,6 +65,7 @@ def run(config: RunConfig, resume: bool = False) -> int:
     result = train(config)
     final = result.final_eval
     ceiling = _ceiling(config)
+    report = _report(result, ceiling)
     lines = [f"run directory: {result.run_dir}"]
     if result.passes:
         lines.append(
@@ -64,5 +78,7 @@ def run(config: RunConfig, resume: bool = False) -> int:
         )
     if ceiling is not None:
         lines.append(f"ceiling AUC of the generating function: {ceiling:.4f}")
+    if report is not None:
+        lines.append(f"report: {report}")
     print("\n".join(lines))
     return 0
