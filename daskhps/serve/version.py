@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from daskhps.errors import ConfigError, DaskHPSError
+from daskhps.errors import CheckpointError, ConfigError, DaskHPSError
 from daskhps.sharding import ShardMap
 from daskhps.table.spec import TableSpec
 
@@ -111,35 +111,22 @@ class Servable:
 
 
 def load_servable(path: str | Path) -> Servable:
-    """The model of a checkpoint folder, or of a run directory's latest checkpoint.
+    """The model of a checkpoint folder, or of a run directory's latest complete checkpoint.
 
     Raises
     ------
-    DaskHPSError
-        When ``path`` holds no complete checkpoint (naming the path and what was found).
+    CheckpointError
+        When ``path`` holds no complete checkpoint (torn, damaged, or none at all).
     """
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(
-            f"model {str(path)!r}: no such file or directory; give a checkpoint folder "
-            "(<run dir>/checkpoints/<name>) or a run directory"
-        )
+    from daskhps.training.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
     try:
-        from daskhps.training.checkpoint import load_checkpoint
-    except ImportError as e:  # pragma: no cover - depends on the installed version
-        raise ConfigError(f"model {str(path)!r}: this daskhps cannot read checkpoints ({e})") from e
-    try:
-        ckpt = load_checkpoint(p)
+        return Servable.from_checkpoint(ckpt)
     except DaskHPSError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"model {str(path)!r}: not a readable checkpoint ({e}); give a complete checkpoint "
-            "folder (one with MANIFEST.json) or a run directory that holds one"
+        raise CheckpointError(
+            f"checkpoint {ckpt.path}: its manifest is unusable for serving ({e!r}); use "
+            "another checkpoint"
         ) from e
-    if ckpt is None:
-        raise ConfigError(
-            f"model {str(path)!r}: no complete checkpoint there (a checkpoint is complete once "
-            "its MANIFEST.json is written); train with checkpoints enabled or give another path"
-        )
-    return Servable.from_checkpoint(ckpt)

@@ -1,0 +1,269 @@
+"""``predict``: score click logs on a Dask cluster and write parquet, one part per input file.
+
+::
+
+    <out>/
+      part-00000.parquet     file (string) | row (int64) | probability (float32)
+      part-00001.parquet     ... one per input file, in sorted path order
+      predict.json           model, commit, files, rows, skipped rows by reason, seconds
+      _SUCCESS               written last: the output is complete
+
+A part is written as ``.tmp`` and renamed; a failed job removes its parts and leaves no
+``_SUCCESS``. See :mod:`daskhps.serve.score` for how a file is scored and what a row id is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
+from daskhps.data.parse import read_shard
+from daskhps.data.source import resolve_files
+from daskhps.distributed import start_cluster
+from daskhps.errors import DataError, StoreExistsError
+from daskhps.serve.score import CacheSizes, Scorer
+from daskhps.serve.stores import ShardedStores
+from daskhps.serve.version import Servable
+
+__all__ = ["PredictResult", "predict"]
+
+log = logging.getLogger(__name__)
+
+SUCCESS = "_SUCCESS"
+SUMMARY = "predict.json"
+# A file the model's schema cannot read at all is an error, not a skipped shard: scoring it
+# would silently leave its rows out.
+_FATAL = (Reason.SCHEMA_MISMATCH, Reason.UNREADABLE_SHARD)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every scoring task needs; scattered to the workers once."""
+
+    token: str
+    servable: Servable
+    sizes: CacheSizes
+    batch_size: int
+    out: str
+    policy: BadRowPolicy
+
+
+@dataclass
+class PredictResult:
+    """What :func:`predict` wrote (also in ``predict.json``)."""
+
+    out: Path
+    model: str
+    commit: str
+    files: list[str]
+    rows: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    lookup: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "commit": self.commit,
+            "files": self.files,
+            "rows": self.rows,
+            "skipped_rows": self.skipped,
+            "seconds": self.seconds,
+            "rows_per_s": self.rows / self.seconds if self.seconds else None,
+            "lookup_rows_from": self.lookup,
+            "columns": {"file": "input path", "row": "0-based parsed row of the file"},
+        }
+
+
+_SCORERS: dict[str, Scorer] = {}
+_LOCK = threading.Lock()
+
+
+def _scorer(job: _Job) -> Scorer:
+    """This process's scorer of ``job`` (built by the first task that needs it)."""
+    with _LOCK:
+        s = _SCORERS.get(job.token)
+        if s is None:
+            s = _SCORERS[job.token] = Scorer(job.servable, job.sizes, job.batch_size)
+        return s
+
+
+def _drop(token: str) -> dict[str, int]:
+    """Close this process's scorer of a finished job; returns where its rows came from."""
+    with _LOCK:
+        s = _SCORERS.pop(token, None)
+    if s is None:
+        return {}
+    stats = dict(s.lookup.stats()["rows_from"])
+    s.close()
+    return stats
+
+
+def _part_path(out: str | Path, index: int) -> Path:
+    return Path(out) / f"part-{index:05d}.parquet"
+
+
+def _score_file(index: int, path: str, job: _Job) -> dict[str, Any]:
+    """Read, score and write one input file; returns its bad-row report and row count, or
+    ``{"error": message}`` for input the model cannot score (the client raises it: a task
+    that raised would also be logged, as several lines, by its worker)."""
+    try:
+        return _score_and_write(index, path, job)
+    except DataError as e:
+        return {"error": str(e)}
+
+
+def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
+    schema = job.servable.config.data.schema
+    frame, report = read_shard(path, schema, job.policy)
+    if any(reason in _FATAL for _, reason in report.counts):
+        try:  # the parser's own message names the file and the columns
+            read_shard(path, schema, BadRowPolicy("fail"))
+        except DataError as e:
+            raise DataError(
+                f"cannot score {path} with model {job.servable.name!r}: {e}; score logs of "
+                f"the schema the model was trained on ({schema.name})"
+            ) from None
+    if len(frame) == 0 and any(r != Reason.EMPTY_SHARD for _, r in report.counts):
+        raise DataError(
+            f"cannot score {path} with model {job.servable.name!r}: none of its rows parses "
+            f"with the model's schema {schema.name} ({report.by_reason()}); score logs of the "
+            "schema the model was trained on"
+        )
+    prob = _scorer(job).score(frame)
+    n = len(prob)
+    table = pa.table(
+        {
+            "file": pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, dtype=np.int32)), pa.array([path])
+            ),
+            "row": pa.array(np.arange(n, dtype=np.int64)),
+            "probability": pa.array(prob),
+        }
+    )
+    dest = _part_path(job.out, index)
+    tmp = dest.with_name(dest.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, dest)
+    return {"rows": n, "report": report}
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise StoreExistsError(f"predict output {out} is a file; give a folder")
+    old = sorted(out.glob("part-*.parquet")) + [p for p in (out / SUCCESS,) if p.exists()]
+    if old and not overwrite:
+        raise StoreExistsError(
+            f"predict output {out} already holds predictions ({old[0].name}, ...); choose "
+            "another folder or pass overwrite (--overwrite) to replace them"
+        )
+    for p in [*old, out / SUMMARY]:
+        p.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def predict(
+    servable: Servable,
+    data: str | list[str],
+    out: str | os.PathLike[str],
+    *,
+    client: Any = None,
+    address: str | None = None,
+    n_workers: int | None = None,
+    sizes: CacheSizes | None = None,
+    batch_size: int = 4096,
+    overwrite: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> PredictResult:
+    """Score every file of ``data`` (paths, folders or globs) with ``servable``.
+
+    Runs on ``client`` if given, else on a cluster from the model's config (a LocalCluster,
+    or the scheduler at ``address``). ``sizes`` are each worker's serving caches.
+
+    Raises
+    ------
+    DataError
+        ``data`` matches no file, or a file does not match the model's schema.
+    StoreExistsError
+        ``out`` already holds predictions and ``overwrite`` is false.
+    """
+    t0 = time.perf_counter()
+    files = resolve_files(data)
+    outp = Path(out)
+    ShardedStores(servable.table).close()  # a missing store or commit fails before any work
+    _prepare_out(outp, overwrite)
+    cfg = servable.config
+    job = _Job(
+        token=uuid.uuid4().hex,
+        servable=servable,
+        sizes=sizes or CacheSizes(),
+        batch_size=batch_size,
+        out=str(outp),
+        policy=cfg.data.source.bad_rows,
+    )
+    if client is not None:
+        results, lookup = _run(client, job, files)
+    else:
+        c = cfg.cluster
+        with start_cluster(
+            address=address,
+            n_workers=(n_workers or c.n_workers) if address is None else None,
+            threads_per_worker=c.threads_per_worker,
+            memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
+            processes=c.processes,
+            gpus=False,
+            dashboard_address=None,
+        ) as handle:
+            if echo is not None:
+                echo(f"scoring {len(files)} files on {len(handle.addresses)} workers")
+            results, lookup = _run(handle.client, job, files)
+    report = BadRowReport.merge(r["report"] for r in results)
+    result = PredictResult(
+        out=outp,
+        model=servable.name,
+        commit=servable.table.commit,
+        files=files,
+        rows=sum(int(r["rows"]) for r in results),
+        skipped=report.by_reason(),
+        seconds=time.perf_counter() - t0,
+        lookup=lookup,
+    )
+    (outp / SUMMARY).write_text(json.dumps(result.to_dict(), indent=2))
+    (outp / SUCCESS).write_text("")
+    return result
+
+
+def _run(client: Any, job: _Job, files: list[str]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """One task per file; the workers' scorers are closed whatever happens."""
+    shared = client.scatter(job, broadcast=True, hash=False)
+    futures = client.map(_score_file, list(range(len(files))), files, job=shared, pure=False)
+    lookup: dict[str, int] = {}
+    try:
+        results = client.gather(futures)
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            more = f" (and {len(errors) - 1} more files)" if len(errors) > 1 else ""
+            raise DataError(errors[0] + more)
+    except BaseException:
+        client.cancel(futures)
+        for i in range(len(files)):
+            _part_path(job.out, i).unlink(missing_ok=True)
+        raise
+    finally:
+        for stats in client.run(_drop, job.token).values():
+            for k, v in stats.items():
+                lookup[k] = lookup.get(k, 0) + int(v)
+    return results, lookup

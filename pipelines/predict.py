@@ -1,0 +1,60 @@
+"""The batch-scoring job: a model version and click logs in, parquet predictions out.
+
+``daskhps predict --model VERSION_OR_PATH --data GLOB --out DIR`` calls :func:`run`; Python
+code may call it, or :func:`daskhps.serve.predict.predict`, directly. The model is a checkpoint
+folder or a run directory (its latest complete checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from daskhps.serve import load_servable
+from daskhps.serve.predict import PredictResult, predict
+from daskhps.serve.score import CacheSizes
+
+__all__ = ["run"]
+
+log = logging.getLogger("daskhps.pipelines.predict")
+
+
+def run(
+    model: str | Path,
+    data: str | list[str],
+    out: str | Path,
+    *,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    device_rows: int = 1 << 20,
+    host_bytes: int = 256 << 20,
+    batch_size: int = 4096,
+    overwrite: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Score ``data`` with ``model`` into ``out``; returns the process exit code."""
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    servable = load_servable(model)
+    result: PredictResult = predict(
+        servable,
+        data,
+        out,
+        address=scheduler,
+        n_workers=workers,
+        sizes=CacheSizes(device_rows=device_rows, host_bytes=host_bytes),
+        batch_size=batch_size,
+        overwrite=overwrite,
+        echo=None if as_json else print,
+    )
+    if as_json:
+        print(json.dumps({"out": str(result.out), **result.to_dict()}, indent=2))
+        return 0
+    skipped = sum(result.skipped.values())
+    print(
+        f"scored {result.rows:,} rows of {len(result.files)} files with {result.model} "
+        f"(commit {result.commit}) in {result.seconds:.1f} s"
+        + (f"; skipped {skipped:,} bad rows ({result.skipped})" if skipped else "")
+    )
+    print(f"predictions: {result.out}/part-*.parquet (file, row, probability)")
+    return 0

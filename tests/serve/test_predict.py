@@ -1,0 +1,225 @@
+"""Batch scoring and export against a real small training run (LocalCluster, gloo, zarr).
+
+The reference is computed here without the serving code: the dense model from the checkpoint
+and each row looked up with ``EmbeddingTable.peek`` in its rank store, in one batch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from daskhps.cli import main
+from daskhps.config import RunConfig
+from daskhps.data.readers import read_click_log
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.serve import Servable, load_servable
+from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
+from daskhps.serve.predict import SUCCESS, SUMMARY, predict
+from daskhps.serve.score import CacheSizes
+from daskhps.table.init import init_embedding
+from daskhps.training.checkpoint import (
+    finish_checkpoint,
+    latest_checkpoint,
+    start_checkpoint,
+    write_payload,
+)
+from daskhps.training.metrics import evaluate_predictions
+from daskhps.training.trainer import RunResult, Trainer
+from tests.serve.helpers import reference_rows, tree_state
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp: Path, logs: Path) -> RunConfig:
+    return RunConfig.from_dict(
+        {
+            "run": {"name": "serve", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
+            "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
+            "passes": {"epochs": 1, "examples_per_pass": 1000, "global_batch_size": 100},
+            "table": {
+                "dim": 4,
+                "optimizer": {"kind": "adagrad", "lr": 0.05},
+                "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
+            },
+            "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
+            "dense_optimizer": {"kind": "adam", "lr": 0.01},
+            "cluster": {
+                "n_workers": 2,
+                "threads_per_worker": 1,
+                "memory_limit": "1GiB",
+                "gpu": False,
+                "dashboard_address": None,
+            },
+        },
+        source="test",
+    )
+
+
+def _write_checkpoint(cfg: RunConfig, result: RunResult, commit: str) -> None:
+    """A checkpoint in the checkpoint module's format, for runs whose trainer wrote none."""
+    folder = start_checkpoint(cfg.run.dir, "pass-000002")
+    files = write_payload(folder, model=result.dense_state, optimizer={}, rng=[], state={})
+    fields = {
+        "kind": "base",
+        "passes_done": len(result.passes),
+        "step": 0,
+        "commit": commit,
+        "stores_dir": cfg.table.tiers.store_dir,
+        "num_workers": cfg.cluster.n_workers,
+        "num_shards": cfg.passes.plan.num_shards,
+        "table": cfg.table_spec().layout(),
+        "config": cfg.to_dict(),
+    }
+    finish_checkpoint(folder, files, fields)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A 2-worker training run with a checkpoint, its holdout files and reference rows."""
+    tmp = tmp_path_factory.mktemp("serve-run")
+    logs = tmp / "logs"
+    generate(
+        GeneratorConfig(days=2, rows_per_day=2000, parts_per_day=2, seed=4, vocab_scale=0.01),
+        str(logs),
+    )
+    cfg = _config(tmp, logs)
+    result = Trainer(cfg, progress=False).run()
+    if latest_checkpoint(cfg.run.dir) is None:
+        _write_checkpoint(cfg, result, "end")
+    servable = load_servable(cfg.run.dir)
+    holdout = sorted(str(p) for p in logs.glob("day=*02/part-*"))
+    frame = read_click_log(holdout, schema=cfg.data.schema).frame.compute()
+    return {
+        "cfg": cfg,
+        "result": result,
+        "servable": servable,
+        "holdout": holdout,
+        "frame": frame.reset_index(drop=True),
+        "reference": _reference(servable, frame),
+        "tmp": tmp,
+    }
+
+
+def _reference(s: Servable, frame: pd.DataFrame) -> np.ndarray:
+    schema = s.config.data.schema
+    keys = torch.from_numpy(frame[list(schema.categorical_names)].to_numpy(np.int64).copy())
+    rows = reference_rows(s.table, keys.reshape(-1))[:, : s.table.spec.dim]
+    dense = torch.from_numpy(frame[list(schema.dense_names)].to_numpy(np.float32).copy())
+    with torch.no_grad():
+        logits = s.build_model()(dense, rows.view(len(frame), keys.shape[1], -1))
+    return torch.sigmoid(logits).numpy()
+
+
+def _read_out(out: Path) -> pd.DataFrame:
+    parts = sorted(out.glob("part-*.parquet"))
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+
+def test_predict_equals_the_trainers_evaluation(run: dict[str, Any]) -> None:
+    s, frame = run["servable"], run["frame"]
+    stores = Path(run["cfg"].table.tiers.store_dir)
+    before = tree_state(stores)
+    out = run["tmp"] / "pred"
+    res = predict(
+        s,
+        run["holdout"],
+        out,
+        sizes=CacheSizes(device_rows=300, host_bytes=64 << 10),  # tiny: every tier is used
+        batch_size=256,
+    )
+    got = _read_out(out)
+    assert tree_state(stores) == before  # scoring never wrote a store
+    assert res.rows == len(frame) == len(got)
+    # row ids: (file, row) in read order, one part per input file
+    assert [str(f) for f in got["file"].unique()] == run["holdout"]
+    for f in run["holdout"]:
+        rows = got.loc[got["file"] == f, "row"].to_numpy()
+        assert np.array_equal(rows, np.arange(len(rows)))
+    prob = got["probability"].to_numpy()
+    assert np.abs(prob - run["reference"]).max() < 1e-6
+    # the trainer's own evaluation of the same rows, after its last pass
+    labels = frame["label"].to_numpy()
+    mine = evaluate_predictions(prob, labels, ("auc", "logloss"))
+    final = run["result"].final_eval
+    assert mine["examples"] == final["examples"]
+    assert abs(mine["logloss"] - final["logloss"]) < 1e-6
+    assert abs(mine["auc"] - final["auc"]) < 1e-6
+    summary = json.loads((out / SUMMARY).read_text())
+    assert (out / SUCCESS).exists() and summary["rows"] == len(frame)
+    assert summary["lookup_rows_from"]["store"] > 0 and summary["lookup_rows_from"]["host"] > 0
+
+
+def test_cli_predict_and_its_bad_inputs(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, tmp = run["cfg"].run.dir, run["tmp"]
+    out = tmp / "cli-pred"
+    args = ["predict", "--model", run_dir, "--out", str(out), "--workers", "1"]
+    assert main([*args, "--data", run["holdout"][0], "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    got = _read_out(out)
+    n0 = summary["rows"]
+    assert np.abs(got["probability"].to_numpy() - run["reference"][:n0]).max() < 1e-6
+
+    def fails(argv: list[str], *words: str) -> None:
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        for w in words:
+            assert w in err, err
+
+    fails([*args, "--data", run["holdout"][0]], "already holds predictions", str(out))
+    fails([*args, "--data", str(tmp / "nothing-*.tsv"), "--overwrite"], "nothing-*.tsv")
+    torn = Path(run_dir) / "checkpoints" / "pass-000099"
+    torn.mkdir()
+    (torn / "dense.pt").write_bytes(b"half")
+    try:
+        fails([*args, "--model", str(torn), "--data", run["holdout"][0]], "MANIFEST.json")
+    finally:
+        (torn / "dense.pt").unlink()
+        torn.rmdir()
+    bad = tmp / "other-schema.tsv"
+    bad.write_text("1\t2\t3\n0\t5\t6\n")
+    fails([*args, "--data", str(bad), "--overwrite"], str(bad), "schema")
+    assert not list(out.glob("part-*")) and not (out / SUCCESS).exists()
+
+
+def test_export_reproduces_predictions_outside_daskhps(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    s, frame = run["servable"], run["frame"]
+    out = run["tmp"] / "export"
+    res = export_model(s, out)
+    meta = json.loads((out / META).read_text())
+    with pytest.warns(DeprecationWarning):  # torch.jit is deprecated, still what runtimes load
+        model = torch.jit.load(str(out / MODEL))
+    keys, emb = np.load(out / KEYS), np.load(out / EMBEDDINGS)
+    assert res.keys == len(keys) == meta["keys"] > 0 and emb.shape == (len(keys), res.sparse_dim)
+    # look every example's keys up in the dump; unseen keys by the recorded init rule
+    order = np.argsort(keys)
+    schema = s.config.data.schema
+    k = frame[meta["inputs"]["sparse"]["fields"]].to_numpy(np.int64).reshape(-1)
+    pos = np.minimum(np.searchsorted(keys[order], k), len(keys) - 1)
+    hit = keys[order][pos] == k
+    rows = np.empty((len(k), res.sparse_dim), dtype=np.float32)
+    rows[hit] = emb[order][pos[hit]]
+    init = meta["unseen_keys"]
+    rows[~hit] = init_embedding(
+        torch.from_numpy(k[~hit]), seed=init["seed"], dim=init["dim"], scale=init["scale"]
+    ).numpy()
+    assert hit.any() and (~hit).any()
+    dense = torch.from_numpy(frame[list(schema.dense_names)].to_numpy(np.float32).copy())
+    sparse = torch.from_numpy(rows).view(len(frame), len(schema.categorical_names), -1)
+    with torch.no_grad():
+        prob = torch.sigmoid(model(dense, sparse)).numpy()
+    assert np.abs(prob - run["reference"]).max() < 1e-6
+    # a second export into the same folder is refused with one clear line
+    assert main(["export", "--model", str(run["cfg"].run.dir), "--out", str(out)]) == 1
+    assert "already holds an export" in capsys.readouterr().err
