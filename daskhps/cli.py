@@ -110,6 +110,12 @@ def _report_command() -> Any:
     return command
 
 
+def _serve_commands() -> Any:
+    from daskhps.serve import commands
+
+    return commands
+
+
 COMMANDS: dict[str, Command] = {
     "generate": Command(
         "generate",
@@ -128,6 +134,18 @@ COMMANDS: dict[str, Command] = {
         "validate a run config and print it with every default filled in, as YAML",
         lambda p: _config_commands().add_config_arguments(p),
         lambda args: _config_commands().run_config(args),
+    ),
+    "predict": Command(
+        "predict",
+        "score click logs with a model version through the read-only hierarchy, to parquet",
+        lambda p: _serve_commands().add_predict_arguments(p),
+        lambda args: _serve_commands().run_predict(args),
+    ),
+    "export": Command(
+        "export",
+        "write a model as TorchScript beside an embedding dump, for serving outside daskhps",
+        lambda p: _serve_commands().add_export_arguments(p),
+        lambda args: _serve_commands().run_export(args),
     ),
     "report": Command(
         "report",
