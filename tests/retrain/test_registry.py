@@ -20,6 +20,7 @@ from daskhps.retrain import (
     VersionNotFoundError,
     judge,
 )
+from daskhps.retrain.versions import published_checkpoint
 
 
 def _version(name: str, through: str, eval_day: str, parent: str | None = None) -> Version:
@@ -175,3 +176,15 @@ def test_guard_checks_can_be_switched_off() -> None:
     off = RetrainConfig(max_auc_drop=None, max_logloss_rise=None, min_auc=None)
     v = judge({"auc": 0.1, "logloss": 0.9}, {"auc": 0.9, "logloss": 0.1}, off)
     assert v.publish and v.explain() == "no checks enabled"
+
+
+def test_published_checkpoint_of_a_run_directory(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "run" / "versions")
+    assert published_checkpoint(tmp_path / "run") is None  # not a retraining run (yet)
+    reg.record(_attempt(None, "2024-01-03", "rejected"))
+    with pytest.raises(VersionNotFoundError, match="no published version yet"):
+        published_checkpoint(tmp_path / "run")
+    v1 = _version("v000001", "2024-01-02", "2024-01-03")
+    reg.publish(v1, _attempt(v1, "2024-01-03"))
+    assert published_checkpoint(tmp_path / "run") == Path(v1.checkpoint)
+    assert published_checkpoint(tmp_path / "run" / "versions") == Path(v1.checkpoint)
