@@ -110,6 +110,12 @@ def _report_command() -> Any:
     return command
 
 
+def _plan_command() -> Any:
+    from daskhps.capacity import command
+
+    return command
+
+
 def _serve_commands() -> Any:
     from daskhps.serve import commands
 
@@ -152,6 +158,12 @@ COMMANDS: dict[str, Command] = {
         "write the run report (HTML with the plots inline, and PNGs) of a run directory",
         lambda p: _report_command().add_report_arguments(p),
         lambda args: _report_command().run_report(args),
+    ),
+    "plan": Command(
+        "plan",
+        "size a run before it starts: memory per tier per worker, pass working set, disk",
+        lambda p: _plan_command().add_plan_arguments(p),
+        lambda args: _plan_command().run_plan(args),
     ),
 }
 

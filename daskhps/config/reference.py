@@ -98,6 +98,10 @@ DOCS: dict[str, tuple[str, ...]] = {
     "table.tiers.policy": ("`lru` or `lfu`", "Eviction policy of device and host tiers."),
     "table.tiers.store_dir": ("path", "Zarr stores (local disk).", "`<run.dir>/stores`"),
     "table.tiers.snapshot_every": ("int >= 1", "Full index snapshot every N commits."),
+    "table.expected_keys": (
+        "int >= 1 or null",
+        "Distinct keys expected; sizes the run (`daskhps plan`, `train`'s early check).",
+    ),
     "model.name": ("str", "`dlrm`, `deepfm`, `wide_deep` or `package.module:Class`."),
     "model.options": ("mapping", "The model's constructor options (docs/models.md)."),
     "dense_optimizer.kind": ("`sgd`, `adam` or `adagrad`", "Optimizer of the dense model."),

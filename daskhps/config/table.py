@@ -133,7 +133,8 @@ def _optimizer(d: Any, ctx: Ctx) -> OptimizerSpec:
 class TableConfig:
     """The embedding table: ``dim`` is the embedding width the model sees; the row width is
     the model's ``sparse_dim(dim)`` (one more column for DeepFM and Wide&Deep) plus optimizer
-    state. A row starts as a pure function of (``seed``, key)."""
+    state. A row starts as a pure function of (``seed``, key). ``expected_keys`` (distinct
+    keys of the table) only sizes the run: ``daskhps plan`` and the trainer's early check."""
 
     name: str = "embeddings"
     dim: int = 16
@@ -141,8 +142,17 @@ class TableConfig:
     seed: int = 0
     init_scale: float | None = None
     tiers: TiersConfig = field(default_factory=TiersConfig)
+    expected_keys: int | None = None
 
-    KEYS: ClassVar[tuple[str, ...]] = ("name", "dim", "optimizer", "seed", "init_scale", "tiers")
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "name",
+        "dim",
+        "optimizer",
+        "seed",
+        "init_scale",
+        "tiers",
+        "expected_keys",
+    )
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx, run_dir: str, seed: int) -> TableConfig:
@@ -159,6 +169,7 @@ class TableConfig:
             seed=seed if seed_ is None else seed_,
             init_scale=ctx.get(d, p, "init_scale", (float, type(None)), None, minimum=0.0),
             tiers=TiersConfig.parse(d.get("tiers"), ctx, run_dir),
+            expected_keys=ctx.get(d, p, "expected_keys", (int, type(None)), None, minimum=1),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,4 +180,5 @@ class TableConfig:
             "seed": self.seed,
             "init_scale": self.init_scale,
             "tiers": self.tiers.to_dict(),
+            "expected_keys": self.expected_keys,
         }

@@ -163,6 +163,9 @@ class Trainer:
 
     def run(self) -> RunResult:
         cfg = self.config
+        from daskhps.capacity import check_fits
+
+        check_fits(cfg)  # refuse a run that cannot fit before any file or worker: plan's message
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         if cfg.data.generate is not None:

@@ -1,0 +1,32 @@
+"""Sizing a run before it starts: memory per tier per worker, pass working sets, disk.
+
+* :mod:`~daskhps.capacity.estimate` — bytes of each tier, index and buffer, from the same
+  arithmetic the tiers allocate with;
+* :mod:`~daskhps.capacity.keystats` — distinct keys per owner and per pass, counted from the
+  logs (``--scan``) or taken from the config;
+* :mod:`~daskhps.capacity.disk` — the zarr stores, their history and checkpoints;
+* :mod:`~daskhps.capacity.fit` — the report ``daskhps plan`` prints, and the check that makes
+  ``train`` refuse a run that cannot fit.
+"""
+
+from __future__ import annotations
+
+from daskhps.capacity.disk import DiskEstimate, store_disk
+from daskhps.capacity.estimate import TierBytes, dense_bytes, slot_cache_bytes
+from daskhps.capacity.fit import SizingReport, WorkerMemory, check_fits, size_run
+from daskhps.capacity.keystats import KeyStats, expected_key_stats, scan_key_stats
+
+__all__ = [
+    "DiskEstimate",
+    "KeyStats",
+    "SizingReport",
+    "TierBytes",
+    "WorkerMemory",
+    "check_fits",
+    "dense_bytes",
+    "expected_key_stats",
+    "scan_key_stats",
+    "size_run",
+    "slot_cache_bytes",
+    "store_disk",
+]

@@ -1,0 +1,138 @@
+"""``daskhps plan CONFIG [--set k=v] [--scan] [--json]``: size a run before it starts.
+
+Exit status 0 when the run fits, 1 when it cannot (the reason on stderr, the same line
+``daskhps train`` refuses with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from daskhps.capacity.fit import SizingReport, size_run
+from daskhps.capacity.keystats import KeyStats
+from daskhps.config.commands import add_config_arguments
+from daskhps.config.runconfig import load_config
+from daskhps.errors import ConfigError
+
+__all__ = ["add_plan_arguments", "render", "run_plan"]
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument(
+        "--scan",
+        action="store_true",
+        help="count distinct keys per worker and per pass in the training logs (reads them once)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _cluster_shape(address: str) -> tuple[int, int | None]:
+    """Workers and the smallest memory limit of a running cluster."""
+    from distributed import Client
+
+    try:
+        with Client(address, timeout="10s") as client:
+            workers = client.scheduler_info(n_workers=-1)["workers"].values()
+            limits = [int(w.get("memory_limit") or 0) for w in workers]
+    except OSError as e:
+        raise ConfigError(
+            f"cluster.address {address}: cannot reach the scheduler ({e}); start it first or "
+            "plan with the embedded cluster (remove cluster.address)"
+        ) from None
+    if not limits:
+        raise ConfigError(f"cluster.address {address}: the scheduler has no workers yet")
+    return len(limits), (min(limits) or None)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    workers = limit = None
+    if not cfg.cluster.local:
+        assert cfg.cluster.address is not None
+        workers, limit = _cluster_shape(cfg.cluster.address)
+    report = size_run(cfg, scan=args.scan, workers=workers, memory_limit=limit)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(render(report))
+    if not report.fits:
+        print(f"daskhps plan: error: {report.refusal()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} B"
+
+
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def _keys_lines(k: KeyStats) -> list[str]:
+    how = {
+        "scan": "counted in the training logs (--scan)",
+        "expected": "from table.expected_keys",
+        "bound": "upper bounds from the data's shape (--scan counts them)",
+        "unknown": "unknown (pass --scan or set table.expected_keys)",
+    }[k.source]
+    return [
+        f"keys: {how}",
+        f"  examples {_count(k.examples)} in {_count(k.passes)} passes over {k.workers} workers",
+        f"  distinct keys {_count(k.distinct_keys)}; busiest worker stores "
+        f"{_count(k.keys_per_owner)}",
+        f"  largest pass working set {_count(k.largest_pass_keys)}; busiest worker stages "
+        f"{_count(k.largest_pass_per_owner)}",
+    ]
+
+
+def render(report: SizingReport) -> str:
+    """The report as text, one figure per line."""
+    lines = [f"plan for {report.source}", *_keys_lines(report.keys)]
+    m = report.memory
+    if m is not None:
+        lines.append(f"memory per worker (limit {_size(m.memory_limit)}):")
+        rows: list[tuple[str, Any, str]] = []
+        for name, t in (("device tier", m.device), ("host tier", m.host)):
+            if t is None:
+                rows.append((name, 0, "none"))
+                continue
+            rows.append(
+                (
+                    name,
+                    t.total,
+                    f"{t.rows:,} rows x {t.width} floats: slab {_size(t.slab)}, metadata "
+                    f"{_size(t.metadata)}, index {_size(t.index)}, scratch {_size(t.scratch)}",
+                )
+            )
+        rows.append(("zarr store", m.store, "key index and write buffer"))
+        rows.append(("store maps", m.store_mapped, "segment pages read back (page cache)"))
+        rows.append(("dense model", m.dense, f"{m.dense_params:,} parameters, grads, optimizer"))
+        rows.append(("examples", m.examples, "training log share, two passes, holdout"))
+        for name, n, what in rows:
+            lines.append(f"  {name:<12} {_size(n):>11}  {what}")
+        share = f" ({m.total / m.memory_limit:.0%} of the limit)" if m.memory_limit else ""
+        lines.append(f"  {'total':<12} {_size(m.total):>11}{share}")
+    d = report.disk
+    lines.append(f"disk for the stores and checkpoints (on {d.path}, {_size(d.free)} free):")
+    for name, n in (
+        ("live rows", d.live),
+        ("older copies", d.history),
+        ("snapshots", d.snapshots),
+        ("compaction", d.compaction_headroom),
+        ("dense ckpts", d.checkpoints_dense),
+        ("total", d.total),
+    ):
+        lines.append(f"  {name:<12} {_size(n):>11}")
+    lines += [f"warning: {w}" for w in report.warnings]
+    lines.append("fits: yes" if report.fits else "fits: NO")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""Disk a run needs: the zarr stores of every shard, their history, and checkpoints.
+
+A store appends each batch of evicted or flushed rows as a new segment and never rewrites one
+in place (docs/table.md), so its size is::
+
+    live       rows stored x (4 x width + 8)            one copy of every key's row and key
+    history    older copies of rows, until no kept commit and no live row uses their segment:
+               at most one copy per row trained per pass (a row is written once per pass that
+               changed it); with checkpoints, bounded by the passes the kept commits span
+    snapshots  16 bytes per key per full index snapshot kept
+    headroom   compaction writes the live rows anew before deleting the old segments
+
+Checkpoints add the dense model's weights and optimizer state per kept checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DiskEstimate", "free_bytes", "store_disk"]
+
+_SNAPSHOT_BYTES_PER_KEY = 16  # key and location, int64 each
+
+
+@dataclass(frozen=True)
+class DiskEstimate:
+    """Bytes on disk for the stores of all workers (``None`` where the keys are unknown)."""
+
+    live: int | None
+    history: int | None
+    snapshots: int | None
+    compaction_headroom: int
+    checkpoints_dense: int
+    path: str
+    free: int | None
+
+    @property
+    def total(self) -> int | None:
+        """None when the live rows are unknown; an unknown history counts as none (so the
+        total is a lower bound then)."""
+        if self.live is None:
+            return None
+        parts = (self.live, self.history or 0, self.snapshots or 0)
+        return sum(parts) + self.compaction_headroom + self.checkpoints_dense
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total}
+
+
+def free_bytes(path: str | Path) -> tuple[str, int]:
+    """Free bytes of the file system that will hold ``path`` (its nearest existing parent)."""
+    p = Path(path).absolute()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return str(p), shutil.disk_usage(p).free
+
+
+def store_disk(
+    *,
+    width: int,
+    distinct_keys: int | None,
+    rows_written: int | None,
+    pass_rows: int | None,
+    checkpoint: Any,
+    snapshot_every: int,
+    dense_state_bytes: int,
+    store_dir: str,
+) -> DiskEstimate:
+    """Disk of every shard's store under ``store_dir`` and of the checkpoints.
+
+    ``rows_written`` is the most rows the run can write (every pass's working set, summed over
+    passes, epochs and owners); ``pass_rows`` the largest one pass writes over all owners;
+    ``checkpoint`` the config's checkpoint section, or None where this version has none.
+    """
+    row = 4 * width + 8
+    live = None if distinct_keys is None else distinct_keys * row
+    enabled = checkpoint is not None and getattr(checkpoint, "every_passes", 0) > 0
+    history: int | None = None
+    if rows_written is not None and distinct_keys is not None:
+        stale = max(rows_written - distinct_keys, 0)
+        if enabled and pass_rows is not None:
+            # Kept commits reference the segments written over the passes they span; a full
+            # (compacting) checkpoint every `full_every` frees the older ones.
+            span = (
+                checkpoint.keep + getattr(checkpoint, "full_every", 1)
+            ) * checkpoint.every_passes
+            stale = min(stale, span * pass_rows)
+        history = stale * row
+    snapshots = None
+    if distinct_keys is not None:
+        kept = 1
+        if enabled:
+            kept = -(-checkpoint.keep // snapshot_every) + 1
+        snapshots = kept * distinct_keys * _SNAPSHOT_BYTES_PER_KEY
+    headroom = (live or 0) if enabled else 0
+    dense = checkpoint.keep * dense_state_bytes if enabled else 0
+    where, free = free_bytes(store_dir)
+    return DiskEstimate(live, history, snapshots, headroom, dense, where, free)

@@ -1,0 +1,144 @@
+"""The memory model of one worker: bytes of every tier and of what training keeps beside them.
+
+Every figure comes from the same arithmetic the tiers use to allocate, so an estimate equals
+what the real object reports in ``stats()`` (``bytes``, ``index_bytes``)::
+
+    device / host tier (SlotCache of R rows, width w floats)
+      slab        (R + 1) x w x 4        float32 rows, one spare zero row
+      metadata    R x 27 (+ 8 with lfu)  key 8, used/dirty/pinned 3, stamp 8, free-stack 8
+      index       KeyIndex.nbytes_for(R) buckets of 4 (key, value) pairs at load 0.5
+      scratch     96 x min(n, 2**19)     lookup buffers for the largest key batch n
+    zarr store (memory)
+      index       KeyIndex of the shard's stored keys (grows by doubling)
+      write buffer min(65536, keys) x (8 + 4w)   the open segment (resident as rows arrive)
+      mapped      keys x 4w              segment pages read back through memory maps
+    dense model   params x 4 x (weights + grads + optimizer state)
+    examples      the persisted training log's share, and two passes of routed examples
+
+This module imports neither dask nor the tiers' backends beyond their sizing functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from daskhps.tiers._index import KeyIndex
+from daskhps.tiers.host import rows_for_bytes
+
+__all__ = [
+    "INDEX_SCRATCH_PER_KEY",
+    "WRITE_BUFFER_ROWS",
+    "TierBytes",
+    "dense_bytes",
+    "index_bytes_holding",
+    "index_scratch_bytes",
+    "slot_cache_bytes",
+    "store_mapped_bytes",
+    "store_memory_bytes",
+]
+
+# Reused lookup buffers of KeyIndex._find per key: home, tmp (8 + 8), the gathered bucket row
+# (64), the hit mask (4), the column word (4) and the step cache (8).
+INDEX_SCRATCH_PER_KEY = 96
+_SCRATCH_CHUNK = 1 << 19  # KeyIndex probes at most this many keys at once
+_SCRATCH_MIN = 1024  # buffers are never smaller
+WRITE_BUFFER_ROWS = 65536  # ZarrStore's default write_buffer_rows
+_STORE_INDEX_START = 1024  # ZarrStore starts with KeyIndex(1024)
+_OPEN_CHUNK_MAPS = 256  # ZarrStore keeps at most this many chunk files mapped
+# Optimizer state tensors per dense parameter (torch: Adam keeps exp_avg and exp_avg_sq,
+# Adagrad its sum; each also keeps a scalar step, negligible).
+DENSE_STATE = {"sgd": 0, "adagrad": 1, "adam": 2}
+
+
+@dataclass(frozen=True)
+class TierBytes:
+    """The memory of one slot-cache tier (device or host) of one table on one worker."""
+
+    rows: int
+    width: int
+    slab: int
+    metadata: int
+    index: int
+    scratch: int
+
+    @property
+    def resident(self) -> int:
+        """What ``stats()['bytes']`` reports: slab, metadata and index."""
+        return self.slab + self.metadata + self.index
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.scratch
+
+
+def index_scratch_bytes(batch_keys: int) -> int:
+    """Lookup buffers of one :class:`KeyIndex` after its largest lookup of ``batch_keys``."""
+    if batch_keys <= 0:
+        return 0
+    return INDEX_SCRATCH_PER_KEY * max(min(batch_keys, _SCRATCH_CHUNK), _SCRATCH_MIN)
+
+
+def slot_cache_bytes(
+    rows: int, width: int, policy: str = "lru", *, batch_keys: int = 0, load_factor: float = 0.5
+) -> TierBytes:
+    """Bytes of a device cache (or host tier) of ``rows`` rows of ``width`` floats.
+
+    ``batch_keys`` is the largest key batch looked up at once (a pass's working set when
+    staging); it sizes the index's scratch buffers.
+    """
+    lfu = policy == "lfu"
+    slab = 4 * width * (rows + 1)
+    meta = rows * (8 + 3 + 8) + 8 * (rows + 1) + (8 * (rows + 1) if lfu else 0)
+    return TierBytes(
+        rows=rows,
+        width=width,
+        slab=slab,
+        metadata=meta,
+        index=KeyIndex.nbytes_for(rows, load_factor),
+        scratch=index_scratch_bytes(batch_keys),
+    )
+
+
+def host_tier_bytes(
+    capacity_bytes: int, width: int, policy: str = "lru", *, batch_keys: int = 0
+) -> TierBytes | None:
+    """The host tier a budget of ``capacity_bytes`` makes (None when it holds no row)."""
+    rows = rows_for_bytes(width, capacity_bytes, policy)
+    if rows < 1:
+        return None
+    return slot_cache_bytes(rows, width, policy, batch_keys=batch_keys)
+
+
+def index_bytes_holding(keys: int) -> int:
+    """Bytes of a :class:`KeyIndex` that started at 1024 keys and grew to hold ``keys``.
+
+    It doubles its buckets whenever an insert would pass the load factor, as the store's index
+    does while evictions and flushes write rows a batch at a time.
+    """
+    buckets = math.ceil(_STORE_INDEX_START / (4 * 0.5))
+    while keys > 0.5 * 4 * buckets:  # many small inserts: each growth doubles
+        buckets *= 2
+    return (buckets + 16) * (2 * 4 * 8 + 4)
+
+
+def store_memory_bytes(keys: int, width: int, *, batch_keys: int = 0) -> int:
+    """Memory a zarr store of ``keys`` rows holds: its key index, scratch and write buffer.
+
+    The write buffer is allocated for 65536 rows but only the rows written into it become
+    resident: at most one per key, since a key buffered twice is overwritten in place.
+    """
+    buffer = min(WRITE_BUFFER_ROWS, keys) * (8 + 4 * width)
+    return index_bytes_holding(keys) + index_scratch_bytes(batch_keys) + buffer
+
+
+def store_mapped_bytes(keys: int, width: int, chunk_rows: int = 65536) -> int:
+    """Pages of segment files a store maps while reading rows back: at most its live rows,
+    and at most its 256 open chunk maps. They count in the worker's RSS (which Dask's memory
+    limit watches) although the kernel can drop them under pressure."""
+    return min(keys, _OPEN_CHUNK_MAPS * chunk_rows) * 4 * width
+
+
+def dense_bytes(params: int, optimizer: str) -> int:
+    """Weights, gradients and optimizer state of a dense model with ``params`` floats."""
+    return 4 * params * (2 + DENSE_STATE[optimizer])

@@ -1,0 +1,125 @@
+"""``daskhps plan`` and ``train``'s early refusal, through the real command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from daskhps.capacity import scan_key_stats, size_run
+from daskhps.config import load_config
+from daskhps.data.readers import read_click_log
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.sharding import ShardMap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("logs")
+    generate(
+        GeneratorConfig(days=1, rows_per_day=3000, parts_per_day=3, seed=2, vocab_scale=0.01),
+        str(out),
+    )
+    return out
+
+
+def _write(tmp: Path, logs: Path, **table: object) -> Path:
+    cfg = {
+        "run": {"name": "p", "dir": str(tmp / "run"), "quiet": True},
+        "data": {"train": {"paths": [str(logs)]}},
+        "passes": {"examples_per_pass": 1000, "global_batch_size": 100, "num_shards": 8},
+        "table": {"dim": 8, "tiers": {"device": {"rows": 5000}, "host": {"fraction": 0.05}}},
+        "cluster": {"n_workers": 2, "memory_limit": "1GiB", "gpu": False},
+    }
+    cfg["table"].update(table)  # type: ignore[union-attr]
+    path = tmp / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_scan_counts_match_a_brute_force_count(tmp_path: Path, logs: Path) -> None:
+    cfg = load_config(_write(tmp_path, logs))
+    stats = scan_key_stats(cfg, workers=2)
+    frame = read_click_log(cfg.data.source).frame.compute()
+    keys = frame[[c for c in frame.columns if c.startswith("C")]].to_numpy(np.int64)
+    shard_map = ShardMap(8, 2)
+
+    def owners(k: np.ndarray) -> np.ndarray:
+        return (shard_map.shard(k) * 2) // 8
+
+    every = np.unique(keys)
+    assert stats.distinct_keys == every.size
+    assert stats.keys_per_owner == max(np.bincount(owners(every), minlength=2))
+    per_pass = [np.unique(keys[a : a + 1000]) for a in range(0, len(keys), 1000)]
+    want = [int(max(np.bincount(owners(p), minlength=2))) for p in per_pass]
+    assert list(stats.pass_keys_per_owner) == want
+    assert stats.largest_pass_keys == max(p.size for p in per_pass)
+    assert stats.examples == len(pd.Index(frame.index)) and stats.passes == 3
+
+
+@pytest.mark.slow
+def test_plan_prints_every_part_and_json_agrees(tmp_path: Path, logs: Path) -> None:
+    path = _write(tmp_path, logs)
+    text = _cli("plan", str(path), "--scan")
+    assert text.returncode == 0, text.stderr
+    for part in ("device tier", "host tier", "zarr store", "dense model", "fits: yes"):
+        assert part in text.stdout
+    out = _cli("plan", str(path), "--scan", "--json")
+    report = json.loads(out.stdout)
+    direct = size_run(load_config(path), scan=True)
+    assert report["memory_per_worker"]["total"] == direct.memory.total  # type: ignore[union-attr]
+    assert report["keys"]["source"] == "scan" and report["fits"] is True
+
+
+@pytest.mark.slow
+def test_plan_and_train_refuse_a_pass_larger_than_the_device_tier(
+    tmp_path: Path, logs: Path
+) -> None:
+    # 200k expected keys: a pass of 1000 examples x 26 fields stages ~13k per worker.
+    path = _write(tmp_path, logs, expected_keys=200_000)
+    plan = _cli("plan", str(path))
+    assert plan.returncode == 1
+    refusal = plan.stderr.strip().splitlines()
+    assert len(refusal) == 1 and "device tier holds 5,000 rows" in refusal[0]
+    assert refusal[0].startswith("daskhps plan: error: ") and "Traceback" not in plan.stderr
+    train = _cli("train", str(path))
+    assert train.returncode == 1 and "Traceback" not in train.stderr
+    lines = train.stderr.strip().splitlines()
+    assert lines[-1].removeprefix("daskhps train: error: ") == refusal[0].removeprefix(
+        "daskhps plan: error: "
+    )
+    assert not (tmp_path / "run").exists()  # refused before writing anything
+
+
+@pytest.mark.slow
+def test_plan_refuses_a_store_larger_than_the_free_disk(tmp_path: Path, logs: Path) -> None:
+    path = _write(tmp_path, logs, expected_keys=10**13, tiers={"device": {"rows": 10**5}})
+    plan = _cli("plan", str(path))
+    assert plan.returncode == 1
+    assert "free" in plan.stderr and "table.tiers.store_dir" in plan.stderr
+
+
+def test_config_bounds_without_a_scan_are_warnings(tmp_path: Path, logs: Path) -> None:
+    cfg = load_config(_write(tmp_path, logs, tiers={"device": {"rows": 100}}))
+    report = size_run(cfg)
+    assert report.keys.source == "bound" and report.fits
+    assert any("upper bound" in w for w in report.warnings)
