@@ -10,6 +10,8 @@ import torch
 
 from daskhps.config import RunConfig
 from daskhps.errors import CheckpointError
+from daskhps.retrain import Attempt, Registry, Version, VersionNotFoundError
+from daskhps.retrain.job import rollback
 from daskhps.retrain.publish import commit_name, freeze_version
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import (
@@ -108,3 +110,39 @@ def test_failed_copy_leaves_nothing_visible(
     assert not folder.exists()
     with pytest.raises(CheckpointError):
         load_checkpoint(folder)
+
+
+def _publish(reg: Registry, ckpt_path: Path, name: str, parent: str | None) -> Version:
+    v = Version(name, str(ckpt_path), f"version-{name}", "stores", parent, ("d",), "d", "e")
+    reg.publish(v, Attempt(f"a-{name}", parent, ("d",), "e", "published", name))
+    return v
+
+
+def test_rollback_checks_the_version_is_still_there(tmp_path: Path, cfg: RunConfig) -> None:
+    import dataclasses
+
+    run = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(tmp_path / "run")))
+    stores, reg = tmp_path / "stores", Registry(tmp_path / "run" / "versions")
+    v1 = freeze_version(
+        _train_like(cfg, stores, tmp_path / "a1", 1.0, None), reg.folder / "v000001", "v000001"
+    )
+    _publish(reg, v1.path, "v000001", None)
+    v2 = freeze_version(
+        _train_like(cfg, stores, tmp_path / "a2", 2.0, v1.commit), reg.folder / "v000002", "v000002"
+    )
+    _publish(reg, v2.path, "v000002", "v000001")
+
+    out = rollback(run, "v000001")
+    assert out.code == 0 and "CURRENT is now v000001 (was v000002)" in out.message
+    assert [v.name for v in reg.versions()] == ["v000001", "v000002"]
+    assert (reg.folder / "CURRENT").read_text() == "v000001\n"
+
+    # v000002's commit disappears from one rank store (dropped by hand): refuse, keep CURRENT
+    for manifest in (stores / cfg.table.name / "rank-1" / "commits").glob("*.json"):
+        if '"version-v000002"' in manifest.read_text():
+            manifest.unlink()
+    with pytest.raises(
+        VersionNotFoundError, match=r"commit 'version-v000002' is gone from .*rank-1"
+    ):
+        rollback(run, "v000002")
+    assert (reg.folder / "CURRENT").read_text() == "v000001\n"
