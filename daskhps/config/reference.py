@@ -134,6 +134,18 @@ DOCS: dict[str, tuple[str, ...]] = {
         "int >= 1",
         "Every Nth checkpoint is a full base; others are deltas.",
     ),
+    "retrain.max_auc_drop": (
+        "float in [0, 1] or null",
+        "`daskhps retrain` publishes only if AUC drops at most this much; null: no check.",
+    ),
+    "retrain.max_logloss_rise": (
+        "float >= 0 or null",
+        "... and logloss rises at most this much (null: no check).",
+    ),
+    "retrain.min_auc": (
+        "float in [0, 1] or null",
+        "... and AUC is at least this (null: no check).",
+    ),
 }
 _SECTION_TEXT = {
     "run": "The run: its name, directory and seed.",
@@ -145,6 +157,7 @@ _SECTION_TEXT = {
     "cluster": "The Dask cluster: embedded (default) or an existing scheduler.",
     "eval": "Evaluation on `data.holdout`.",
     "checkpoint": "Checkpoints of the run (docs/checkpoints.md).",
+    "retrain": "The publish guard of `daskhps retrain` (docs/retraining.md).",
 }
 # Sample configs whose resolved values are the defaults (each holds the alternative the
 # other leaves out: train files vs generated logs, a holdout).
