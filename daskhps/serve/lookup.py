@@ -13,7 +13,8 @@
     rows displaced from the device cache go to host memory; rows displaced from host memory
     are dropped (every cached row is clean: the store or init gives it back).
 
-    refresh(newer)  open the newer commit's stores (their key index, no rows)
+    refresh(newer)  replay the key arrays of the segments the newer commit adds over the
+                    key index in memory (a rollback or branch: open its index instead)
                     changed = keys of segments only one of the two commits uses
                     cached rows of changed keys are re-read and replaced; nothing else moves
 
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 
-from daskhps.errors import DaskHPSError
+from daskhps.errors import DaskHPSError, StoreMismatchError
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import TableVersion
 from daskhps.tiers._slots import SlotCache
@@ -53,15 +54,17 @@ class RefreshReport:
         The versions before and after.
     changed_keys:
         Keys in the delta (segments written between the two commits, or used only by the
-        older); every stored key when ``full``.
+        older); every stored key when ``how`` is ``"full"``.
     replaced_rows:
         Cached rows of changed keys, re-read from the newer version and replaced.
     rows_read:
         Rows the refresh read from the stores (equals ``replaced_rows`` minus rows that are
         now unseen and come from init).
-    full:
-        True when no delta could be taken (another sharding, or the older commit's files
-        are gone) and the caches were emptied instead.
+    how:
+        ``"replay"``: the newer commit extends the older, its added segments were replayed
+        over the key index in memory; ``"diff"``: the newer commit's index was opened and
+        segment sets diffed (a rollback or branch); ``"full"``: no delta (another sharding,
+        or the older commit's files are gone), the caches were emptied.
     seconds:
         Wall time of the refresh.
     """
@@ -71,7 +74,7 @@ class RefreshReport:
     changed_keys: int
     replaced_rows: int
     rows_read: int
-    full: bool
+    how: Literal["replay", "diff", "full"]
     seconds: float
 
 
@@ -120,14 +123,21 @@ class ServingLookup:
 
     # -- lookups ---------------------------------------------------------------------------
 
-    def lookup(self, keys: torch.Tensor, *, full: bool = False) -> torch.Tensor:
-        """Rows of ``keys`` (any shape of int64 keys flattened; duplicates allowed).
+    def lookup(
+        self, keys: torch.Tensor, *, full: bool = False, unique: bool = False
+    ) -> torch.Tensor:
+        """Rows of int64 ``keys`` (1-D; duplicates allowed).
 
         Returns ``float32[n, dim]`` embedding columns, or with ``full`` the whole rows
-        (embedding and optimizer state, ``[n, width]``), on :attr:`device`.
+        (embedding and optimizer state, ``[n, width]``), on :attr:`device`. ``unique``
+        promises that ``keys`` hold no duplicate (as a batch routed by
+        :class:`~daskhps.distributed.Exchange` does), which skips deduplicating them.
         """
         keys = check_keys(keys, f"table {self.spec.name!r}: serving lookup").to(self.device)
-        ukeys, inv = torch.unique(keys, return_inverse=True)
+        if unique:
+            ukeys, inv = keys, None
+        else:
+            ukeys, inv = torch.unique(keys, return_inverse=True)
         got = self.device_cache.lookup(ukeys)
         rows, found = got.rows, got.found
         n_hit = int(found.sum())
@@ -135,7 +145,7 @@ class ServingLookup:
         if n_hit < len(ukeys):
             miss = (~found).nonzero().squeeze(1)
             rows[miss] = self._fill(ukeys[miss])
-        out = rows[inv]
+        out = rows if inv is None else rows[inv]
         return out if full else out[:, : self.spec.dim]
 
     def _fill(self, keys: torch.Tensor) -> torch.Tensor:
@@ -180,40 +190,50 @@ class ServingLookup:
         """Move to ``version`` (a newer commit of the same stores, usually) through its delta.
 
         Only cached rows of keys in the delta are re-read and replaced; every other cached
-        row stays. When no delta exists (another sharding, or the current commit's files
-        were deleted by the trainer keeping fewer checkpoints) the caches are emptied.
-        Lookups after the call return the rows of ``version``, bit for bit.
+        row stays. A commit that extends the current one (the usual next checkpoint) is
+        reached by replaying the segments it adds over the key index in memory; any other
+        (a rollback, a branch) by opening its index and diffing segment sets. When no delta
+        exists (another sharding, or the current commit's files were deleted because the
+        trainer keeps fewer checkpoints) the caches are emptied. Lookups after the call
+        return the rows of ``version``, bit for bit.
         """
         t = time.perf_counter()
         old = self._stores
-        new = ShardedStores(version)
-        full = False
-        replaced = 0
-        read_before = new.rows_read
+        old_commit = old.version.commit
+        read_before = old.rows_read
+        before = old.segment_ids()
+        changed: torch.Tensor | None
+        how: Literal["replay", "diff", "full"] = "replay"
         try:
-            changed = old.changed_keys(new)
-        except (DaskHPSError, OSError) as e:
-            log.warning("refresh to %s without a delta (caches emptied): %s", version.describe(), e)
-            changed, full = None, True
+            changed, new = old.advance(version), old
+        except StoreMismatchError:
+            how = "diff"
+            new = ShardedStores(version)
+            read_before = new.rows_read
+            try:
+                changed = old.changed_keys(before, new)
+            except (DaskHPSError, OSError) as e:
+                log.warning(
+                    "refresh to %s without a delta: caches emptied (%s)", version.describe(), e
+                )
+                changed, how = None, "full"
+            self._store_rows_read += old.rows_read
+            old.close()
+            self._stores = new
+        replaced = 0
         if changed is None:
             for cache in self._caches():
                 cache.evict(keys=cache.keys())
-            n_changed = len(new)
         else:
-            n_changed = len(changed)
             for cache in self._caches():
                 replaced += _replace(cache, changed, new)
-        rows_read = new.rows_read - read_before
-        self._store_rows_read += old.rows_read
-        old.close()
-        self._stores = new
         return RefreshReport(
-            old_commit=old.version.commit,
+            old_commit=old_commit,
             new_commit=version.commit,
-            changed_keys=n_changed,
+            changed_keys=len(new) if changed is None else len(changed),
             replaced_rows=replaced,
-            rows_read=rows_read,
-            full=full,
+            rows_read=new.rows_read - read_before,
+            how=how,
             seconds=time.perf_counter() - t,
         )
 

@@ -108,8 +108,8 @@ class Scorer:
         self._lock = threading.Lock()  # the caches are not thread-safe; the model is
 
     def _lookup(self, keys: torch.Tensor) -> torch.Tensor:
-        with self._lock:
-            return self.lookup.lookup(keys)
+        with self._lock:  # batch_forward asks for a batch's unique keys
+            return self.lookup.lookup(keys, unique=True)
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
         """Click probabilities of parsed log rows, in frame order."""

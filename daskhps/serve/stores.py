@@ -87,26 +87,54 @@ class ShardedStores:
             self.initialised += len(fresh)
         return rows
 
-    def changed_keys(self, newer: ShardedStores) -> torch.Tensor:
-        """Unique keys whose row may differ between this version and ``newer``: those of the
-        segments that only one of the two uses, rank by rank. Reads key arrays, no rows.
-
-        Raises
-        ------
-        StoreMismatchError
-            When the versions do not share a table layout and sharding (no delta exists).
-        """
-        a, b = self.version, newer.version
+    def _check_delta(self, version: TableVersion) -> None:
+        a, b = self.version, version
         if (a.spec, a.num_workers, a.num_shards) != (b.spec, b.num_workers, b.num_shards):
             raise StoreMismatchError(
                 f"no delta from {a.describe()} to {b.describe()}: the table layout or the "
                 "sharding differs; open a new lookup on the newer version instead"
             )
+
+    def segment_ids(self) -> list[frozenset[int]]:
+        """Per rank, the segments the open state reads rows from."""
+        return [s.segment_ids for s in self.stores]
+
+    def advance(self, version: TableVersion) -> torch.Tensor:
+        """Move every rank store to ``version``'s commit in place, replaying only the
+        segments it adds (:meth:`ZarrStore.advance`); returns the unique keys whose row may
+        differ.
+
+        Raises
+        ------
+        StoreMismatchError
+            No delta: another layout or sharding, or a commit that does not extend the open
+            one. Ranks advanced before the failing one stay advanced: discard this object.
+        """
+        self._check_delta(version)
         parts = [torch.empty(0, dtype=torch.int64)]
-        for old, new in zip(self.stores, newer.stores, strict=True):
-            mine, theirs = old.segment_ids, new.segment_ids
+        for store in self.stores:
+            parts.append(store.advance(version.commit))
+        self.version = version
+        return torch.unique(torch.cat(parts))
+
+    def changed_keys(self, before: list[frozenset[int]], newer: ShardedStores) -> torch.Tensor:
+        """Unique keys whose row may differ between a state of these stores that used the
+        segments ``before`` (per rank, from :meth:`segment_ids`) and ``newer``: those of the
+        segments only one of them uses. Reads key arrays, no rows.
+
+        Raises
+        ------
+        StoreMismatchError
+            The versions do not share a table layout and sharding (no delta exists).
+        StoreCorruptedError
+            A segment only the older state used was deleted (its commit was dropped).
+        """
+        self._check_delta(newer.version)
+        parts = [torch.empty(0, dtype=torch.int64)]
+        for mine, new in zip(before, newer.stores, strict=True):
+            theirs = new.segment_ids
             if mine - theirs:
-                parts.append(old.segment_keys(mine - theirs))
+                parts.append(new.segment_keys(mine - theirs))  # same folder, any segment
             if theirs - mine:
                 parts.append(new.segment_keys(theirs - mine))
         return torch.unique(torch.cat(parts))

@@ -768,19 +768,62 @@ class ZarrStore(Tier):
         return frozenset(self._chain.refs)
 
     def segment_keys(self, ids: frozenset[int] | set[int]) -> torch.Tensor:
-        """Keys held in the segments ``ids`` (a subset of :attr:`segment_ids`), concatenated;
-        reads their key arrays only, no rows."""
-        unknown = sorted(set(ids) - set(self._chain.refs))
-        if unknown:
-            raise DataError(
-                f"{self.name}: segments {unknown[:5]} are not used by the open state of "
-                f"{self.path}; pass ids from segment_ids"
-            )
+        """Keys held in the segments ``ids`` of this store (from :attr:`segment_ids` of this
+        or another commit), concatenated; reads their key arrays only, no rows. A segment
+        that no kept commit uses may have been deleted: :class:`StoreCorruptedError`."""
         parts = [np.empty(0, dtype=np.int64)]
         for sid in sorted(ids):
             seg = self._segments.get(sid) or self._load_segment(sid)
             parts.append(seg.keys.read_all())
         return torch.from_numpy(np.concatenate(parts))
+
+    def advance(self, commit: str) -> torch.Tensor:
+        """Move a read-only store to a later ``commit`` through its delta; returns the
+        (unique) keys whose row may differ: those of the segments ``commit`` adds.
+
+        Only the key arrays of the added segments (and of those it no longer uses) are
+        read, and the added ones replayed over the index in memory, instead of loading the
+        commit's whole index. That is exact when ``commit`` extends the open state: every
+        added segment is newer than every segment the open state uses, and every key whose
+        row sits in a segment ``commit`` stops using is rewritten in an added one (a
+        compaction's copies).
+
+        Raises
+        ------
+        StoreMismatchError
+            ``commit`` does not extend the open state (an earlier commit, one written from an
+            earlier commit); nothing changed: open the store at ``commit`` instead.
+        """
+        if self.mode != "r":
+            raise DataError(f"{self.name}: advance is for readers; open {self.path} with mode='r'")
+        self._manifests, self._damaged = scan_manifests(self.path / "commits")
+        m = self._choose(commit)
+        assert m is not None  # _choose raises for a missing name
+        old = self._chain.refs
+        added, gone = sorted(set(m.segments) - old), sorted(old - set(m.segments))
+        segments = {sid: self._load_segment(sid) for sid in added}
+        new_keys = [segments[sid].keys.read_all() for sid in added]
+        fresh = np.unique(np.concatenate([np.empty(0, np.int64), *new_keys]))
+        unseen = int((~self._index.get(torch.from_numpy(fresh))[1]).sum())
+        # Keys whose row sits in a dropped segment must be rewritten in an added one.
+        dropped = np.concatenate(
+            [np.empty(0, np.int64), *(self._segments[sid].keys.read_all() for sid in gone)]
+        )
+        locs, _ = self._index.get(torch.from_numpy(np.setdiff1d(dropped, fresh)))
+        orphaned = bool(np.isin((locs >> _SHIFT).numpy(), np.asarray(gone, np.int64)).any())
+        if (added and old and added[0] < max(old)) or orphaned or len(self) + unseen != m.rows:
+            raise StoreMismatchError(
+                f"{self.name}: commit {commit!r} of {self.path} does not extend the open "
+                f"state; open the store at that commit instead"
+            )
+        for sid, keys in zip(added, new_keys, strict=True):  # id order: later segments win
+            locs = (sid << _SHIFT) + torch.arange(len(keys), dtype=torch.int64)
+            self._index.put(torch.from_numpy(keys), locs)
+        for sid in gone:
+            self._forget_segment(sid)
+        self._segments.update(segments)
+        self._chain = _Chain.of(m)
+        return torch.from_numpy(fresh)
 
     @property
     def latest_commit(self) -> CommitInfo | None:

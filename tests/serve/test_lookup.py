@@ -18,7 +18,7 @@ from daskhps.errors import (
     StoreNotFoundError,
 )
 from daskhps.serve import ServingLookup, TableVersion, initial_rows
-from daskhps.table import OptimizerSpec, TableSpec
+from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from tests.serve.helpers import SPEC, bits, reference_rows, train_commit, tree_state, version
 
 N = 3000
@@ -50,8 +50,10 @@ def test_rows_equal_the_tables_own_read_only_rows(stores: Path) -> None:
         full = lk.lookup(query, full=True)
         stats = lk.stats()
         emb = lk.lookup(query)
+        distinct = lk.lookup(keys, full=True, unique=True)  # a routed batch: no dedup
     ref = reference_rows(v1, query)
     assert np.array_equal(bits(full), bits(ref))
+    assert np.array_equal(bits(distinct), bits(reference_rows(v1, keys)))
     assert np.array_equal(bits(emb), bits(ref[:, : SPEC.dim]))
     assert full.shape == (len(query), SPEC.width) and emb.shape == (len(query), SPEC.dim)
     # unseen keys read their deterministic initial value
@@ -96,7 +98,7 @@ def test_refresh_replaces_exactly_the_delta(stores: Path) -> None:
         report = lk.refresh(v2)
         assert report.changed_keys == len(changed) == 50
         assert report.replaced_rows == 50  # all of them were cached
-        assert report.rows_read == 50 and not report.full
+        assert report.rows_read == 50 and report.how == "replay"
         assert lk.stats()["store_rows_read"] == read_before + 50
         after = lk.lookup(everything, full=True)
         assert lk.stats()["store_rows_read"] == read_before + 50  # served from the cache
@@ -127,8 +129,40 @@ def test_refresh_to_a_branch_written_from_an_older_commit(tmp_path: Path) -> Non
         lk.lookup(keys)
         report = lk.refresh(version(tmp_path, "v3"))
         got = lk.lookup(keys, full=True)
-    assert report.changed_keys == 100  # v2's 100 keys (old-only segments) and v3's 10
+    assert report.changed_keys == 100  # v2's 100 keys (v2-only segments) and v3's 10
+    assert report.how == "diff"  # v3 does not extend v2: its index was opened
     assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "v3"), keys)))
+
+
+def test_refresh_across_a_compaction_replays_the_copies(tmp_path: Path) -> None:
+    """A compaction rewrites live rows into new segments and drops the old ones: the delta
+    holds the copies (same rows), and replaying them gives the compacted commit's state."""
+    gen = torch.Generator().manual_seed(6)
+    keys = torch.randint(-(2**62), 2**62, (800,), generator=gen)
+    train_commit(tmp_path, keys, "v1", seed=1)
+    with ServingLookup(version(tmp_path, "v1"), device_rows=1000) as lk:
+        lk.lookup(keys)
+        for i in range(2, 5):  # rewrite most keys: the first segments go stale
+            train_commit(tmp_path, keys[: 700 - 100 * i], f"v{i}", seed=i)
+            assert lk.refresh(version(tmp_path, f"v{i}")).how == "replay"
+        for r in range(2):
+            with EmbeddingTable.open(SPEC, tmp_path / SPEC.name / f"rank-{r}", device_rows=10) as t:
+                assert t.store.compact(min_stale=0.3).segments_rewritten > 0
+                t.commit("compacted")
+        report = lk.refresh(version(tmp_path, "compacted"))
+        got = lk.lookup(keys, full=True)
+    assert report.how == "replay" and report.changed_keys > 0
+    assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "compacted"), keys)))
+
+
+def test_advance_is_for_readers(tmp_path: Path) -> None:
+    train_commit(tmp_path, torch.arange(10), "v1", workers=1)
+    path = tmp_path / SPEC.name / "rank-0"
+    with (
+        EmbeddingTable.open(SPEC, path, device_rows=10) as t,
+        pytest.raises(DataError, match="advance is for readers"),
+    ):
+        t.store.advance("v1")
 
 
 def test_refresh_to_another_sharding_empties_the_caches(stores: Path, tmp_path: Path) -> None:
@@ -138,7 +172,7 @@ def test_refresh_to_another_sharding_empties_the_caches(stores: Path, tmp_path: 
     with ServingLookup(version(stores, "v1"), device_rows=1000) as lk:
         lk.lookup(keys)
         report = lk.refresh(one)
-        assert report.full and report.replaced_rows == 0
+        assert report.how == "full" and report.replaced_rows == 0
         got = lk.lookup(keys, full=True)
     assert np.array_equal(bits(got), bits(reference_rows(one, keys)))
 
