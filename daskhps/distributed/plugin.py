@@ -167,12 +167,14 @@ class ShardHost(WorkerPlugin):
         with stage_span("stage"), self.locked(table) as t:
             report = t.stage(keys)
         if self.monitor is not None:
-            self.monitor.note_staged(table, report.rows)
+            self.monitor.note_staged(table, report)
         return report
 
     def unpin(self, table: str) -> None:
         with self.locked(table) as t:
             t.unpin()
+        if self.monitor is not None:
+            self.monitor.note_unpinned(table)
 
     def lookup(self, table: str, keys: torch.Tensor, *, read_only: bool = False) -> torch.Tensor:
         with self.locked(table) as t:

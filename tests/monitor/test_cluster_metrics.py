@@ -21,6 +21,7 @@ from daskhps.distributed import (
     close_shards,
     commit_shards,
     open_shards,
+    shard_stats,
     stage_shards,
     start_cluster,
 )
@@ -67,6 +68,7 @@ def staged(tmp_path_factory: pytest.TempPathFactory, busy_port: int) -> Iterator
         open_shards(client, host)
         stage_shards(client, addresses, "clicks", [torch.arange(n) for n in KEYS_PER_RANK])
         commit_shards(client, addresses, "first")
+        shard_stats(client, addresses)  # as the trainer does after each pass
         yield handle
         close_shards(client, addresses)
     finally:

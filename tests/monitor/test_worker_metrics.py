@@ -42,29 +42,31 @@ def _value(worker: SimpleNamespace, figure: str) -> float:
 def test_callbacks_show_tiers_staging_and_store_traffic(host):
     h, w = host
     assert h.monitor is not None
-    h.monitor.refresh_s = 0.0  # refresh at every read in this test
+    h.monitor.refresh_s = h.monitor.store_refresh_s = 0.0  # refresh at every read here
     assert _value(w, "rows_staged") == 0 and w.metrics["daskhps_pass"](w) == -1
 
     keys = torch.arange(150)
     h.stage("clicks", keys)
-    h.apply_gradients("clicks", keys, torch.ones(150, 4))  # dirty rows, device hits
+    h.apply_gradients("clicks", keys, torch.ones(150, 4))  # dirty rows
+    assert _value(w, "pinned_rows") == 150
     h.unpin("clicks")
-    assert _value(w, "rows_staged") == 150
-    assert _value(w, "hit_rate_init") == 0.5 and _value(w, "hit_rate_device") == 0.5
+    assert _value(w, "rows_staged") == 150 and _value(w, "pinned_rows") == 0
+    assert _value(w, "hit_rate_init") == 1.0 and _value(w, "hit_rate_device") == 0.0
     assert _value(w, "rows_device") == 150 and _value(w, "bytes_device") > 0
     assert _value(w, "rows_store") == 0
 
     time.sleep(0.05)
-    h.stage("clicks", torch.arange(100, 250))  # 100 new rows push 50 dirty ones to zarr
-    h.unpin("clicks")
+    h.stage("clicks", torch.arange(100, 250))  # 50 found in the device tier, 100 new rows
+    h.unpin("clicks")  # ... pushed 50 dirty rows down to zarr (no host tier)
     assert _value(w, "rows_store") == 50 and _value(w, "rows_device") == 200
     assert _value(w, "store_rows_written_per_s") > 0
     on_disk = h.tables["clicks"].store.keys()
     h.stage("clicks", on_disk)  # read back from zarr
     assert _value(w, "rows_staged") == 350 and _value(w, "pinned_rows") == 50
-    # rows from: device 150 + 50, init 150 + 100, store 50
-    assert _value(w, "hit_rate_store") == pytest.approx(50 / 500, abs=1e-4)
-    assert _value(w, "hit_rate_init") == pytest.approx(250 / 500, abs=1e-4)
+    # found in: device 50, store 50, none (init) 150 + 100
+    assert _value(w, "hit_rate_device") == pytest.approx(50 / 350, abs=1e-4)
+    assert _value(w, "hit_rate_store") == pytest.approx(50 / 350, abs=1e-4)
+    assert _value(w, "hit_rate_init") == pytest.approx(250 / 350, abs=1e-4)
     assert _value(w, "store_rows_read_per_s") > 0 and _value(w, "bytes_store") > 0
 
 
@@ -72,12 +74,12 @@ def test_a_busy_table_keeps_its_last_figures_without_waiting(host):
     h, w = host
     h.monitor.refresh_s = 0.0
     h.stage("clicks", torch.arange(10))
-    assert _value(w, "pinned_rows") == 10
+    assert _value(w, "rows_device") == 10
     holding, release = threading.Event(), threading.Event()
 
     def train() -> None:
         with h.locked("clicks") as t:
-            t.unpin()
+            t.stage(torch.arange(10, 30))
             holding.set()
             release.wait(5)
 
@@ -86,12 +88,12 @@ def test_a_busy_table_keeps_its_last_figures_without_waiting(host):
     holding.wait(5)
     try:
         t0 = time.perf_counter()
-        assert _value(w, "pinned_rows") == 10  # the last snapshot, not the locked table
+        assert _value(w, "rows_device") == 10  # the last snapshot, not the locked table
         assert time.perf_counter() - t0 < 0.1
     finally:
         release.set()
         thread.join()
-    assert _value(w, "pinned_rows") == 0  # lock free again: refreshed
+    assert _value(w, "rows_device") == 30  # lock free again: refreshed
 
 
 def test_refresh_is_rate_limited(host):
@@ -99,9 +101,22 @@ def test_refresh_is_rate_limited(host):
     h.monitor.refresh_s = 60.0
     h.monitor.refresh(force=True)
     h.stage("clicks", torch.arange(10))
-    assert _value(w, "pinned_rows") == 0  # not yet refreshed
+    assert _value(w, "rows_device") == 0  # not yet refreshed
     h.monitor.refresh(force=True)
-    assert _value(w, "pinned_rows") == 10
+    assert _value(w, "rows_device") == 10
+
+
+def test_shard_stats_refresh_the_store_figures_at_once(host):
+    h, w = host
+    h.monitor.refresh_s = h.monitor.store_refresh_s = 60.0
+    h.monitor.refresh(force=True)
+    before = _value(w, "bytes_store")
+    h.stage("clicks", torch.arange(100))
+    h.apply_gradients("clicks", torch.arange(100), torch.ones(100, 4))
+    h.commit("c1")  # the 100 dirty rows written to zarr
+    assert _value(w, "bytes_store") == before  # the periodic refresh is not due
+    h.stats()  # the trainer's per-pass shard_stats: the lock is held anyway
+    assert _value(w, "bytes_store") > before and _value(w, "rows_store") == 100
 
 
 def test_prometheus_lists_the_worker_then_forgets_it(tmp_path):
