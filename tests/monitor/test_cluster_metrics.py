@@ -26,7 +26,8 @@ from daskhps.distributed import (
     start_cluster,
 )
 from daskhps.distributed.cluster import ClusterHandle
-from daskhps.monitor import metric_name
+from daskhps.distributed.comm import init_comm
+from daskhps.monitor import announce_pass, metric_name
 from daskhps.table import OptimizerSpec, TableSpec
 
 pytestmark = [
@@ -151,3 +152,38 @@ def test_dashboard_stays_on_localhost_and_moves_off_a_taken_port(staged, busy_po
     with urllib.request.urlopen(f"http://127.0.0.1:{link.port}/health", timeout=10) as r:
         assert r.read() == b"ok"
     assert re.match(r"tcp://127\.0\.0\.1:\d+", staged.addresses[0])  # workers too
+
+
+def _sleep_a_little(comm: Any) -> int:
+    time.sleep(0.05)
+    return comm.rank
+
+
+def test_collective_tasks_are_metered_as_train_and_eval_and_the_pass_is_shown(staged):
+    client, addresses = staged.client, list(staged.addresses)
+    with init_comm(client, addresses, timeout_s=30) as group:
+        assert group.run(_sleep_a_little, what="train pass") == [0, 1]
+        group.run(_sleep_a_little, what="evaluate")
+    announce_pass(client, addresses, 7)
+
+    def cumulative(dask_scheduler: Any) -> dict:
+        return dict(dask_scheduler.cumulative_worker_metrics)
+
+    deadline = time.monotonic() + 15
+    while True:  # digests reach the scheduler with the workers' heartbeats
+        metrics = staged.client.run_on_scheduler(cumulative)
+        seconds = {
+            (k[1], k[2]): v
+            for k, v in metrics.items()
+            if isinstance(k, tuple) and k[0] == "execute" and k[-1] == "seconds"
+        }
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        passes = [info[a]["metrics"].get("daskhps_pass") for a in addresses]
+        # "evaluate" is 8 letters starting like hex: Dask's key_split drops it from the prefix
+        done = ("daskhps", "eval") in seconds and passes == [7, 7]
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert seconds[("daskhps-train-pass", "train")] >= 2 * 0.05 * 0.9  # both ranks
+    assert seconds[("daskhps", "eval")] >= 2 * 0.05 * 0.9
+    assert passes == [7, 7]
