@@ -96,6 +96,19 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="a run directory or one of its checkpoints")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from daskhps.training.inspection import describe, render
+
+    info = describe(args.path)
+    print(json.dumps(info, indent=2) if args.json else render(info))
+    return 0
+
+
 def _config_commands() -> Any:
     # Imported on use: the config package imports torch (model specs), which `generate`
     # does not need.
@@ -140,6 +153,12 @@ COMMANDS: dict[str, Command] = {
         "validate a run config and print it with every default filled in, as YAML",
         lambda p: _config_commands().add_config_arguments(p),
         lambda args: _config_commands().run_config(args),
+    ),
+    "inspect": Command(
+        "inspect",
+        "what a checkpoint (or a run's checkpoints) holds: passes, days, rows, sizes, metrics",
+        _inspect_arguments,
+        _inspect,
     ),
     "predict": Command(
         "predict",

@@ -22,12 +22,13 @@ __all__ = ["run", "train"]
 log = logging.getLogger("daskhps.pipelines.train")
 
 
-def train(config: RunConfig, *, progress: bool | None = None) -> RunResult:
-    """Train as ``config`` says; returns the per-pass records and final evaluation."""
+def train(config: RunConfig, *, progress: bool | None = None, resume: bool = False) -> RunResult:
+    """Train as ``config`` says (``resume``: continue the run in ``run.dir`` from its latest
+    checkpoint); returns the per-pass records and final evaluation."""
     if config.run.quiet:
         quiet_run()  # no Dask chatter: warnings and errors only
     echo = None if config.run.quiet else (lambda message: print(message, file=sys.stderr))
-    return Trainer(config, progress=progress, echo=echo).run()
+    return Trainer(config, progress=progress, echo=echo).run(resume=resume)
 
 
 def _ceiling(config: RunConfig) -> float | None:
@@ -55,14 +56,7 @@ def _report(result: RunResult, ceiling: float | None) -> Path | None:
 
 def run(config: RunConfig, resume: bool = False) -> int:
     """Run the job; returns the process exit code."""
-    if resume:
-        print(
-            "daskhps train: error: --resume needs checkpoints, which this version does not "
-            "write yet; start the run again without --resume",
-            file=sys.stderr,
-        )
-        return 2
-    result = train(config)
+    result = train(config, resume=resume)
     final = result.final_eval
     ceiling = _ceiling(config)
     report = _report(result, ceiling)

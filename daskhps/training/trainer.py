@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -41,14 +42,18 @@ from daskhps.distributed import (
 )
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import CommGroup
-from daskhps.errors import CapacityError
+from daskhps.errors import CapacityError, ResumeError
 from daskhps.monitor import announce_pass
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
+from daskhps.training import resume as resuming
 from daskhps.training import worker
+from daskhps.training.checkpoint import Checkpoint, latest_checkpoint
+from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.examples import route_examples
 from daskhps.training.holdout import read_train_and_holdout
+from daskhps.training.killpoints import kill_point, kill_when_running
 from daskhps.training.metrics import evaluate_predictions
 
 __all__ = ["RunResult", "Trainer"]
@@ -91,6 +96,7 @@ class _Prepared:
     spec: PassSpec
     keys: tuple[Any, ...]
     examples: tuple[Any, ...]
+    position: int = 0  # in the run's schedule (over all epochs)
     staged: bool = False
     reports: list[StageReport] = field(default_factory=list)
     late: list[StageReport] = field(default_factory=list)
@@ -100,6 +106,7 @@ class _Prepared:
         """Stage (or re-pin) the pass's keys; rows evicted since an early staging come back."""
         t = time.perf_counter()
         reports = stage_shards(ctx.client, ctx.addresses, table, self.keys)
+        kill_point("stage", self.position)
         if self.staged:
             self.late = reports
         else:
@@ -136,20 +143,27 @@ class Trainer:
         self.run_dir = Path(config.run.dir)
         self.progress = (not config.run.quiet) if progress is None else progress
         self.run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+        self._ckpt: Checkpoint | None = None  # the checkpoint a resume starts from
+        self._stores = Path(config.table.tiers.store_dir)  # the stores trained in
 
     # -- setup -------------------------------------------------------------------
 
     def _start_cluster(self) -> ClusterHandle:
         c = self.config.cluster
-        return start_cluster(
-            address=c.address,
-            n_workers=c.n_workers if c.address is None else None,
-            threads_per_worker=c.threads_per_worker,
-            memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
-            processes=c.processes,
-            gpus=c.gpu if c.gpu in (True, False, "auto") else "auto",  # type: ignore[arg-type]
-            dashboard_address=c.dashboard_address,
-        )
+        # The client refreshes its cached scheduler_info() in the background with no worker
+        # details; a refresh landing between scheduler_info(n_workers=-1) and its return
+        # makes every worker look gone (WorkerLostError in the middle of a run). Refresh
+        # only on request.
+        with dask.config.set({"distributed.client.scheduler-info-interval": "30d"}):
+            return start_cluster(
+                address=c.address,
+                n_workers=c.n_workers if c.address is None else None,
+                threads_per_worker=c.threads_per_worker,
+                memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
+                processes=c.processes,
+                gpus=c.gpu if c.gpu in (True, False, "auto") else "auto",  # type: ignore[arg-type]
+                dashboard_address=c.dashboard_address,
+            )
 
     def _sizing(self) -> TierSizing:
         tiers = self.config.table.tiers
@@ -161,19 +175,21 @@ class Trainer:
 
     # -- the run -----------------------------------------------------------------
 
-    def run(self) -> RunResult:
+    def run(self, resume: bool = False) -> RunResult:
+        """Train; with ``resume``, continue from the run directory's latest checkpoint."""
         cfg = self.config
         from daskhps.capacity import check_fits
 
         check_fits(cfg)  # refuse a run that cannot fit before any file or worker: plan's message
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._ckpt = self._resume_point() if resume else None
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         if cfg.data.generate is not None:
             cfg.data.generate.ensure(progress=self.progress)
-        stores = Path(cfg.table.tiers.store_dir)
-        if stores.exists():
-            log.warning("starting a new run: removing the stores of an earlier run in %s", stores)
-            shutil.rmtree(stores)
+        if self._ckpt is None:
+            resuming.clear_earlier_run(self.run_dir, cfg.table.tiers.store_dir)
+        else:
+            resuming.wait_for_stores(self._ckpt)  # the killed run's workers may still exit
         result = RunResult(self.run_dir)
         # Read (lazily) before the cluster starts: paths that match nothing fail in a second.
         logs = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
@@ -183,13 +199,15 @@ class Trainer:
             addresses = list(handle.addresses)
             client = handle.client
             spec = cfg.table_spec()
+            self._stores = self._stores_dir(len(addresses))
             host = ShardHost(
                 [spec],
-                stores,
+                self._stores,
                 addresses,
                 self._sizing(),
                 policy=cfg.table.tiers.policy,  # type: ignore[arg-type]
                 mode="a",
+                commit=self._ckpt.commit if self._ckpt is not None else None,
             )
             group = init_comm(
                 client,
@@ -208,6 +226,33 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(json.dumps(self._summary(result), indent=2))
         return result
 
+    def _resume_point(self) -> Checkpoint:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise ResumeError(
+                f"cannot resume: {self.run_dir}/checkpoints holds no complete checkpoint; "
+                "start the run without --resume"
+            )
+        changes = resuming.check_resume(ckpt, self.config)
+        accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        self.echo(
+            f"resuming from {ckpt.path} ({ckpt.passes_done} passes done)"
+            + (f"; changed: {accepted}" if accepted else "")
+        )
+        return ckpt
+
+    def _stores_dir(self, num_workers: int) -> Path:
+        """The stores to train in: the config's for a new run, the checkpoint's on resume,
+        re-sharded from the checkpoint's when the number of workers changed."""
+        ckpt = self._ckpt
+        if ckpt is None:
+            return Path(self.config.table.tiers.store_dir)
+        if ckpt.num_workers == num_workers:
+            return ckpt.stores_dir
+        out = resuming.resharded_dir(self.config.table.tiers.store_dir, ckpt, num_workers)
+        self.echo(f"re-sharding {ckpt.name} from {ckpt.num_workers} to {num_workers} workers")
+        return resuming.reshard(ckpt, num_workers, out)
+
     def _train(
         self,
         client: Any,
@@ -222,6 +267,12 @@ class Trainer:
         train_log, holdout_log = logs
         train_log = train_log.persist()
         plan = build_plan(train_log, cfg.passes.plan, W, seed=cfg.run.seed)
+        fingerprint = resuming.plan_fingerprint(
+            plan.files, plan.partition_lengths, len(plan.passes)
+        )
+        ckpt = self._ckpt
+        if ckpt is not None:
+            resuming.check_plan(ckpt, fingerprint)
         report = train_log.compute_report()
         report.log_summary(log)
         bad_by_pass = _bad_rows_by_pass(report.by_shard(), plan)
@@ -244,10 +295,45 @@ class Trainer:
         group.run(worker.setup_trainer, setup, what="build dense replicas")
         schedule = [(epoch, spec) for epoch in range(cfg.passes.epochs) for spec in plan.passes]
         total_steps = sum(spec.num_batches for _, spec in schedule)
-        step = 0
+        done = ckpt.passes_done if ckpt is not None else 0
         metrics_path = self.run_dir / "metrics.jsonl"
-        metrics_path.write_text("")
-        bar = tqdm(total=total_steps, unit="batch", disable=not self.progress, desc="training")
+        if ckpt is not None:
+            if done > len(schedule):
+                raise ResumeError(
+                    f"cannot resume from {ckpt.path}: it is {done} passes in, but the config "
+                    f"schedules {len(schedule)}; keep passes.epochs >= {ckpt.config.passes.epochs}"
+                )
+            group.run(
+                worker.load_dense_checkpoint,
+                self.run_id,
+                ckpt.dense_state(),
+                ckpt.optimizer_state(),
+                ckpt.rng_states(),
+                what="restore dense replicas",
+            )
+            result.passes.extend(resuming.restore_metrics(metrics_path, done))
+        else:
+            metrics_path.write_text("")
+        step = sum(spec.num_batches for _, spec in schedule[:done])
+        days = sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))})
+        checkpointer = Checkpointer(
+            cfg,
+            self.run_dir,
+            client,
+            group,
+            addresses,
+            self.run_id,
+            self._stores,
+            days,
+            fingerprint,
+        )
+        bar = tqdm(
+            total=total_steps,
+            initial=step,
+            unit="batch",
+            disable=not self.progress,
+            desc="training",
+        )
         ctx = _PassContext(client, group, addresses, train_log, plan, shard_map)
         # Pass k+1 is read, hashed, deduplicated, shuffled and staged on a driver thread while
         # pass k trains on the workers (Baidu's pipeline). That needs a second thread on every
@@ -261,15 +347,20 @@ class Trainer:
             )
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daskhps-prepare")
         try:
-            upcoming = pool.submit(self._prepare, ctx, schedule[0][1]) if schedule else None
-            for i, (epoch, spec) in enumerate(schedule):
+            upcoming = (
+                pool.submit(self._prepare, ctx, schedule[done][1], done)
+                if done < len(schedule)
+                else None
+            )
+            for i in range(done, len(schedule)):
+                epoch, spec = schedule[i]
                 assert upcoming is not None
                 prepared = upcoming.result()
                 if not prepared.staged:
                     prepared.stage_now(ctx, table)
                 has_next = i + 1 < len(schedule)
                 ahead = (
-                    pool.submit(self._prepare, ctx, schedule[i + 1][1])
+                    pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
                     if pipelined and has_next
                     else None
                 )
@@ -277,7 +368,7 @@ class Trainer:
                 announce_pass(client, addresses, spec.index)  # the dashboard's pass column
                 rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
                 if has_next:
-                    upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1])
+                    upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
                 # skipped rows are counted when their file is first read: in the first epoch
                 skipped = bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
                 rec.update(epoch=epoch, bad_rows_skipped=skipped)
@@ -287,10 +378,14 @@ class Trainer:
                 result.passes.append(rec)
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
+                pos = Position(i + 1, len(schedule), epoch, spec.index, step)
+                if checkpointer.due(pos):
+                    checkpointer.take(pos, rec)
         finally:
             bar.close()
             pool.shutdown(wait=True, cancel_futures=True)
-        commit_shards(client, addresses, "end", {"passes": len(result.passes)})
+        if not cfg.checkpoint.enabled:  # else the last checkpoint committed the final rows
+            commit_shards(client, addresses, "end", {"passes": len(result.passes)})
         if result.passes:
             result.final_eval = result.passes[-1].get("eval", {})
         result.dense_state = group.run(worker.model_state, self.run_id, what="dense weights")[0]
@@ -308,7 +403,7 @@ class Trainer:
         placed = place_on_workers(client, routed, addresses)
         return {"futures": placed.futures, "batch_size": bs, "num_batches": -(-n // bs), "n": n}
 
-    def _prepare(self, ctx: _PassContext, spec: PassSpec) -> _Prepared:
+    def _prepare(self, ctx: _PassContext, spec: PassSpec, position: int) -> _Prepared:
         """Route a pass's keys to their owners and its examples to their workers, and try to
         stage the keys (pinned) while the previous pass may still hold its own pins."""
         cfg = self.config
@@ -326,12 +421,13 @@ class Trainer:
             order=spec.order() if spec.shuffled else None,
         )
         examples = place_on_workers(ctx.client, routed, ctx.addresses)
-        prepared = _Prepared(spec, keys.futures, examples.futures)
+        prepared = _Prepared(spec, keys.futures, examples.futures, position)
         prepared.seconds["route"] = time.perf_counter() - t
         t = time.perf_counter()
         try:
             prepared.reports = stage_shards(ctx.client, ctx.addresses, table, keys.futures)
             prepared.staged = True
+            kill_point("stage", position)
         except CapacityError as e:
             # Both working sets do not fit the device tier together: stage after the previous
             # pass unpins.
@@ -361,6 +457,7 @@ class Trainer:
         }
         seconds = dict(prepared.seconds)
         t = time.perf_counter()
+        kill_when_running(ctx.client, "daskhps-train-pass-", len(ctx.addresses), prepared.position)
         outs = ctx.group.run(
             worker.train_pass,
             self.run_id,
@@ -429,6 +526,9 @@ class Trainer:
                 else None
             ),
         }
+
+
+_DAY = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
 
 
 def _bad_rows_by_pass(

@@ -13,6 +13,7 @@ One mini-batch, on every rank in lockstep::
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import defaultdict
@@ -37,8 +38,10 @@ __all__ = [
     "TrainSetup",
     "bag_pooling",
     "batch_forward",
+    "dense_checkpoint",
     "drop_trainer",
     "eval_pass",
+    "load_dense_checkpoint",
     "model_state",
     "pull_batch",
     "setup_trainer",
@@ -208,6 +211,31 @@ def model_state(comm: Comm, run_id: str) -> dict[str, torch.Tensor]:
     """This rank's dense weights (identical on every rank)."""
     rep = _replica(comm, run_id)
     return {k: v.detach().clone() for k, v in rep.model.state_dict().items()}
+
+
+def dense_checkpoint(comm: Comm, run_id: str) -> dict[str, Any]:
+    """This rank's dense model and optimizer state and its torch RNG state, for a checkpoint."""
+    rep = _replica(comm, run_id)
+    return {
+        "model": {k: v.detach().clone() for k, v in rep.model.state_dict().items()},
+        "optimizer": copy.deepcopy(rep.opt.state_dict()),
+        "rng": torch.get_rng_state(),
+    }
+
+
+def load_dense_checkpoint(
+    comm: Comm, run_id: str, model: dict, optimizer: dict, rng: list[torch.Tensor]
+) -> None:
+    """Restore a checkpoint's dense state into this rank's replica. The learning rate and
+    weight decay stay this run's (a resume may change them); RNG states only come back when
+    the worker count is unchanged."""
+    rep = _replica(comm, run_id)
+    rep.model.load_state_dict(model)
+    rep.opt.load_state_dict(optimizer)
+    for group in rep.opt.param_groups:
+        group["lr"], group["weight_decay"] = rep.setup.lr, rep.setup.weight_decay
+    if len(rng) == comm.world_size:
+        torch.set_rng_state(rng[comm.rank])
 
 
 def train_step(

@@ -1,0 +1,188 @@
+"""The trainer's side of checkpoints: take one of a live run, keep the newest few.
+
+One checkpoint, in the order that makes a crash at any moment harmless::
+
+    dense state of the replicas ──► dense.pt, state.json         (folder still invisible)
+    [base: compact every shard store]
+    commit every shard store as <name> (flushes dirty rows: a delta's rows are those written
+                                        since the previous commit)
+    MANIFEST.json, written last by atomic rename ──► visible
+    drop checkpoints beyond ``keep``: their folders, then the store commits only they used
+
+A crash before the manifest leaves the previous checkpoint as the latest; the store commit of
+the torn one is replaced when the resumed run commits that name again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from daskhps.config import RunConfig
+from daskhps.distributed import commit_shards, shard_stats
+from daskhps.distributed.comm import CommGroup
+from daskhps.distributed.plugin import compact_shards, drop_commits_before
+from daskhps.errors import CheckpointError
+from daskhps.training import worker
+from daskhps.training.checkpoint import (
+    Checkpoint,
+    checkpoint_name,
+    finish_checkpoint,
+    list_checkpoints,
+    remove_checkpoint,
+    start_checkpoint,
+    write_payload,
+)
+from daskhps.training.killpoints import kill_point
+
+__all__ = ["Checkpointer", "Position"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the run stands once a pass is done: ``passes_done`` passes of ``total_passes``,
+    the last of them pass ``pass_index`` of epoch ``epoch``, ``step`` optimizer steps taken."""
+
+    passes_done: int
+    total_passes: int
+    epoch: int
+    pass_index: int
+    step: int
+
+
+class Checkpointer:
+    """Takes the checkpoints of one run (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        client: Any,
+        group: CommGroup,
+        addresses: list[str],
+        run_id: str,
+        stores_dir: Path,
+        days: list[str] | None = None,
+        plan: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.client = client
+        self.group = group
+        self.addresses = addresses
+        self.run_id = run_id
+        self.stores_dir = stores_dir
+        self.days = list(days or [])
+        self.plan = plan  # identifies the plan's input; a resume checks it
+
+    def due(self, pos: Position) -> bool:
+        return self.config.checkpoint.due(pos.passes_done, pos.passes_done == pos.total_passes)
+
+    def kind(self, passes_done: int) -> str:
+        """Every ``full_every``-th checkpoint of the run (the first included) is a base."""
+        c = self.config.checkpoint
+        ordinal = math.ceil(passes_done / c.every_passes) - 1
+        return "base" if ordinal % c.full_every == 0 else "delta"
+
+    def take(self, pos: Position, record: dict[str, Any]) -> Checkpoint:
+        """Checkpoint the run after ``pos.passes_done`` passes; ``record`` is the last pass's
+        metrics line. Raises :class:`CheckpointError`; earlier checkpoints stay intact."""
+        name = checkpoint_name(pos.passes_done)
+        kind = self.kind(pos.passes_done)
+        at = pos.passes_done - 1  # schedule position of the pass just done (kill points)
+        dense = self.group.run(worker.dense_checkpoint, self.run_id, what="dense state")
+        folder = start_checkpoint(self.run_dir, name)
+        try:
+            files = write_payload(
+                folder,
+                model=dense[0]["model"],
+                optimizer=dense[0]["optimizer"],
+                rng=[d["rng"] for d in dense],
+                state={
+                    "epoch": pos.epoch,
+                    "pass": pos.pass_index,
+                    "passes_done": pos.passes_done,
+                    "step": pos.step,
+                    "record": record,
+                },
+            )
+            kill_point("checkpoint_dense", at)
+            try:
+                if kind == "base":
+                    compact_shards(self.client, self.addresses)
+                commit_shards(self.client, self.addresses, name, {"checkpoint": name})
+            except Exception as e:  # a worker's OSError (disk full) arrives with its type
+                raise CheckpointError(
+                    f"checkpoint {folder}: committing the table shards failed: {e}; the "
+                    "previous checkpoint is intact: free disk space, then resume with --resume"
+                ) from e
+            kill_point("checkpoint_commit", at)
+            stats = shard_stats(self.client, self.addresses)
+            ckpt = finish_checkpoint(folder, files, self._fields(pos, kind, record, stats))
+        except BaseException:
+            remove_checkpoint(folder)  # never half of one on disk (it would not load anyway)
+            raise
+        kill_point("after_checkpoint", at)
+        self.prune()
+        return ckpt
+
+    def _fields(
+        self, pos: Position, kind: str, record: dict[str, Any], stats: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        cfg = self.config
+        table = cfg.table.name
+        shards = []
+        for s in stats:
+            t = s["tables"][table]
+            shards.append(
+                {
+                    "rank": s["rank"],
+                    "device_rows": int(t["device"].get("rows", 0)),
+                    "host_rows": int(t.get("host", {}).get("rows", 0)),
+                    "store_bytes": int(t["store"].get("bytes_on_disk", 0)),
+                }
+            )
+        return {
+            "kind": kind,
+            "passes_done": pos.passes_done,
+            "epoch": pos.epoch,
+            "pass": pos.pass_index,
+            "step": pos.step,
+            "commit": checkpoint_name(pos.passes_done),
+            "stores_dir": str(self.stores_dir.resolve()),
+            "num_workers": len(self.addresses),
+            "num_shards": cfg.passes.plan.num_shards,
+            "table": cfg.table_spec().layout(),
+            "config": cfg.to_dict(),
+            "metrics": record.get("eval", {}),
+            "train_loss": record.get("train_loss"),
+            "days": self.days,
+            "plan": self.plan,
+            "shards": shards,
+        }
+
+    def prune(self) -> list[str]:
+        """Delete checkpoints beyond ``checkpoint.keep`` (oldest first), the store commits
+        only they used, and stores no kept checkpoint uses; returns the removed names."""
+        kept = list_checkpoints(self.run_dir)
+        extra = kept[: max(0, len(kept) - self.config.checkpoint.keep)]
+        for c in extra:
+            remove_checkpoint(c.path)
+        kept = kept[len(extra) :]
+        live = self.stores_dir.resolve()
+        ours = [c for c in kept if c.stores_dir.resolve() == live]
+        if extra and ours:
+            drop_commits_before(self.client, self.addresses, ours[0].commit)
+        used = {c.stores_dir.resolve() for c in kept} | {live}
+        for c in extra:
+            if c.stores_dir.resolve() not in used and c.stores_dir.exists():
+                log.info("removing stores %s: no kept checkpoint uses them", c.stores_dir)
+                shutil.rmtree(c.stores_dir, ignore_errors=True)
+                used.add(c.stores_dir.resolve())
+        return [c.name for c in extra]

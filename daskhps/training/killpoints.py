@@ -1,0 +1,86 @@
+"""Named kill points: the driver SIGKILLs itself at a chosen moment, for crash-resume tests.
+
+``DASKHPS_KILL_AT=<point>[:<n>]`` names the point and, optionally, the pass: ``n`` is the
+pass's 0-based position in the run's schedule (over all epochs); without it the first time
+the point is reached. Points, in the order one pass meets them::
+
+    stage              the pass's keys were just staged on the workers (maybe while the
+                       previous pass trains)
+    mid_pass           the pass's training tasks are running on every worker
+    checkpoint_dense   the checkpoint's dense.pt and state.json are written, nothing else
+    checkpoint_commit  the table shards committed the checkpoint, its manifest is not written
+    after_checkpoint   the checkpoint is complete
+
+Tests reach each moment through these names, never through timers. Unset, nothing happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from daskhps.errors import ConfigError
+
+__all__ = ["ENV", "POINTS", "kill_point", "kill_when_running"]
+
+ENV = "DASKHPS_KILL_AT"
+POINTS = ("stage", "mid_pass", "checkpoint_dense", "checkpoint_commit", "after_checkpoint")
+
+log = logging.getLogger(__name__)
+
+
+def _armed() -> tuple[str, int | None] | None:
+    spec = os.environ.get(ENV, "").strip()
+    if not spec:
+        return None
+    point, _, n = spec.partition(":")
+    if point not in POINTS or (n and not n.isdigit()):
+        raise ConfigError(
+            f"{ENV}={spec!r}: expected <point>[:<pass>] with point one of {', '.join(POINTS)} "
+            "and pass a whole number; unset it to run normally"
+        )
+    return point, int(n) if n else None
+
+
+def armed_at(point: str, position: int) -> bool:
+    """Whether :envvar:`DASKHPS_KILL_AT` names ``point`` at schedule position ``position``."""
+    armed = _armed()
+    return armed is not None and armed[0] == point and armed[1] in (None, position)
+
+
+def _die(point: str, position: int) -> None:
+    log.warning("%s: killing the driver at %s of pass %d", ENV, point, position)
+    logging.shutdown()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_point(point: str, position: int) -> None:
+    """SIGKILL this process if :envvar:`DASKHPS_KILL_AT` names this point and pass."""
+    if armed_at(point, position):
+        _die(point, position)
+
+
+def kill_when_running(client: Any, key_prefix: str, workers: int, position: int) -> None:
+    """Arm ``mid_pass``: once a task whose key starts with ``key_prefix`` is executing on each
+    of ``workers`` workers, SIGKILL the driver (watched from a daemon thread)."""
+    if not armed_at("mid_pass", position):
+        return
+
+    def executing(dask_worker: Any) -> int:
+        return sum(1 for ts in dask_worker.state.executing if str(ts.key).startswith(key_prefix))
+
+    def watch() -> None:
+        while True:
+            try:
+                counts = client.run(executing)
+            except Exception:  # the cluster is still settling: look again
+                counts = {}
+            if sum(1 for c in counts.values() if c) >= workers:
+                _die("mid_pass", position)
+            time.sleep(0.005)
+
+    threading.Thread(target=watch, name="daskhps-kill-mid-pass", daemon=True).start()

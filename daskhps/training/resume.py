@@ -1,0 +1,235 @@
+"""Resuming a run: which config changes a resume accepts, and re-sharding the table stores
+when the number of workers changed.
+
+A resume replays the rest of the plan from a checkpoint, so whatever decides the plan or the
+meaning of the stored rows must not change (data, passes, dims, optimizer kinds, seeds); what
+only decides speed or reporting may (cluster, tiers, eval, checkpoint settings), and so may
+the learning rates. ``passes.epochs`` may grow (more passes are appended to the schedule).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from daskhps.config import RunConfig
+from daskhps.errors import ResumeError, StoreLockedError
+from daskhps.sharding import ShardMap
+from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.training.checkpoint import Checkpoint, checkpoints_dir, remove_checkpoint
+
+__all__ = [
+    "ACCEPTED",
+    "check_plan",
+    "check_resume",
+    "clear_earlier_run",
+    "config_changes",
+    "plan_fingerprint",
+    "reshard",
+    "resharded_dir",
+    "restore_metrics",
+    "wait_for_stores",
+]
+
+log = logging.getLogger(__name__)
+
+# Dotted keys (or prefixes ending in ".") a resume may change.
+ACCEPTED = (
+    "run.name",
+    "run.dir",
+    "run.quiet",
+    "data.generate.workers",
+    "passes.epochs",
+    "passes.shuffle_method",
+    "table.optimizer.lr",
+    "table.tiers.",
+    "dense_optimizer.lr",
+    "dense_optimizer.weight_decay",
+    "dense_optimizer.grad_clip_norm",
+    "cluster.",
+    "eval.",
+    "checkpoint.",
+)
+_ROWS_PER_READ = 1 << 20
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (checkpoint's value, new value)}`` of every leaf that differs."""
+    a, b = _flatten(old.to_dict()), _flatten(new.to_dict())
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _accepted(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in ACCEPTED)
+
+
+def check_resume(ckpt: Checkpoint, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """The accepted changes from ``ckpt``'s config to ``new``; :class:`ResumeError` naming
+    every refused one (and what would fix it) otherwise."""
+    changes = config_changes(ckpt.config, new)
+    refused = {k: v for k, v in changes.items() if not _accepted(k)}
+    if refused:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+        raise ResumeError(
+            f"cannot resume from {ckpt.path}: the config changed where a resume must not "
+            f"({listed}); these decide the plan or the meaning of the stored rows. Put the "
+            "checkpoint's values back to resume, or start a new run (without --resume, or "
+            "with another run.dir)"
+        )
+    return changes
+
+
+def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
+    """Write the rows of ``ckpt``'s stores into ``num_workers`` new rank stores under
+    ``out_dir``, each committed as ``ckpt.commit``; returns ``out_dir``.
+
+    Every old rank store is read read-only at the checkpoint's commit, in blocks of rows;
+    each row goes to the new owner of its virtual shard (``ShardMap(num_shards,
+    num_workers)``). The old stores are not touched.
+    """
+    spec = ckpt.table_spec
+    new_map = ShardMap(ckpt.num_shards, num_workers)
+    name, width, layout = f"{spec.name}/zarr", spec.width, spec.layout()
+    dst = [
+        ZarrStore.open(
+            out_dir / spec.name / f"rank-{r}",
+            name=name,
+            width=width,
+            layout=layout,
+            mode="w",
+            overwrite=True,
+        )
+        for r in range(num_workers)
+    ]
+    moved = 0
+    try:
+        for r in range(ckpt.num_workers):
+            with ZarrStore.open(
+                ckpt.store_path(r),
+                name=name,
+                width=width,
+                layout=layout,
+                mode="r",
+                commit=ckpt.commit,
+            ) as src:
+                keys = src.keys()
+                for a in range(0, int(keys.shape[0]), _ROWS_PER_READ):
+                    part = keys[a : a + _ROWS_PER_READ]
+                    rows = src.lookup(part).rows
+                    owner = new_map.worker(part)
+                    for w in range(num_workers):
+                        sel = owner == w
+                        if bool(sel.any()):
+                            dst[w].upsert(part[sel], rows[sel])
+                    moved += int(part.shape[0])
+        for d in dst:
+            d.commit(ckpt.commit, {"checkpoint": ckpt.commit, "resharded_from": ckpt.num_workers})
+    finally:
+        for d in dst:
+            d.close()
+    log.info(
+        "re-sharded %d rows of %s from %d to %d workers into %s",
+        *(moved, ckpt.name, ckpt.num_workers, num_workers, out_dir),
+    )
+    return out_dir
+
+
+# -- the trainer's resume steps ------------------------------------------------------------
+
+
+def resharded_dir(store_dir: str | Path, ckpt: Checkpoint, num_workers: int) -> Path:
+    """Where a resume with another worker count writes its stores (beside ``store_dir``)."""
+    return Path(f"{store_dir}-resharded-{ckpt.name}-w{num_workers}")
+
+
+def clear_earlier_run(run_dir: Path, store_dir: str | Path) -> None:
+    """A new run (no ``--resume``) starts empty: remove an earlier run's stores (re-sharded
+    ones too) and its checkpoints, which would name commits the new stores lack."""
+    store_dir = Path(store_dir)
+    for old in [store_dir, *store_dir.parent.glob(f"{store_dir.name}-resharded-*")]:
+        if old.exists():
+            log.warning("starting a new run: removing the stores of an earlier run in %s", old)
+            shutil.rmtree(old)
+    found = checkpoints_dir(run_dir)
+    if found.exists():
+        log.warning("starting a new run: removing the checkpoints of an earlier run in %s", found)
+        for c in sorted(found.iterdir()):
+            remove_checkpoint(c)  # manifests first: a crash part-way leaves none loadable
+        shutil.rmtree(found, ignore_errors=True)
+
+
+def wait_for_stores(ckpt: Checkpoint, timeout_s: float = 30.0) -> None:
+    """Wait until no process holds the write lock of ``ckpt``'s stores (the workers of a
+    killed driver exit once they notice it is gone); :class:`ResumeError` after
+    ``timeout_s``, naming the holder."""
+    deadline = time.monotonic() + timeout_s
+    for r in range(ckpt.num_workers):
+        path = ckpt.store_path(r)
+        if not path.is_dir():
+            raise ResumeError(
+                f"cannot resume from {ckpt.path}: the store of rank {r} ({path}) is missing; "
+                "restore it, or start a new run without --resume"
+            )
+        while True:
+            try:
+                WriterLock(path, f"store of rank {r}").acquire().release()
+                break
+            except StoreLockedError as e:
+                if time.monotonic() > deadline:
+                    raise ResumeError(
+                        f"cannot resume: {e} (still held after {timeout_s:g} s; is the run "
+                        "still going?)"
+                    ) from e
+                time.sleep(0.1)
+
+
+def restore_metrics(path: Path, passes_done: int) -> list[dict[str, Any]]:
+    """Keep the first ``passes_done`` lines of ``metrics.jsonl`` (passes after the checkpoint
+    are trained again); returns their records."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept = lines[:passes_done]
+    if len(kept) < passes_done:
+        log.warning("%s holds %d of %d passes' lines", path, len(kept), passes_done)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    os.replace(tmp, path)
+    return [json.loads(line) for line in kept]
+
+
+def plan_fingerprint(files: Sequence[str], lengths: Sequence[int], passes: int) -> dict:
+    """What identifies a plan's input: files, their good rows, the number of passes."""
+    text = "\n".join(f"{f}\t{n}" for f, n in zip(files, lengths, strict=True))
+    return {
+        "examples": int(sum(lengths)),
+        "passes": int(passes),
+        "files": len(files),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+
+
+def check_plan(ckpt: Checkpoint, fingerprint: dict) -> None:
+    """:class:`ResumeError` when the input under the plan changed since the checkpoint."""
+    old = ckpt.manifest.get("plan")
+    if old is not None and old != fingerprint:
+        raise ResumeError(
+            f"cannot resume from {ckpt.path}: the training input changed since it was taken "
+            f"(plan then: {old}; now: {fingerprint}); a resume replays the same plan: restore "
+            "the input files, or start a new run without --resume"
+        )
