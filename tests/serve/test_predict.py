@@ -19,7 +19,7 @@ from daskhps.cli import main
 from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.serve import Servable, load_servable
+from daskhps.serve import Servable, ServingLookup, ShardedStores, load_servable
 from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
 from daskhps.serve.predict import SUCCESS, SUMMARY, predict
 from daskhps.serve.score import CacheSizes
@@ -27,12 +27,13 @@ from daskhps.table.init import init_embedding
 from daskhps.training.checkpoint import (
     finish_checkpoint,
     latest_checkpoint,
+    list_checkpoints,
     start_checkpoint,
     write_payload,
 )
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.trainer import RunResult, Trainer
-from tests.serve.helpers import reference_rows, tree_state
+from tests.serve.helpers import bits, reference_rows, tree_state
 
 pytestmark = pytest.mark.slow
 
@@ -223,3 +224,20 @@ def test_export_reproduces_predictions_outside_daskhps(
     # a second export into the same folder is refused with one clear line
     assert main(["export", "--model", str(run["cfg"].run.dir), "--out", str(out)]) == 1
     assert "already holds an export" in capsys.readouterr().err
+
+
+def test_refresh_from_one_checkpoint_of_the_run_to_the_next(run: dict[str, Any]) -> None:
+    ckpts = list_checkpoints(run["cfg"].run.dir)
+    if len(ckpts) < 2:
+        pytest.skip("the trainer wrote fewer than two checkpoints")
+    older, newer = (Servable.from_checkpoint(c) for c in ckpts[-2:])
+    stores = ShardedStores(newer.table)
+    stored = torch.cat([s.keys() for s in stores.stores])
+    stores.close()
+    with ServingLookup(older.table, device_rows=len(stored) + 10) as lk:
+        lk.lookup(stored)  # every key cached at the older version
+        report = lk.refresh(newer.table)
+        got = lk.lookup(stored, full=True)
+    assert np.array_equal(bits(got), bits(reference_rows(newer.table, stored)))
+    assert report.how == "replay", report  # the next checkpoint extends the previous one
+    assert 0 < report.rows_read == report.replaced_rows <= report.changed_keys < len(stored)
