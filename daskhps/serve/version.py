@@ -7,7 +7,8 @@ A :class:`TableVersion` names one committed state of a sharded table::
     owner of a key: ShardMap(num_shards, W).worker(key)
 
 A :class:`Servable` adds the run config (schema, model) and the dense weights. It comes from a
-checkpoint folder or a run directory (its latest checkpoint) with :func:`load_servable`.
+checkpoint folder, a run directory (its latest checkpoint) or a retraining run's published
+version with :func:`load_servable`.
 """
 
 from __future__ import annotations
@@ -111,16 +112,19 @@ class Servable:
 
 
 def load_servable(path: str | Path) -> Servable:
-    """The model of a checkpoint folder, or of a run directory's latest complete checkpoint.
+    """The model at ``path``: a checkpoint folder, a published version's folder, a training
+    run directory (its latest complete checkpoint), or a retraining run directory (the
+    version its registry names current).
 
     Raises
     ------
     CheckpointError
         When ``path`` holds no complete checkpoint (torn, damaged, or none at all).
     """
+    from daskhps.retrain.versions import published_checkpoint
     from daskhps.training.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(published_checkpoint(path) or path)
     try:
         return Servable.from_checkpoint(ckpt)
     except DaskHPSError:

@@ -19,20 +19,16 @@ from daskhps.cli import main
 from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.retrain.publish import freeze_version
+from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.serve import Servable, ServingLookup, ShardedStores, load_servable
 from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
 from daskhps.serve.predict import SUCCESS, SUMMARY, predict
-from daskhps.serve.score import CacheSizes
+from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.table.init import init_embedding
-from daskhps.training.checkpoint import (
-    finish_checkpoint,
-    latest_checkpoint,
-    list_checkpoints,
-    start_checkpoint,
-    write_payload,
-)
+from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
-from daskhps.training.trainer import RunResult, Trainer
+from daskhps.training.trainer import Trainer
 from tests.serve.helpers import bits, reference_rows, tree_state
 
 pytestmark = pytest.mark.slow
@@ -63,24 +59,6 @@ def _config(tmp: Path, logs: Path) -> RunConfig:
     )
 
 
-def _write_checkpoint(cfg: RunConfig, result: RunResult, commit: str) -> None:
-    """A checkpoint in the checkpoint module's format, for runs whose trainer wrote none."""
-    folder = start_checkpoint(cfg.run.dir, "pass-000002")
-    files = write_payload(folder, model=result.dense_state, optimizer={}, rng=[], state={})
-    fields = {
-        "kind": "base",
-        "passes_done": len(result.passes),
-        "step": 0,
-        "commit": commit,
-        "stores_dir": cfg.table.tiers.store_dir,
-        "num_workers": cfg.cluster.n_workers,
-        "num_shards": cfg.passes.plan.num_shards,
-        "table": cfg.table_spec().layout(),
-        "config": cfg.to_dict(),
-    }
-    finish_checkpoint(folder, files, fields)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A 2-worker training run with a checkpoint, its holdout files and reference rows."""
@@ -91,9 +69,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         str(logs),
     )
     cfg = _config(tmp, logs)
-    result = Trainer(cfg, progress=False).run()
-    if latest_checkpoint(cfg.run.dir) is None:
-        _write_checkpoint(cfg, result, "end")
+    result = Trainer(cfg, progress=False).run()  # checkpoints after each of its 2 passes
     servable = load_servable(cfg.run.dir)
     holdout = sorted(str(p) for p in logs.glob("day=*02/part-*"))
     frame = read_click_log(holdout, schema=cfg.data.schema).frame.compute()
@@ -228,8 +204,7 @@ def test_export_reproduces_predictions_outside_daskhps(
 
 def test_refresh_from_one_checkpoint_of_the_run_to_the_next(run: dict[str, Any]) -> None:
     ckpts = list_checkpoints(run["cfg"].run.dir)
-    if len(ckpts) < 2:
-        pytest.skip("the trainer wrote fewer than two checkpoints")
+    assert [c.passes_done for c in ckpts] == [1, 2]
     older, newer = (Servable.from_checkpoint(c) for c in ckpts[-2:])
     stores = ShardedStores(newer.table)
     stored = torch.cat([s.keys() for s in stores.stores])
@@ -241,3 +216,33 @@ def test_refresh_from_one_checkpoint_of_the_run_to_the_next(run: dict[str, Any])
     assert np.array_equal(bits(got), bits(reference_rows(newer.table, stored)))
     assert report.how == "replay", report  # the next checkpoint extends the previous one
     assert 0 < report.rows_read == report.replaced_rows <= report.changed_keys < len(stored)
+
+
+def test_a_retraining_runs_published_version_is_a_model(run: dict[str, Any]) -> None:
+    """``--model <retraining run dir>`` serves the version its registry names current."""
+    ckpt = latest_checkpoint(run["cfg"].run.dir)
+    assert ckpt is not None
+    versions = run["tmp"] / "retrain" / "versions"
+    frozen = freeze_version(ckpt, versions / "v000001", "v000001")
+    days = ("2024-01-01",)
+    Registry(versions).publish(
+        Version(
+            "v000001",
+            str(frozen.path),
+            frozen.commit,
+            str(frozen.stores_dir),
+            None,
+            days,
+            days[0],
+            "2024-01-02",
+        ),
+        Attempt("a1", None, days, "2024-01-02", "published", "v000001"),
+    )
+    s = load_servable(versions.parent)
+    assert (s.name, s.table.commit) == ("v000001", "version-v000001")
+    scorer = Scorer(s, CacheSizes(device_rows=1000, host_bytes=0))
+    try:
+        prob = scorer.score(run["frame"])
+    finally:
+        scorer.close()
+    assert np.abs(prob - run["reference"]).max() < 1e-6
