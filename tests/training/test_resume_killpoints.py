@@ -9,6 +9,7 @@ re-shards the stores and ends within DESIGN.md's worker-count tolerance.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -23,9 +24,12 @@ import pytest
 import torch
 import yaml
 
+from daskhps.cli import main as cli_main
 from daskhps.config import load_config
 from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.errors import CheckpointError
 from daskhps.table import EmbeddingTable
+from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.training.killpoints import ENV
 from daskhps.training.trainer import RunResult, Trainer
@@ -236,3 +240,61 @@ def test_resume_checks_the_config_then_reshards_to_two_workers(
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3
     assert abs(json.loads(lines[-1])["eval"]["auc"] - ref.final_eval["auc"]) < 0.003
+
+
+def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
+    tmp_path: Path,
+    logs: Path,
+    reference: tuple[RunResult, Checkpoint, dict[int, np.ndarray]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The disk fills up half-way through pass 2's dense.pt: the run stops with a clear
+    error, pass 1's checkpoint stays the latest and loads; resuming ends like the reference;
+    ``daskhps inspect`` then tells what the run's checkpoints hold."""
+    ref, ref_ckpt, ref_rows = reference
+    cfg = load_config(_write_config(tmp_path, logs))
+    run_dir = tmp_path / "run"
+    real_file, real_all = ck._write_file, ck._write_all
+    writing: list[Path] = []
+
+    def tracked(path: Path, data: bytes) -> dict[str, Any]:
+        writing.append(path)
+        return real_file(path, data)
+
+    def full_disk(fd: int, data: bytes) -> None:
+        if writing[-1].parent.name == "pass-000002" and writing[-1].name == ck.DENSE:
+            real_all(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_all(fd, data)
+
+    monkeypatch.setattr(ck, "_write_file", tracked)
+    monkeypatch.setattr(ck, "_write_all", full_disk)
+    with pytest.raises(CheckpointError, match=r"pass-000002 failed: .*No space left.*intact"):
+        Trainer(cfg, progress=False).run()
+    monkeypatch.undo()
+    assert _latest(run_dir) == 1
+    assert latest_checkpoint(run_dir).dense_state()  # type: ignore[union-attr]
+    assert not (run_dir / "checkpoints" / "pass-000002").exists()  # no half checkpoint left
+
+    Trainer(cfg, progress=False).run(resume=True)
+    final = latest_checkpoint(run_dir)
+    assert final is not None and final.passes_done == 3
+    for k, v in ref_ckpt.dense_state().items():
+        assert torch.equal(final.dense_state()[k], v), k
+    rows = _rows(final)
+    assert rows.keys() == ref_rows.keys()
+    assert all(np.array_equal(rows[k], v) for k, v in ref_rows.items())
+
+    capsys.readouterr()
+    assert cli_main(["inspect", str(run_dir), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in info["checkpoints"]] == ["pass-000002", "pass-000003"]
+    last = info["checkpoints"][-1]
+    assert last["rows"] == len(ref_rows) and last["num_workers"] == 1
+    assert last["days"] == ["2024-01-01"] and last["kind"] == "base"
+    assert last["metrics"]["auc"] == ref.final_eval["auc"]
+    assert last["daskhps_version"] and last["files"]["dense.pt"] > 0
+    assert cli_main(["inspect", str(final.path)]) == 0
+    text = capsys.readouterr().out
+    assert "pass-000003 (base" in text and f"{len(ref_rows):,} rows" in text
