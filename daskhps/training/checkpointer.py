@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ class Checkpointer:
     def take(self, pos: Position, record: dict[str, Any]) -> Checkpoint:
         """Checkpoint the run after ``pos.passes_done`` passes; ``record`` is the last pass's
         metrics line. Raises :class:`CheckpointError`; earlier checkpoints stay intact."""
+        t0 = time.perf_counter()
         name = checkpoint_name(pos.passes_done)
         kind = self.kind(pos.passes_done)
         at = pos.passes_done - 1  # schedule position of the pass just done (kill points)
@@ -124,7 +126,9 @@ class Checkpointer:
                 ) from e
             kill_point("checkpoint_commit", at)
             stats = shard_stats(self.client, self.addresses)
-            ckpt = finish_checkpoint(folder, files, self._fields(pos, kind, record, stats))
+            fields = self._fields(pos, kind, record, stats)
+            fields["seconds"] = time.perf_counter() - t0  # to write it, all but the manifest
+            ckpt = finish_checkpoint(folder, files, fields)
         except BaseException:
             remove_checkpoint(folder)  # never half of one on disk (it would not load anyway)
             raise

@@ -68,6 +68,7 @@ def describe_checkpoint(ckpt: Checkpoint) -> dict[str, Any]:
         },
         "model": m["config"].get("model", {}).get("name"),
         "files": {k: v["size"] for k, v in m["files"].items()},
+        "seconds": m.get("seconds"),
         "shards": shards,
         "rows": sum(s["store_rows"] or 0 for s in shards),
         "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),
@@ -118,7 +119,9 @@ def render(info: dict[str, Any]) -> str:
             f"table {c['table']['name']} dim {c['table']['dim']} ({c['table']['optimizer']}), "
             f"{c['num_shards']} shards on {c['num_workers']} workers",
             f"  metrics: {metrics or '-'}; train loss {c['train_loss']}",
-            "  files: " + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items()),
+            "  files: "
+            + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())
+            + (f"; written in {c['seconds']:.2f} s" if c.get("seconds") is not None else ""),
         ]
         added = c.get("store_bytes_added")
         lines.append(

@@ -181,3 +181,27 @@ def test_remove_checkpoint_deletes_the_manifest_first(tmp_path: Path) -> None:
     ck.remove_checkpoint(c.path)
     assert not c.path.exists()
     assert list_checkpoints(tmp_path) == []
+
+
+def test_inspect_lists_checkpoints_and_unfinished_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daskhps.cli import main
+    from daskhps.training.inspection import describe, render
+
+    _write(tmp_path, 1)
+    _write(tmp_path, 2)
+    ck.start_checkpoint(tmp_path, checkpoint_name(3))  # killed before its manifest
+    info = describe(tmp_path)
+    assert [c["passes_done"] for c in info["checkpoints"]] == [1, 2]
+    assert info["incomplete"] == ["pass-000003"]
+    first = info["checkpoints"][0]
+    assert first["table"] == {"name": "embeddings", "dim": 4, "optimizer": "adagrad"}
+    assert first["shards"][0]["store_rows"] is None  # no stores here: reported, not raised
+    text = render(info)
+    assert "pass-000003: incomplete" in text and "store missing rows" in text
+    assert main(["inspect", str(tmp_path / "checkpoints" / "pass-000002"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"][0]["step"] == 20
+    assert main(["inspect", str(tmp_path / "nothing")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("daskhps inspect: error:") and "does not exist" in err
