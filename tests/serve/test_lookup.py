@@ -222,3 +222,17 @@ def test_bad_inputs_raise_clear_errors(stores: Path, tmp_path: Path) -> None:
         pytest.raises(DataError, match="int64"),
     ):
         lk.lookup(torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.gpu
+def test_a_device_cache_on_the_gpu_returns_the_same_bits(stores: Path) -> None:
+    keys = _keys(stores)["keys"]
+    with ServingLookup(
+        version(stores, "v1"), device_rows=200, host_bytes=16 << 10, device="cuda"
+    ) as lk:
+        got = lk.lookup(keys[:1000].cuda(), full=True)
+        assert got.device.type == "cuda"
+        lk.refresh(version(stores, "v2"))
+        after = lk.lookup(keys[:1000].cuda(), full=True).cpu()
+    assert np.array_equal(bits(got.cpu()), bits(reference_rows(version(stores, "v1"), keys[:1000])))
+    assert np.array_equal(bits(after), bits(reference_rows(version(stores, "v2"), keys[:1000])))

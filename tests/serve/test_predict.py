@@ -19,6 +19,7 @@ from daskhps.cli import main
 from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.distributed import start_cluster
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.serve import Servable, ServingLookup, ShardedStores, load_servable
@@ -136,9 +137,30 @@ def test_predict_equals_the_trainers_evaluation(run: dict[str, Any]) -> None:
 def test_cli_predict_and_its_bad_inputs(
     run: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Through ``--scheduler``: an existing cluster serves two jobs (the second fails)."""
     run_dir, tmp = run["cfg"].run.dir, run["tmp"]
     out = tmp / "cli-pred"
-    args = ["predict", "--model", run_dir, "--out", str(out), "--workers", "1"]
+    cluster = start_cluster(
+        n_workers=1, threads_per_worker=2, memory_limit="1GiB", dashboard_address=None
+    )
+    with cluster:
+        address = cluster.client.scheduler.address
+        args = ["predict", "--model", run_dir, "--out", str(out), "--scheduler", address]
+        _cli_cases(run, capsys, args, out)
+        # every job closed its scorers on the workers, the failed one too
+        assert set(cluster.client.run(_live_scorers).values()) == {0}
+
+
+def _live_scorers() -> int:
+    from daskhps.serve import predict as job
+
+    return len(job._SCORERS)
+
+
+def _cli_cases(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str], args: list[str], out: Path
+) -> None:
+    run_dir, tmp = run["cfg"].run.dir, run["tmp"]
     assert main([*args, "--data", run["holdout"][0], "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     got = _read_out(out)
