@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 import pytest
 import torch
 
+from daskhps.data import read_click_log
+from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.distributed import (
     ShardHost,
     TierSizing,
@@ -28,6 +30,8 @@ from daskhps.distributed import (
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import init_comm
 from daskhps.monitor import announce_pass, metric_name
+from daskhps.passes import PassConfig, build_plan, place_on_workers, plan_owner_keys
+from daskhps.sharding import ShardMap
 from daskhps.table import OptimizerSpec, TableSpec
 
 pytestmark = [
@@ -187,3 +191,26 @@ def test_collective_tasks_are_metered_as_train_and_eval_and_the_pass_is_shown(st
     assert seconds[("daskhps-train-pass", "train")] >= 2 * 0.05 * 0.9  # both ranks
     assert seconds[("daskhps", "eval")] >= 2 * 0.05 * 0.9
     assert passes == [7, 7]
+
+
+def test_read_hash_dedup_and_shuffle_are_metered(staged, tmp_path):
+    gen = GeneratorConfig(days=1, rows_per_day=2000, parts_per_day=2, vocab_scale=0.01)
+    generate(gen, tmp_path)
+    log = read_click_log(str(tmp_path)).persist()
+    plan = build_plan(log, PassConfig(examples_per_pass=2000, global_batch_size=100), 2)
+    owned = plan_owner_keys(log, plan, plan.passes[0], ShardMap(8, 2))
+    placed = place_on_workers(staged.client, owned, list(staged.addresses))
+    assert sum(len(p) for p in staged.client.gather(list(placed.futures))) > 0
+
+    def labels(dask_scheduler: Any) -> list[str]:
+        return [
+            k[2]
+            for k in dask_scheduler.cumulative_worker_metrics
+            if isinstance(k, tuple) and k[0] == "execute" and k[-1] == "seconds"
+        ]
+
+    want = {"read", "hash", "dedup", "shuffle"}
+    deadline = time.monotonic() + 15
+    while not want <= set(staged.client.run_on_scheduler(labels)):
+        assert time.monotonic() < deadline, staged.client.run_on_scheduler(labels)
+        time.sleep(0.5)

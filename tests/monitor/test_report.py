@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
+from daskhps.cli import main
 from daskhps.errors import DataError
 from daskhps.monitor.report import PLOTS, load_run, write_report
 
@@ -119,13 +120,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_report_prints_the_page_or_one_error_line(tmp_path):
+def test_cli_report_prints_the_page_or_one_error_line(tmp_path, capsys):
     run = _run_dir(tmp_path, [_record(0)])
-    ok = _cli("report", str(run))
-    assert ok.returncode == 0 and ok.stdout.strip() == str(run / "report" / "report.html")
-    bad = _cli("report", str(tmp_path / "nope"))
-    assert bad.returncode == 1 and bad.stdout == ""
-    assert bad.stderr.strip().splitlines() == [
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == str(run / "report" / "report.html") and out.err == ""
+    assert main(["report", str(tmp_path / "nope")]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.strip().splitlines() == [
         f"daskhps report: error: {tmp_path / 'nope'}: no such run directory; give the run.dir "
         "of a training run"
     ]
