@@ -35,7 +35,6 @@ from daskhps.errors import CapacityError, DataError
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import apply_update, init_state
 from daskhps.table.spec import TableSpec
-from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.base import Evicted, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
@@ -76,7 +75,6 @@ class EmbeddingTable:
         self.device_cache = device_cache
         self.host = host
         self.device = device_cache.device
-        self._staged = torch.empty(0, dtype=torch.int64, device=self.device)
         self._sources = {"device": 0, "host": 0, "store": 0, "init": 0}
         self._read_only = store.read_only
 
@@ -162,47 +160,64 @@ class EmbeddingTable:
     def _lookup_rows(self, keys: torch.Tensor) -> torch.Tensor:
         self._check_writable("lookup")
         keys = check_keys(keys, self._where("lookup")).to(self.device)
-        ukeys, inv = torch.unique(keys, return_inverse=True)
+        ukeys, inv = _unique(keys)
         slots = self._resident_slots(ukeys, "lookup")
-        return self.device_cache.rows.index_select(0, slots)[inv]
+        rows = self.device_cache.rows.index_select(0, slots)
+        return rows if inv is None else rows[inv]
 
     # -- staging -----------------------------------------------------------------
 
     def stage(self, keys: torch.Tensor) -> StageReport:
         """Make a pass's working set resident in the device tier and pin it there.
 
-        Pins accumulate (pass k+1 may be staged while pass k is pinned) until :meth:`unpin`.
+        ``keys`` may repeat. Pins accumulate (pass k+1 may be staged while pass k is pinned)
+        until :meth:`unpin`. Rows already resident cost one hash lookup per key: they are
+        deduplicated by their slots, and only the missing keys are sorted.
         """
         self._check_writable("stage")
         keys = check_keys(keys, self._where("stage")).to(self.device)
-        ukeys = torch.unique(keys)
-        new = ukeys[~torch.isin(ukeys, self._staged)] if len(self._staged) else ukeys
-        cap = self.device_cache.capacity_rows
-        if len(self._staged) + len(new) > cap:
+        cache = self.device_cache
+        slots = cache.find_slots(keys)
+        hit = slots >= 0
+        n_hit = int(hit.sum())
+        if n_hit == len(keys):
+            hit_slots, mkeys = cache.distinct_slots(slots), keys[:0]
+        else:
+            hit_slots = cache.distinct_slots(slots[hit])
+            mkeys = torch.unique(keys[~hit])
+        fresh = hit_slots[~cache.pinned_at(hit_slots)]  # resident, not pinned yet
+        pinned, cap = cache.pinned_count, cache.capacity_rows
+        rows = len(hit_slots) + len(mkeys)
+        if pinned + len(fresh) + len(mkeys) > cap:
             raise CapacityError(
-                f"table {self.spec.name!r}: staging {len(ukeys):,} rows "
-                f"({len(new):,} new, {len(self._staged):,} already pinned) does not fit the "
+                f"table {self.spec.name!r}: staging {rows:,} rows "
+                f"({len(fresh) + len(mkeys):,} new, {pinned:,} already pinned) does not fit the "
                 f"device tier of {cap:,} rows x {self.spec.row_bytes} bytes; "
                 "raise the device tier's size or lower pass.max_working_set"
             )
         before = dict(self._sources)
-        self._resident_slots(ukeys, "stage")
-        self.device_cache.pin(new)
-        self._staged = torch.cat([self._staged, new]).sort().values
+        cache.touch(hit_slots)
+        self._sources["device"] += len(hit_slots)
+        cache.pin_slots(fresh)
+        if len(mkeys):
+            try:
+                cache.pin_slots(self._promote(mkeys))
+            except BaseException:
+                cache.unpin_slots(fresh)
+                raise
         got = {k: self._sources[k] - before[k] for k in before}
         return StageReport(
-            rows=len(ukeys),
+            rows=rows,
             from_device=got["device"],
             from_host=got["host"],
             from_store=got["store"],
             initialised=got["init"],
-            pinned=len(self._staged),
+            pinned=cache.pinned_count,
         )
 
     def unpin(self) -> None:
         """Release every pinned row (end of a pass)."""
         self.device_cache.unpin_all()
-        self._staged = self._staged[:0]
 
     # -- training ----------------------------------------------------------------
 
@@ -222,16 +237,20 @@ class EmbeddingTable:
                 f"(one row of dim {dim} per key), got {tuple(grads.shape)}"
             )
         grads = grads.to(self.device)
-        finite = torch.isfinite(grads).all(dim=1)
-        if not bool(finite.all()):
-            bad = int(keys[~finite][0])
+        # One reduction (nan and inf propagate through min/max); the scan per row only to
+        # name the bad key.
+        if grads.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(grads))).all()):
+            bad = int(keys[~torch.isfinite(grads).all(dim=1)][0])
             raise DataError(
                 f"{where}: the gradient of key {bad} is not finite (nan or inf); "
                 "nothing was applied: lower the learning rate or clip gradients"
             )
-        ukeys, inv = torch.unique(keys, return_inverse=True)
-        summed = torch.zeros(len(ukeys), dim, dtype=torch.float32, device=self.device)
-        summed.index_add_(0, inv, grads)
+        ukeys, inv = _unique(keys)
+        if inv is None:  # 0 + g: the bits index_add_ into zeros gives (-0.0 becomes 0.0)
+            summed = grads + 0.0
+        else:
+            summed = torch.zeros(len(ukeys), dim, dtype=torch.float32, device=self.device)
+            summed.index_add_(0, inv, grads)
         slots = self._resident_slots(ukeys, "apply_gradients")
         slab = self.device_cache.rows
         block = slab.index_select(0, slots)
@@ -296,7 +315,7 @@ class EmbeddingTable:
             "hit_rate": {k: (v / total if total else 0.0) for k, v in self._sources.items()},
             "device": self.device_cache.stats.as_dict(),
             "store": self.store.stats.as_dict(),
-            "pinned": len(self._staged),
+            "pinned": self.device_cache.pinned_count,
         }
         if self.host is not None:
             out["host"] = self.host.stats.as_dict()
@@ -323,30 +342,35 @@ class EmbeddingTable:
         self._sources["device"] += n_hit
         if n_hit == len(ukeys):
             return slots
-        staged = self._staged
-        unpinned = len(ukeys) - (int(torch.isin(ukeys, staged).sum()) if len(staged) else 0)
-        if unpinned > cache.capacity_rows - len(staged):
+        hit_slots = slots[hit]
+        # This batch's resident rows must not be displaced by its own missing ones (LFU could
+        # pick them): pin them for the insert, then release only those pins.
+        fresh = hit_slots[~cache.pinned_at(hit_slots)]
+        pinned = cache.pinned_count
+        unpinned = len(ukeys) - (n_hit - len(fresh))
+        if unpinned > cache.capacity_rows - pinned:
             raise CapacityError(
                 f"{self._where(op)}: {len(ukeys):,} unique keys ({unpinned:,} not pinned) do not "
-                f"fit the device tier of {cache.capacity_rows:,} rows with {len(staged):,} "
+                f"fit the device tier of {cache.capacity_rows:,} rows with {pinned:,} "
                 "pinned; stage the pass's keys first, use smaller batches or a larger device tier"
             )
         miss = ~hit
-        mkeys = ukeys[miss]
-        rows, dirty = self._fetch_below(mkeys)
-        # This batch's resident rows must not be displaced by its own missing ones (LFU could
-        # pick them): pin them for the insert, then restore the staged pins.
-        cache.pin(ukeys[hit])
+        cache.pin_slots(fresh)
         try:
-            displaced = _insert(cache, Evicted(mkeys, rows, dirty))
+            new_slots = self._promote(ukeys[miss])
         finally:
-            cache.unpin_all()
-            if len(staged):
-                cache.pin(staged)
+            cache.unpin_slots(fresh)
         slots = slots.clone()
-        slots[miss] = cache.find_slots(mkeys, touch=True)
-        self._push_down(displaced)
+        slots[miss] = new_slots
         return slots
+
+    def _promote(self, mkeys: torch.Tensor) -> torch.Tensor:
+        """Bring unique keys missing from the device tier into it (displacing unpinned rows
+        down the hierarchy); returns their slots. The caller checked that they fit."""
+        rows, dirty = self._fetch_below(mkeys)
+        new_slots, displaced = self.device_cache.insert_new(mkeys, rows, dirty)
+        self._push_down(displaced)
+        return new_slots
 
     def _fetch_below(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of device-missing keys from host (moved), store (copied) or init, with their
@@ -357,12 +381,11 @@ class EmbeddingTable:
         ckeys = keys.cpu()
         todo = torch.ones(n, dtype=torch.bool)
         if self.host is not None and len(self.host):
-            taken = self.host.evict(keys=ckeys)
+            found, taken = self.host.take(ckeys)
             if len(taken):
-                pos = _positions(ckeys, taken.keys)
-                rows[pos] = taken.rows
-                dirty[pos] = taken.dirty
-                todo[pos] = False
+                rows[found] = taken.rows
+                dirty[found] = taken.dirty
+                todo &= ~found
                 self._sources["host"] += len(taken)
         rest = todo.nonzero().squeeze(1)
         if len(rest):
@@ -419,22 +442,19 @@ class EmbeddingTable:
                     displaced.keys[:cap], displaced.rows[:cap], displaced.dirty[:cap]
                 )
             if len(displaced):
-                pushed = _insert(self.host, displaced)
+                # Tiers are exclusive: rows leaving the device are unique and not in host memory.
+                _, pushed = self.host.insert_new(displaced.keys, displaced.rows, displaced.dirty)
                 to_store.append(pushed.only_dirty())
         down = Evicted.concat(to_store, self.spec.width)
         if len(down):
             self.store.upsert(down.keys, down.rows)
 
 
-def _insert(cache: SlotCache, new: Evicted) -> Evicted:
-    """Upsert rows whose dirty flags differ row by row; returns the rows displaced."""
-    displaced = cache.upsert(new.keys, new.rows, dirty=False)
-    if bool(new.dirty.any()):
-        cache.mark_dirty(cache.find_slots(new.keys[new.dirty]))
-    return displaced
-
-
-def _positions(keys: torch.Tensor, subset: torch.Tensor) -> torch.Tensor:
-    """Index in ``keys`` (unique) of each element of ``subset`` (all present)."""
-    order = keys.argsort()
-    return order[torch.searchsorted(keys[order], subset)]
+def _unique(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``torch.unique(keys, return_inverse=True)``, with ``None`` for the inverse when ``keys``
+    are already strictly increasing (what :meth:`Exchange.route` hands each owner): one
+    comparison instead of a sort."""
+    if keys.numel() < 2 or bool((keys[1:] > keys[:-1]).all()):
+        return keys, None
+    ukeys, inv = torch.unique(keys, return_inverse=True)
+    return ukeys, inv

@@ -280,6 +280,95 @@ class SlotCache(Tier):
     def pinned_count(self) -> int:
         return int(self._pinned.sum())
 
+    # -- slot-level operations (the table's staging: no second hash lookup) --------------------
+
+    def distinct_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """The distinct values of ``slots`` (all valid, ``>= 0``), ascending.
+
+        A mark per slot instead of a sort: linear in the keys and the capacity, several times
+        faster than ``torch.unique`` over a pass's million keys.
+        """
+        mark = torch.zeros(self._cap, dtype=torch.bool, device=self.device)
+        mark[slots] = True
+        return mark.nonzero().squeeze(1)
+
+    def keys_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """Keys held in ``slots`` (occupied slots)."""
+        return self._key[slots]
+
+    def touch(self, slots: torch.Tensor) -> None:
+        """Count a use of the rows in ``slots`` for the replacement policy."""
+        self._touch(slots)
+
+    def pinned_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """Whether each of ``slots`` is pinned."""
+        return self._pinned[slots]
+
+    def pin_slots(self, slots: torch.Tensor) -> None:
+        """Pin the rows in ``slots`` (occupied slots), like :meth:`pin` without the lookup."""
+        self._pinned[slots] = True
+
+    def unpin_slots(self, slots: torch.Tensor) -> None:
+        """Release the pins of ``slots`` only (the others stay)."""
+        self._pinned[slots] = False
+        self._pool = self._pool[:0]  # unpinned rows may be older than the pooled ones
+
+    def insert_new(
+        self, keys: torch.Tensor, rows: torch.Tensor, dirty: torch.Tensor
+    ) -> tuple[torch.Tensor, Evicted]:
+        """Insert rows of keys that are unique and absent; returns their slots and the rows
+        displaced to make room.
+
+        :meth:`upsert` without its uniqueness check and lookup, for callers that know both
+        (keys that just missed this cache, or rows moving between exclusive tiers). ``dirty``
+        is a flag per row. Displaces unpinned rows only; refuses (changing nothing) when they
+        are too few.
+        """
+        keys = self._keys(keys, "insert_new")
+        m = keys.numel()
+        rows = check_rows(rows, m, self.width, f"{self.name}: insert_new").to(self.device)
+        dirty = dirty.to(self.device, torch.bool)
+        if dirty.shape != (m,):
+            raise DataError(
+                f"{self.name}: insert_new needs one dirty flag per key, got {dirty.shape}"
+            )
+        if m > self._cap:
+            raise CapacityError(
+                f"{self.name}: insert of {m} new rows exceeds the capacity of {self._cap} rows; "
+                f"split the batch or give this tier more memory"
+            )
+        evicted = Evicted.empty(self.width, self.device)
+        if m > self._n_free:
+            evicted = self._remove(self._victims(m - self._n_free, keep=None, strict=True))
+        self._clock += 1
+        s = self._free[self._n_free - m : self._n_free].clone()
+        if m:
+            self._n_free -= m
+            self._index.put(keys, s, absent=True)
+            self._slab.index_copy_(0, s, rows)
+            self._key[s] = keys
+            self._used[s] = True
+            self._dirty[s] = dirty
+            self._stamp[s] = self._clock
+            if self._count is not None:
+                self._count[s] = 1
+        self._stats.inserts += m
+        self._stats.rows_written += m
+        return s, evicted
+
+    def take(self, keys: torch.Tensor) -> tuple[torch.Tensor, Evicted]:
+        """Remove the rows of the present ones among ``keys`` (unique); returns the found mask
+        and the removed rows in the order of ``keys[found]``."""
+        keys = self._keys(keys, "take")
+        slots, found = self._index.get(keys)
+        slots = slots[found]
+        if bool(self._pinned[slots].any()):
+            raise DataError(
+                f"{self.name}: cannot take pinned rows (e.g. key "
+                f"{int(self._key[slots[self._pinned[slots]][0]])}); call unpin_all() first"
+            )
+        return found, self._remove(slots)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _keys(self, keys: object, op: str) -> torch.Tensor:
