@@ -48,6 +48,11 @@ class Routing:
         inverse       position in ``keys`` of every batch key (shape of the batch)
         owned         [ keys requested by rank 0 | by rank 1 | ... ]      (this rank owns all)
         recv_counts     len of each group ------------^
+        order         [ batch positions of keys[0] | of keys[1] | ... ]  (ascending in a group)
+        offsets       [ 0, end of keys[0]'s group, ..., len(order) ]     (len(keys) + 1)
+
+    ``order`` and ``offsets`` (optional) let the gradient of the unique rows be summed group by
+    group in a fixed order (see ``daskhps.training.worker``), without another sort.
     """
 
     keys: torch.Tensor
@@ -55,6 +60,8 @@ class Routing:
     send_counts: list[int]
     owned: torch.Tensor
     recv_counts: list[int]
+    order: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
 
 
 class Exchange:
@@ -80,17 +87,17 @@ class Exchange:
     def route(self, keys: torch.Tensor) -> Routing:
         """Deduplicate a batch's keys, group them by owner and tell each owner its keys."""
         keys = keys.to(self.device, torch.int64)
-        uniq, inv = torch.unique(keys.reshape(-1), sorted=True, return_inverse=True)
-        inv = inv.reshape(keys.shape)
+        uniq, inv, pos, offsets, group = _dedup(keys.reshape(-1))
         if self.world_size == 1:
             n = [len(uniq)]
-            return Routing(uniq, inv, n, uniq, n)
+            return Routing(uniq, inv.reshape(keys.shape), n, uniq, n, pos, offsets)
         owner = self.shard_map.worker(uniq)
         order = torch.argsort(owner, stable=True)  # stable: keys stay sorted in a group
         uniq = uniq[order]
         where = torch.empty_like(order)
         where[order] = torch.arange(len(order), device=order.device)
-        inv = where[inv]
+        inv = where[inv].reshape(keys.shape)
+        pos, offsets = _regroup(pos, offsets, group, order, where)
         send = torch.bincount(owner, minlength=self.world_size)
         recv = torch.empty_like(send)
         comm = self._comm()
@@ -98,7 +105,7 @@ class Exchange:
         send_l, recv_l = send.tolist(), recv.tolist()
         owned = torch.empty(sum(recv_l), dtype=torch.int64, device=self.device)
         comm.all_to_all_single(owned, uniq, recv_l, send_l)
-        return Routing(uniq, inv, send_l, owned, recv_l)
+        return Routing(uniq, inv, send_l, owned, recv_l, pos, offsets)
 
     def pull_rows(self, routing: Routing, lookup_fn: LookupFn) -> torch.Tensor:
         """Rows of ``routing.keys`` (``float[len(keys), dim]``): every owner answers
@@ -154,3 +161,39 @@ class Exchange:
     def _comm(self) -> Comm:
         assert self.comm is not None  # world_size > 1 implies a group
         return self.comm
+
+
+def _dedup(
+    flat: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.unique(flat, sorted=True, return_inverse=True)`` from one stable sort, which
+    also yields each key's positions: ``(unique, inverse, order, offsets, group)`` where
+    ``order[offsets[i]:offsets[i + 1]]`` are the positions of ``unique[i]`` (ascending) and
+    ``group[j]`` is the unique index of ``flat[order[j]]``."""
+    n = flat.numel()
+    skeys, order = torch.sort(flat, stable=True)
+    first = torch.empty(n, dtype=torch.bool, device=flat.device)
+    first[:1] = True
+    torch.ne(skeys[1:], skeys[:-1], out=first[1:])
+    uniq = skeys[first]
+    group = first.cumsum(0).sub_(1)
+    inverse = torch.empty_like(order).scatter_(0, order, group)
+    end = torch.full((1,), n, dtype=torch.int64, device=flat.device)
+    offsets = torch.cat([first.nonzero().squeeze(1), end])
+    return uniq, inverse, order, offsets, group
+
+
+def _regroup(
+    pos: torch.Tensor,
+    offsets: torch.Tensor,
+    group: torch.Tensor,
+    perm: torch.Tensor,
+    where: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reorder the position groups of :func:`_dedup` after the unique keys were permuted
+    (``new[i] = old[perm[i]]``, ``where`` its inverse); positions keep their order in a group."""
+    sizes = offsets.diff()
+    new_offsets = torch.zeros_like(offsets)
+    torch.cumsum(sizes[perm], 0, out=new_offsets[1:])
+    dest = new_offsets[where[group]] + (torch.arange(len(pos), device=pos.device) - offsets[group])
+    return torch.empty_like(pos).scatter_(0, dest, pos), new_offsets

@@ -89,11 +89,44 @@ def pull_batch(
     return routing, rows.detach().requires_grad_(True)
 
 
-def _gather(leaf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``leaf[index]`` whose backward sums in a fixed order: the backward of advanced
-    indexing (``index_put_`` with accumulate) is not deterministic with several CPU threads,
-    that of ``index_select`` (``index_add_``) is, so reruns and resumed runs match bit for bit."""
-    return leaf.index_select(0, index.reshape(-1)).view(*index.shape, leaf.shape[1])
+class _GatherRows(torch.autograd.Function):
+    """``leaf.index_select(0, index)`` whose backward sums each row's gradients group by group
+    with ``embedding_bag`` over the batch positions already grouped by :meth:`Exchange.route`
+    (``order``, ``offsets``): the same sums as ``index_add_``, in the same (ascending position)
+    order, bit for bit, without its serial scatter."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        leaf: torch.Tensor,
+        index: torch.Tensor,
+        order: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(order, offsets)
+        return leaf.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        order, offsets = ctx.saved_tensors
+        summed = F.embedding_bag(
+            order, grad.contiguous(), offsets, mode="sum", include_last_offset=True
+        )
+        return summed, None, None, None
+
+
+def _gather(leaf: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """``leaf[routing.inverse]`` whose backward sums in a fixed order, so reruns and resumed
+    runs match bit for bit: the backward of advanced indexing (``index_put_`` with accumulate)
+    is not deterministic with several CPU threads. Sums group by group when the routing
+    carries its position groups, else through ``index_select``'s backward (``index_add_``)."""
+    index = routing.inverse
+    flat = index.reshape(-1)
+    if routing.order is not None and routing.offsets is not None and leaf.requires_grad:
+        rows = _GatherRows.apply(leaf, flat, routing.order, routing.offsets)
+    else:
+        rows = leaf.index_select(0, flat)
+    return rows.view(*index.shape, leaf.shape[1])
 
 
 def sparse_input(
@@ -108,14 +141,14 @@ def sparse_input(
     straight into place; otherwise the flat rows are pooled bag by bag.
     """
     if offsets is None:
-        return _gather(leaf, routing.inverse)
+        return _gather(leaf, routing)
     if pooling is None:
         raise ValueError("sparse_input: bag offsets given without a pooling (see bag_pooling)")
     nf = pooling.num_fields
     n = (offsets.numel() - 1) // nf
     # Offsets come from WorkerExamples, which builds them valid: skip the check (a device sync
     # on GPU) on every batch.
-    bags = pool(_gather(leaf, routing.inverse), offsets.to(leaf.device), pooling.mode, check=False)
+    bags = pool(_gather(leaf, routing), offsets.to(leaf.device), pooling.mode, check=False)
     out = bags.view(n, nf, leaf.shape[1])
     if pooling.mean_fields is not None:
         lengths = offsets.diff().view(n, nf).to(leaf.device)

@@ -270,9 +270,11 @@ def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
     assert set(interests.tolist()) | {missing_key("interests")} <= stored
 
 
-def test_sparse_input_backward_is_deterministic_with_threads() -> None:
+@pytest.mark.parametrize("grouped", [False, True], ids=["index_add", "grouped"])
+def test_sparse_input_backward_is_deterministic_with_threads(grouped: bool) -> None:
     """Gradients of the gathered rows sum in a fixed order even with several CPU threads, so
-    a rerun (or a resumed run) reproduces the model bit for bit."""
+    a rerun (or a resumed run) reproduces the model bit for bit: through index_select's
+    backward, and through the grouped backward that route's position groups enable."""
     from daskhps.distributed.exchange import Routing
     from daskhps.training.worker import sparse_input
 
@@ -283,7 +285,12 @@ def test_sparse_input_backward_is_deterministic_with_threads() -> None:
         rows = torch.randn(3000, 9, generator=gen)
         inverse = torch.randint(0, 3000, (4000, 26), generator=gen)
         upstream = torch.randn(4000, 26, 9, generator=gen)
-        routing = Routing(torch.arange(3000), inverse, [3000], torch.arange(3000), [3000])
+        if grouped:  # keys 0..2999 route to themselves: the same inverse, plus the groups
+            routing = Exchange(None, ShardMap(8, 1)).route(inverse)
+            assert torch.equal(routing.keys, torch.arange(3000))
+            assert torch.equal(routing.inverse, inverse) and routing.order is not None
+        else:
+            routing = Routing(torch.arange(3000), inverse, [3000], torch.arange(3000), [3000])
         grads = []
         for _ in range(5):
             leaf = rows.clone().requires_grad_(True)
