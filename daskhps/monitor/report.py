@@ -8,8 +8,8 @@
 
 Plots per pass: training loss (every batch, and the pass mean) with the holdout logloss, holdout
 AUC with the generator's ceiling when known, throughput, where staged rows came from (the
-tiers' hit rates) and the seconds of each stage. Drawn on matplotlib's Agg canvas, so no
-display is needed.
+tiers' hit rates), the seconds of each stage and of each part of the training step. Drawn on
+matplotlib's Agg canvas, so no display is needed.
 """
 
 from __future__ import annotations
@@ -177,22 +177,32 @@ def _hit_rates(r: RunRecords) -> Any:
     return fig
 
 
-def _stage_times(r: RunRecords) -> Any:
-    fig, ax = _figure()
+def _stacked(r: RunRecords, key: str, title: str) -> Any:
+    """Bars per pass of the ``{stage: seconds}`` dicts under ``key``; None if no pass has one."""
     names: list[str] = []
     for p in r.passes:
-        for k in p.get("seconds") or {}:
+        for k in p.get(key) or {}:
             if k not in names:
                 names.append(k)
+    if not names:
+        return None
+    fig, ax = _figure()
     bottom = [0.0] * len(r.passes)
     for k in names:
-        secs = [float((p.get("seconds") or {}).get(k, 0.0)) for p in r.passes]
+        secs = [float((p.get(key) or {}).get(k, 0.0)) for p in r.passes]
         ax.bar(range(len(r.passes)), secs, bottom=bottom, label=k)
         bottom = [b + s for b, s in zip(bottom, secs, strict=True)]
-    ax.set(xlabel="pass", ylabel="seconds", title="Seconds per stage (driver's view)")
-    if names:
-        ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set(xlabel="pass", ylabel="seconds", title=title)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
+
+
+def _stage_times(r: RunRecords) -> Any:
+    return _stacked(r, "seconds", "Seconds per stage (driver's view)")
+
+
+def _worker_times(r: RunRecords) -> Any:
+    return _stacked(r, "worker_seconds", "Seconds per training-step stage (slowest rank)")
 
 
 PLOTS = {
@@ -201,6 +211,7 @@ PLOTS = {
     "throughput": _throughput,
     "hit_rates": _hit_rates,
     "stage_times": _stage_times,
+    "worker_stages": _worker_times,
 }
 
 
