@@ -25,7 +25,7 @@ from typing import Any
 
 from daskhps.errors import ConfigError
 
-__all__ = ["ENV", "POINTS", "kill_point", "kill_when_running"]
+__all__ = ["ENV", "POINTS", "check_env", "kill_point", "kill_when_running"]
 
 ENV = "DASKHPS_KILL_AT"
 POINTS = ("stage", "mid_pass", "checkpoint_dense", "checkpoint_commit", "after_checkpoint")
@@ -44,6 +44,11 @@ def _armed() -> tuple[str, int | None] | None:
             "and pass a whole number; unset it to run normally"
         )
     return point, int(n) if n else None
+
+
+def check_env() -> None:
+    """:class:`ConfigError` now, not in the middle of a run, when the variable is malformed."""
+    _armed()
 
 
 def armed_at(point: str, position: int) -> bool:

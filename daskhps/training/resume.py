@@ -106,6 +106,9 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     """
     spec = ckpt.table_spec
     new_map = ShardMap(ckpt.num_shards, num_workers)
+    deadline = time.monotonic() + 30.0
+    for old in sorted((out_dir / spec.name).glob("rank-*")):  # an earlier, killed re-shard's
+        _wait_unlocked(old, f"re-sharded store {old.name}", deadline, 30.0)
     name, width, layout = f"{spec.name}/zarr", spec.width, spec.layout()
     dst = [
         ZarrStore.open(
@@ -187,17 +190,21 @@ def wait_for_stores(ckpt: Checkpoint, timeout_s: float = 30.0) -> None:
                 f"cannot resume from {ckpt.path}: the store of rank {r} ({path}) is missing; "
                 "restore it, or start a new run without --resume"
             )
-        while True:
-            try:
-                WriterLock(path, f"store of rank {r}").acquire().release()
-                break
-            except StoreLockedError as e:
-                if time.monotonic() > deadline:
-                    raise ResumeError(
-                        f"cannot resume: {e} (still held after {timeout_s:g} s; is the run "
-                        "still going?)"
-                    ) from e
-                time.sleep(0.1)
+        _wait_unlocked(path, f"store of rank {r}", deadline, timeout_s)
+
+
+def _wait_unlocked(path: Path, what: str, deadline: float, timeout_s: float) -> None:
+    while True:
+        try:
+            WriterLock(path, what).acquire().release()
+            return
+        except StoreLockedError as e:
+            if time.monotonic() > deadline:
+                raise ResumeError(
+                    f"cannot resume: {e} (still held after {timeout_s:g} s; is the run still "
+                    "going?)"
+                ) from e
+            time.sleep(0.1)
 
 
 def restore_metrics(path: Path, passes_done: int) -> list[dict[str, Any]]:

@@ -53,7 +53,7 @@ from daskhps.training.checkpoint import Checkpoint, latest_checkpoint
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.examples import route_examples
 from daskhps.training.holdout import read_train_and_holdout
-from daskhps.training.killpoints import kill_point, kill_when_running
+from daskhps.training.killpoints import check_env, kill_point, kill_when_running
 from daskhps.training.metrics import evaluate_predictions
 
 __all__ = ["RunResult", "Trainer"]
@@ -181,6 +181,7 @@ class Trainer:
         from daskhps.capacity import check_fits
 
         check_fits(cfg)  # refuse a run that cannot fit before any file or worker: plan's message
+        check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._ckpt = self._resume_point() if resume else None
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())

@@ -161,3 +161,22 @@ def test_reshard_moves_every_row_to_its_new_owner(tmp_path: Path, old: int, new:
                 assert torch.equal(row, expected[k])
             seen += len(got)
     assert seen == len(keys)
+
+
+def test_kill_point_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from daskhps.errors import ConfigError
+    from daskhps.training import killpoints
+
+    monkeypatch.delenv(killpoints.ENV, raising=False)
+    killpoints.check_env()
+    assert not killpoints.armed_at("stage", 0)
+    monkeypatch.setenv(killpoints.ENV, "checkpoint_commit:2")
+    assert killpoints.armed_at("checkpoint_commit", 2)
+    assert not killpoints.armed_at("checkpoint_commit", 1)
+    assert not killpoints.armed_at("stage", 2)
+    monkeypatch.setenv(killpoints.ENV, "mid_pass")  # no pass: the first time
+    assert killpoints.armed_at("mid_pass", 0) and killpoints.armed_at("mid_pass", 5)
+    for bad in ("staging", "stage:x"):
+        monkeypatch.setenv(killpoints.ENV, bad)
+        with pytest.raises(ConfigError, match=rf"DASKHPS_KILL_AT={bad!r}.*one of stage, mid_pass"):
+            killpoints.check_env()
