@@ -33,9 +33,8 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.parse import read_shard
 from daskhps.data.source import resolve_files
 from daskhps.distributed import start_cluster
-from daskhps.errors import DataError, StoreExistsError
+from daskhps.errors import DaskHPSError, DataError, StoreExistsError, StoreNotFoundError
 from daskhps.serve.score import CacheSizes, Scorer
-from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import Servable
 
 __all__ = ["PredictResult", "predict"]
@@ -118,12 +117,13 @@ def _part_path(out: str | Path, index: int) -> Path:
 
 def _score_file(index: int, path: str, job: _Job) -> dict[str, Any]:
     """Read, score and write one input file; returns its bad-row report and row count, or
-    ``{"error": message}`` for input the model cannot score (the client raises it: a task
-    that raised would also be logged, as several lines, by its worker)."""
+    ``{"error": exception}`` for a daskhps error (bad input, a missing commit): the client
+    raises it, whereas a task that raised would also be logged, as several lines, by its
+    worker."""
     try:
         return _score_and_write(index, path, job)
-    except DataError as e:
-        return {"error": str(e)}
+    except DaskHPSError as e:
+        return {"error": e}
 
 
 def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
@@ -159,6 +159,20 @@ def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
     pq.write_table(table, tmp)
     os.replace(tmp, dest)
     return {"rows": n, "report": report}
+
+
+def _check_stores(servable: Servable) -> None:
+    """Fail before starting any work when a rank store is missing (the workers check the
+    rest as they open them: loading every key index here would cost as much as theirs)."""
+    table = servable.table
+    for rank in range(table.num_workers):
+        path = table.store_path(rank)
+        if not (path / "zarr.json").is_file():
+            raise StoreNotFoundError(
+                f"model {servable.name!r}: no store at {path} (rank {rank} of "
+                f"{table.describe()}); the stores were moved or deleted, or are not "
+                "reachable from here: give a model whose stores exist"
+            )
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -203,7 +217,7 @@ def predict(
     t0 = time.perf_counter()
     files = resolve_files(data)
     outp = Path(out)
-    ShardedStores(servable.table).close()  # a missing store or commit fails before any work
+    _check_stores(servable)
     _prepare_out(outp, overwrite)
     cfg = servable.config
     job = _Job(
@@ -255,8 +269,7 @@ def _run(client: Any, job: _Job, files: list[str]) -> tuple[list[dict[str, Any]]
         results = client.gather(futures)
         errors = [r["error"] for r in results if "error" in r]
         if errors:
-            more = f" (and {len(errors) - 1} more files)" if len(errors) > 1 else ""
-            raise DataError(errors[0] + more)
+            raise errors[0]
     except BaseException:
         client.cancel(futures)
         for i in range(len(files)):

@@ -7,6 +7,7 @@ and each row looked up with ``EmbeddingTable.peek`` in its rank store, in one ba
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
 from daskhps.serve.predict import SUCCESS, SUMMARY, predict
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.table.init import init_embedding
-from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
+from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.trainer import Trainer
 from tests.serve.helpers import bits, reference_rows, tree_state
@@ -188,6 +189,19 @@ def _cli_cases(
     bad.write_text("1\t2\t3\n0\t5\t6\n")
     fails([*args, "--data", str(bad), "--overwrite"], str(bad), "schema")
     assert not list(out.glob("part-*")) and not (out / SUCCESS).exists()
+    # a checkpoint whose stores moved (found by the driver) or lost its commit (by a worker)
+    latest = latest_checkpoint(run_dir)
+    assert latest is not None
+    for key, value, words in (
+        ("stores_dir", str(tmp / "moved"), ("no store at", "moved")),
+        ("commit", "gone", ("no commit 'gone'",)),
+    ):
+        copy = tmp / f"edited-{key}" / "checkpoints" / latest.name
+        shutil.copytree(latest.path, copy)
+        manifest = json.loads((copy / MANIFEST).read_text())
+        (copy / MANIFEST).write_text(json.dumps({**manifest, key: value}))
+        data = ["--data", run["holdout"][0], "--overwrite"]
+        fails([*args, "--model", str(copy), *data], *words)
 
 
 def test_export_reproduces_predictions_outside_daskhps(
