@@ -129,6 +129,12 @@ def _plan_command() -> Any:
     return command
 
 
+def _retrain_command() -> Any:
+    from daskhps.retrain import command
+
+    return command
+
+
 def _serve_commands() -> Any:
     from daskhps.serve import commands
 
@@ -160,6 +166,12 @@ COMMANDS: dict[str, Command] = {
         _inspect_arguments,
         _inspect,
     ),
+    "report": Command(
+        "report",
+        "write the run report (HTML with the plots inline, and PNGs) of a run directory",
+        lambda p: _report_command().add_report_arguments(p),
+        lambda args: _report_command().run_report(args),
+    ),
     "predict": Command(
         "predict",
         "score click logs with a model version through the read-only hierarchy, to parquet",
@@ -172,11 +184,11 @@ COMMANDS: dict[str, Command] = {
         lambda p: _serve_commands().add_export_arguments(p),
         lambda args: _serve_commands().run_export(args),
     ),
-    "report": Command(
-        "report",
-        "write the run report (HTML with the plots inline, and PNGs) of a run directory",
-        lambda p: _report_command().add_report_arguments(p),
-        lambda args: _report_command().run_report(args),
+    "retrain": Command(
+        "retrain",
+        "train on new complete log days and publish if the guard holds (cron-friendly exit codes)",
+        lambda p: _retrain_command().add_retrain_arguments(p),
+        lambda args: _retrain_command().run_retrain(args),
     ),
     "plan": Command(
         "plan",

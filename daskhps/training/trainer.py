@@ -69,6 +69,7 @@ class RunResult:
     passes: list[dict[str, Any]] = field(default_factory=list)
     final_eval: dict[str, float] = field(default_factory=dict)
     dense_state: dict[str, Any] = field(default_factory=dict)
+    initial_eval: dict[str, float] = field(default_factory=dict)  # with eval_before
 
     @property
     def pass_losses(self) -> list[float]:
@@ -129,7 +130,14 @@ class _Prepared:
 
 
 class Trainer:
-    """Runs one training job described by a :class:`RunConfig`."""
+    """Runs one training job described by a :class:`RunConfig`.
+
+    ``warm_start``: begin a new run (a new plan, from pass 0) from this checkpoint's state:
+    its stores reopened at its commit and written after it, its dense model and optimizer
+    loaded, as a resume does; the caller checks that the config is compatible. Daily
+    retraining trains each new stretch of days this way. ``eval_before``: evaluate the
+    starting model on the holdout before the first pass (``RunResult.initial_eval``).
+    """
 
     def __init__(
         self,
@@ -137,6 +145,8 @@ class Trainer:
         *,
         progress: bool | None = None,
         echo: Callable[[str], None] | None = None,
+        warm_start: Checkpoint | None = None,
+        eval_before: bool = False,
     ) -> None:
         self.config = config
         self.echo = echo or (lambda message: log.info("%s", message))
@@ -144,6 +154,8 @@ class Trainer:
         self.progress = (not config.run.quiet) if progress is None else progress
         self.run_id = f"{config.run.name}-{uuid.uuid4().hex[:8]}"
         self._ckpt: Checkpoint | None = None  # the checkpoint a resume starts from
+        self.warm_start = warm_start
+        self.eval_before = eval_before
         self._stores = Path(config.table.tiers.store_dir)  # the stores trained in
 
     # -- setup -------------------------------------------------------------------
@@ -183,7 +195,9 @@ class Trainer:
         check_fits(cfg)  # refuse a run that cannot fit before any file or worker: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._ckpt = self._resume_point() if resume else None
+        if resume and self.warm_start is not None:
+            raise ResumeError("a run resumes its own checkpoint or warm-starts, not both")
+        self._ckpt = self._resume_point() if resume else self.warm_start
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         if cfg.data.generate is not None:
             cfg.data.generate.ensure(progress=self.progress)
@@ -272,7 +286,9 @@ class Trainer:
             plan.files, plan.partition_lengths, len(plan.passes)
         )
         ckpt = self._ckpt
-        if ckpt is not None:
+        resumed = ckpt is not None and self.warm_start is None  # else a new plan from pass 0
+        if resumed:
+            assert ckpt is not None
             resuming.check_plan(ckpt, fingerprint)
         report = train_log.compute_report()
         report.log_summary(log)
@@ -296,10 +312,10 @@ class Trainer:
         group.run(worker.setup_trainer, setup, what="build dense replicas")
         schedule = [(epoch, spec) for epoch in range(cfg.passes.epochs) for spec in plan.passes]
         total_steps = sum(spec.num_batches for _, spec in schedule)
-        done = ckpt.passes_done if ckpt is not None else 0
+        done = ckpt.passes_done if ckpt is not None and resumed else 0
         metrics_path = self.run_dir / "metrics.jsonl"
         if ckpt is not None:
-            if done > len(schedule):
+            if resumed and done > len(schedule):
                 raise ResumeError(
                     f"cannot resume from {ckpt.path}: it is {done} passes in, but the config "
                     f"schedules {len(schedule)}; keep passes.epochs >= {ckpt.config.passes.epochs}"
@@ -312,9 +328,12 @@ class Trainer:
                 ckpt.rng_states(),
                 what="restore dense replicas",
             )
+        if resumed:
             result.passes.extend(resuming.restore_metrics(metrics_path, done))
         else:
             metrics_path.write_text("")
+        if self.eval_before and holdout is not None:
+            result.initial_eval = self._evaluate(group, holdout)
         step = sum(spec.num_batches for _, spec in schedule[:done])
         days = sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))})
         checkpointer = Checkpointer(
@@ -389,6 +408,8 @@ class Trainer:
             commit_shards(client, addresses, "end", {"passes": len(result.passes)})
         if result.passes:
             result.final_eval = result.passes[-1].get("eval", {})
+        if holdout is not None and not result.final_eval:  # eval.every_pass off: at the end
+            result.final_eval = self._evaluate(group, holdout)
         result.dense_state = group.run(worker.model_state, self.run_id, what="dense weights")[0]
         group.run(worker.drop_trainer, self.run_id, what="drop dense replicas")
 
@@ -458,14 +479,19 @@ class Trainer:
         }
         seconds = dict(prepared.seconds)
         t = time.perf_counter()
-        kill_when_running(ctx.client, "daskhps-train-pass-", len(ctx.addresses), prepared.position)
-        outs = ctx.group.run(
-            worker.train_pass,
-            self.run_id,
-            info,
-            rank_args=[(f,) for f in prepared.examples],
-            what="train pass",
+        disarm = kill_when_running(
+            ctx.client, "daskhps-train-pass-", len(ctx.addresses), prepared.position
         )
+        try:
+            outs = ctx.group.run(
+                worker.train_pass,
+                self.run_id,
+                info,
+                rank_args=[(f,) for f in prepared.examples],
+                what="train pass",
+            )
+        finally:
+            disarm()
         seconds["train"] = train_s = time.perf_counter() - t
         t = time.perf_counter()
         if upcoming is not None:

@@ -1,0 +1,147 @@
+"""Train one candidate: from the published version, on the new days, scored on the newest.
+
+The candidate run is an ordinary training run of :class:`~daskhps.training.trainer.Trainer`
+in its own folder ``<run.dir>/attempts/<id>/``, with three differences:
+
+- its data are the plan's days, the newest one held out (``data.holdout.day``);
+- it starts from the published version's checkpoint (*warm start*: the table stores reopened
+  at that version's commit, the dense model and its optimizer state loaded), and scores that
+  starting model on the held-out day before the first pass: the baseline, on the same rows;
+- its table stores are its base version's (append-only, shared by every version trained
+  from it; publishing gives a version a commit name of its own, see
+  :mod:`daskhps.retrain.publish`). A run from scratch (nothing published) starts a new, empty set
+  of stores in ``<table.tiers.store_dir>/<attempt id>/``; nothing is ever wiped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from daskhps.config import HoldoutConfig, RunConfig
+from daskhps.errors import CheckpointError, ConfigError
+from daskhps.retrain.days import DayPlan
+from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
+
+__all__ = ["FIXED", "Candidate", "candidate_config", "check_warm_start", "train_candidate"]
+
+_GUARD_METRICS = ("auc", "logloss")
+_ONLY_AT_THE_END = 1 << 30  # checkpoint.every_passes: a checkpoint after the last pass only
+# Keys (or prefixes ending in ".") a candidate may not change from its base version: they
+# decide what a stored row means, where a key lives, or the dense model's shape. Everything
+# else (data, passes, learning rates, tiers, cluster, eval) may change from day to day.
+FIXED = (
+    "table.name",
+    "table.dim",
+    "table.optimizer.kind",
+    "table.optimizer.row_wise",
+    "table.seed",
+    "table.init_scale",
+    "passes.num_shards",
+    "model.",
+    "data.schema",
+    "dense_optimizer.kind",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A trained candidate: its checkpoint and both models' metrics on the scored day."""
+
+    checkpoint: Checkpoint
+    metrics: dict[str, float]
+    baseline: dict[str, float]
+
+
+def candidate_config(
+    config: RunConfig, plan: DayPlan, attempt_dir: Path, stores_dir: str | Path
+) -> RunConfig:
+    """``config`` narrowed to one attempt: the plan's days, its own folder, ``stores_dir``."""
+    if config.data.train is None:
+        raise ConfigError(
+            f"{config.source}: data.train: daskhps retrain reads day partitions from "
+            "data.train.paths (day=YYYY-MM-DD/ folders with a _SUCCESS marker); data.generate "
+            "writes a fixed set of days once: generate them with `daskhps generate` instead"
+        )
+    assert plan.eval_day is not None and plan.train
+    data = dataclasses.replace(
+        config.data,
+        train=dataclasses.replace(
+            config.data.train, days=(plan.train[0], plan.eval_day), require_complete=True
+        ),
+        holdout=HoldoutConfig(day=plan.eval_day),
+    )
+    metrics = tuple(config.eval.metrics) + tuple(
+        m for m in _GUARD_METRICS if m not in config.eval.metrics
+    )
+    return dataclasses.replace(
+        config,
+        run=dataclasses.replace(config.run, dir=str(attempt_dir)),
+        data=data,
+        table=dataclasses.replace(
+            config.table,
+            tiers=dataclasses.replace(config.table.tiers, store_dir=str(stores_dir)),
+        ),
+        eval=dataclasses.replace(config.eval, metrics=metrics),
+        checkpoint=dataclasses.replace(config.checkpoint, every_passes=_ONLY_AT_THE_END),
+    )
+
+
+def check_warm_start(base: Checkpoint, config: RunConfig) -> None:
+    """Raise :class:`ConfigError` when ``config`` changed a :data:`FIXED` key of ``base``."""
+    from daskhps.training.resume import config_changes
+
+    changes = config_changes(base.config, config)
+    fixed = {
+        k: v
+        for k, v in changes.items()
+        if any(k == f or (f.endswith(".") and k.startswith(f)) for f in FIXED)
+    }
+    if fixed:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
+        raise ConfigError(
+            f"{config.source}: cannot train from {base.path}: the config changed what its "
+            f"stored rows or dense model mean ({listed}); put the published values back, or "
+            "start a new lineage in another run.dir"
+        )
+
+
+def train_candidate(
+    config: RunConfig,
+    plan: DayPlan,
+    attempt_dir: Path,
+    base_checkpoint: str | None,
+    *,
+    echo: Callable[[str], None] | None = None,
+    progress: bool | None = None,
+) -> Candidate:
+    """Train the candidate of ``plan`` from ``base_checkpoint`` (None: from scratch)."""
+    from daskhps.training.trainer import Trainer
+
+    base = load_checkpoint(base_checkpoint) if base_checkpoint is not None else None
+    if base is not None:
+        stores_dir: Path = base.stores_dir
+    else:
+        stores_dir = Path(config.table.tiers.store_dir) / attempt_dir.name
+    cfg = candidate_config(config, plan, attempt_dir, stores_dir)
+    if base is not None:
+        check_warm_start(base, cfg)
+    trainer = Trainer(
+        cfg,
+        progress=progress,
+        echo=echo,
+        warm_start=base,
+        eval_before=True,
+    )
+    result = trainer.run()
+    ckpt = latest_checkpoint(attempt_dir)
+    if ckpt is None:
+        raise CheckpointError(
+            f"the candidate trained in {attempt_dir} left no complete checkpoint; "
+            "nothing was published (see the run's log)"
+        )
+    baseline: dict[str, Any] = dict(result.initial_eval)
+    return Candidate(ckpt, dict(result.final_eval), baseline)

@@ -1,0 +1,65 @@
+"""The config of a candidate run, and which changes a warm start refuses (no cluster)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from daskhps.config import RunConfig
+from daskhps.errors import ConfigError
+from daskhps.retrain.candidate import candidate_config, check_warm_start
+from daskhps.retrain.days import DayPlan
+from daskhps.training.checkpoint import Checkpoint
+
+PLAN = DayPlan(train=("2024-01-02", "2024-01-03"), eval_day="2024-01-04")
+
+
+def _cfg(**table: object) -> RunConfig:
+    return RunConfig.from_dict(
+        {
+            "run": {"dir": "runs/rt"},
+            "data": {"train": {"paths": "logs"}},
+            "table": {"dim": 8, **table},
+            "eval": {"metrics": ["ne"]},
+        }
+    )
+
+
+def test_candidate_config(tmp_path: Path) -> None:
+    cfg = candidate_config(_cfg(), PLAN, tmp_path / "attempts" / "a1", tmp_path / "stores")
+    assert cfg.run.dir == str(tmp_path / "attempts" / "a1")
+    assert cfg.data.train is not None
+    assert cfg.data.train.days == ("2024-01-02", "2024-01-04") and cfg.data.train.require_complete
+    assert cfg.data.holdout is not None and cfg.data.holdout.day == "2024-01-04"
+    assert cfg.table.tiers.store_dir == str(tmp_path / "stores")
+    assert cfg.eval.metrics == ("ne", "auc", "logloss")  # what the guard reads
+    assert cfg.checkpoint.due(3, last=True) and not cfg.checkpoint.due(1, last=False)
+    # a valid run config on its own (it is written to the attempt's config.yaml)
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def _base(cfg: RunConfig, tmp_path: Path) -> Checkpoint:
+    return Checkpoint(tmp_path / "v000001", {"config": cfg.to_dict()})
+
+
+def test_warm_start_accepts_day_to_day_changes(tmp_path: Path) -> None:
+    base = _base(_cfg(), tmp_path)
+    new = _cfg(optimizer={"kind": "adagrad", "lr": 0.5})
+    new = dataclasses.replace(
+        new, cluster=dataclasses.replace(new.cluster, n_workers=1), source="next.yaml"
+    )
+    check_warm_start(base, candidate_config(new, PLAN, tmp_path / "a", tmp_path / "s"))
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [({"dim": 16}, "table.dim"), ({"optimizer": {"kind": "adam"}}, "table.optimizer.kind")],
+)
+def test_warm_start_refuses_what_changes_stored_rows(
+    tmp_path: Path, change: dict, key: str
+) -> None:
+    base = _base(_cfg(), tmp_path)
+    with pytest.raises(ConfigError, match=rf"{key}: .*put the published values back"):
+        check_warm_start(base, _cfg(**change))
