@@ -236,3 +236,48 @@ def test_a_device_cache_on_the_gpu_returns_the_same_bits(stores: Path) -> None:
         after = lk.lookup(keys[:1000].cuda(), full=True).cpu()
     assert np.array_equal(bits(got.cpu()), bits(reference_rows(version(stores, "v1"), keys[:1000])))
     assert np.array_equal(bits(after), bits(reference_rows(version(stores, "v2"), keys[:1000])))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["extend", "branch", "compact"]),
+            st.lists(st.integers(0, 59), min_size=1, max_size=30, unique=True),
+            st.integers(0, 10),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    cached=st.lists(st.integers(0, 69), max_size=70, unique=True),
+)
+def test_any_commit_history_refreshes_to_exact_rows(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[str, list[int], int]],
+    cached: list[int],
+) -> None:
+    """Commits that extend, branch from an earlier commit, or compact; a lookup caching some
+    keys follows them with refresh and must read every key (10 never written) exactly."""
+    root = tmp_path_factory.mktemp("history")
+    universe = torch.arange(70, dtype=torch.int64) * 7919 - 100_000
+    train_commit(root, universe[:60], "c0", seed=100)
+    commits = ["c0"]
+    with ServingLookup(version(root, "c0"), device_rows=40, host_bytes=4096) as lk:
+        for i, (kind, touched, pick) in enumerate(steps, start=1):
+            name = f"c{i}"
+            if kind == "compact":
+                for r in range(2):
+                    path = root / SPEC.name / f"rank-{r}"
+                    with EmbeddingTable.open(SPEC, path, device_rows=10) as t:
+                        t.store.compact(min_stale=0.01)
+                        t.commit(name)
+            else:
+                base = commits[pick % len(commits)] if kind == "branch" else None
+                train_commit(root, universe[touched], name, seed=i, from_commit=base)
+            commits.append(name)
+            lk.lookup(universe[cached])
+            report = lk.refresh(version(root, name))
+            assert report.how in ("replay", "diff")
+            got = lk.lookup(universe, full=True)
+            assert np.array_equal(bits(got), bits(reference_rows(version(root, name), universe)))
