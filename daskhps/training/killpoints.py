@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from daskhps.errors import ConfigError
@@ -69,17 +70,21 @@ def kill_point(point: str, position: int) -> None:
         _die(point, position)
 
 
-def kill_when_running(client: Any, key_prefix: str, workers: int, position: int) -> None:
+def kill_when_running(
+    client: Any, key_prefix: str, workers: int, position: int
+) -> Callable[[], None]:
     """Arm ``mid_pass``: once a task whose key starts with ``key_prefix`` is executing on each
-    of ``workers`` workers, SIGKILL the driver (watched from a daemon thread)."""
+    of ``workers`` workers, SIGKILL the driver (watched from a daemon thread). Returns the
+    function that disarms it (call it when the pass's tasks are done)."""
+    done = threading.Event()
     if not armed_at("mid_pass", position):
-        return
+        return done.set
 
     def executing(dask_worker: Any) -> int:
         return sum(1 for ts in dask_worker.state.executing if str(ts.key).startswith(key_prefix))
 
     def watch() -> None:
-        while True:
+        while not done.is_set():
             try:
                 counts = client.run(executing)
             except Exception:  # the cluster is still settling: look again
@@ -89,3 +94,4 @@ def kill_when_running(client: Any, key_prefix: str, workers: int, position: int)
             time.sleep(0.005)
 
     threading.Thread(target=watch, name="daskhps-kill-mid-pass", daemon=True).start()
+    return done.set
