@@ -152,7 +152,7 @@ def retrain(
         frozen = freeze_version(cand.checkpoint, registry.folder / name, name)
         version = Version(
             name=name,
-            checkpoint=str(frozen.path),
+            checkpoint=str(frozen.path.resolve()),  # readers may start in another folder
             commit=frozen.commit,
             stores_dir=str(frozen.stores_dir),
             parent=current.name if current else None,
