@@ -41,19 +41,20 @@ class ShardedStores:
         self.initialised = 0  # rows served from init (keys no store holds)
         try:
             for rank in range(version.num_workers):
-                self.stores.append(
-                    ZarrStore.open(
-                        version.store_path(rank),
-                        name=f"{self.spec.name}/zarr rank-{rank}",
-                        width=self.spec.width,
-                        layout=self.spec.layout(),
-                        mode="r",
-                        commit=version.commit,
-                    )
-                )
+                self.stores.append(self._open(rank, version))
         except BaseException:
             self.close()
             raise
+
+    def _open(self, rank: int, version: TableVersion) -> ZarrStore:
+        return ZarrStore.open(
+            version.store_path(rank),
+            name=f"{self.spec.name}/zarr rank-{rank}",
+            width=self.spec.width,
+            layout=self.spec.layout(),
+            mode="r",
+            commit=version.commit,
+        )
 
     @property
     def rows_read(self) -> int:
@@ -108,12 +109,19 @@ class ShardedStores:
         ------
         StoreMismatchError
             No delta: another layout or sharding, or a commit that does not extend the open
-            one. Ranks advanced before the failing one stay advanced: discard this object.
+            one. On this or any other error every rank is back at the open version (ranks
+            already advanced are reopened at it).
         """
         self._check_delta(version)
         parts = [torch.empty(0, dtype=torch.int64)]
-        for store in self.stores:
-            parts.append(store.advance(version.commit))
+        for rank, store in enumerate(self.stores):
+            try:
+                parts.append(store.advance(version.commit))
+            except BaseException:
+                for back in range(rank):
+                    self.stores[back].close()
+                    self.stores[back] = self._open(back, self.version)
+                raise
         self.version = version
         return torch.unique(torch.cat(parts))
 

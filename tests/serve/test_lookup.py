@@ -155,6 +155,27 @@ def test_refresh_across_a_compaction_replays_the_copies(tmp_path: Path) -> None:
     assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "compacted"), keys)))
 
 
+def test_a_refresh_that_fails_on_one_rank_leaves_the_served_version(tmp_path: Path) -> None:
+    """Rank 0 has the newer commit, rank 1 lacks it: the refresh fails and every key still
+    reads the served version (rank 0, already advanced, is reopened at it)."""
+    keys = torch.randint(-(2**62), 2**62, (300,), generator=torch.Generator().manual_seed(8))
+    train_commit(tmp_path, keys, "v1", seed=1)
+    owner = version(tmp_path, "v1").shard_map.worker(keys)
+    with EmbeddingTable.open(SPEC, tmp_path / SPEC.name / "rank-0", device_rows=1000) as t:
+        t.apply_gradients(keys[owner == 0], torch.ones(int((owner == 0).sum()), SPEC.dim))
+        t.commit("v2")
+    with ServingLookup(version(tmp_path, "v1"), device_rows=1000) as lk:
+        with pytest.raises(CommitNotFoundError, match=r"rank-1.*no commit 'v2'"):
+            lk.refresh(version(tmp_path, "v2"))
+        assert lk.version.commit == "v1"
+        got = lk.lookup(keys, full=True)  # nothing cached: every row read from the stores
+    assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "v1"), keys)))
+    rank0 = tmp_path / SPEC.name / "rank-0"
+    with EmbeddingTable.open(SPEC, rank0, device_rows=1, mode="r", commit="v2") as t:
+        newer = t.peek(keys[owner == 0])
+    assert not np.array_equal(bits(got[owner == 0]), bits(newer))  # v2 really differs
+
+
 def test_advance_is_for_readers(tmp_path: Path) -> None:
     train_commit(tmp_path, torch.arange(10), "v1", workers=1)
     path = tmp_path / SPEC.name / "rank-0"
