@@ -29,6 +29,7 @@ from daskhps.config import load_config
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.errors import CheckpointError
 from daskhps.table import EmbeddingTable
+from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.training.killpoints import ENV
@@ -285,6 +286,14 @@ def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
     rows = _rows(final)
     assert rows.keys() == ref_rows.keys()
     assert all(np.array_equal(rows[k], v) for k, v in ref_rows.items())
+    # pass 3's checkpoint is a base: the store was compacted and its commit is a full index
+    # snapshot; pass 2's is a delta that only lists the segments written since
+    spec = final.table_spec
+    with ZarrStore.open(
+        final.store_path(0), name="t", width=spec.width, layout=spec.layout(), mode="r"
+    ) as store:
+        snapshot = {c.name: c.snapshot for c in store.commits()}
+    assert snapshot == {"pass-000002": False, "pass-000003": True}
 
     capsys.readouterr()
     assert cli_main(["inspect", str(run_dir), "--json"]) == 0
