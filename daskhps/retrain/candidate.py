@@ -7,10 +7,12 @@ in its own folder ``<run.dir>/attempts/<id>/``, with three differences:
 - it starts from the published version's checkpoint (*warm start*: the table stores reopened
   at that version's commit, the dense model and its optimizer state loaded), and scores that
   starting model on the held-out day before the first pass: the baseline, on the same rows;
-- its table stores are its base version's (append-only, shared by every version trained
-  from it; publishing gives a version a commit name of its own, see
-  :mod:`daskhps.retrain.publish`). A run from scratch (nothing published) starts a new, empty set
-  of stores in ``<table.tiers.store_dir>/<attempt id>/``; nothing is ever wiped.
+- it appends to its base version's table stores (shared by every version trained from it;
+  publishing gives a version a commit name of its own, see :mod:`daskhps.retrain.publish`).
+  New stores go to ``<table.tiers.store_dir>/<attempt id>``, a path no other attempt uses:
+  a run from scratch (nothing published) starts there, and so does a warm start on another
+  number of workers (the trainer re-shards the base's rows beside that path). Nothing that a
+  version uses is ever overwritten.
 """
 
 from __future__ import annotations
@@ -122,11 +124,9 @@ def train_candidate(
     from daskhps.training.trainer import Trainer
 
     base = load_checkpoint(base_checkpoint) if base_checkpoint is not None else None
-    if base is not None:
-        stores_dir: Path = base.stores_dir
-    else:
-        stores_dir = Path(config.table.tiers.store_dir) / attempt_dir.name
-    cfg = candidate_config(config, plan, attempt_dir, stores_dir)
+    cfg = candidate_config(
+        config, plan, attempt_dir, Path(config.table.tiers.store_dir) / attempt_dir.name
+    )
     if base is not None:
         check_warm_start(base, cfg)
     trainer = Trainer(
