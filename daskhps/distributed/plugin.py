@@ -41,6 +41,7 @@ __all__ = [
     "commit_shards",
     "compact_shards",
     "drop_commits_before",
+    "droppable_commits",
     "flush_shards",
     "local_shards",
     "open_shards",
@@ -321,7 +322,7 @@ def compact_shards(client: Any, addresses: Sequence[str]) -> list[dict[str, int]
     return run_pinned(client, addresses, _compact, what="compact shards")
 
 
-def _drop_before(name: str) -> dict[str, int]:
+def _drop_before(name: str, prefix: str) -> dict[str, int]:
     host = local_shards()
     out = {}
     for table in list(host.tables):
@@ -330,16 +331,31 @@ def _drop_before(name: str) -> dict[str, int]:
             if name not in names:
                 out[table] = 0
                 continue
-            keep = len(names) - (len(names) - 1 - names[::-1].index(name))
-            out[table] = len(t.store.drop_commits(keep))
+            n = droppable_commits(names, name, prefix)
+            out[table] = len(t.store.drop_commits(len(names) - n)) if n else 0
     return out
 
 
-def drop_commits_before(client: Any, addresses: Sequence[str], name: str) -> list[dict[str, int]]:
-    """Drop every commit older than the newest commit called ``name`` in every shard store,
-    and the files only they used; commits dropped per table, in rank order. A store without
-    ``name`` is left alone."""
-    return run_pinned(client, addresses, _drop_before, name, what="drop old commits")
+def droppable_commits(names: Sequence[str], name: str, prefix: str = "") -> int:
+    """How many of a store's oldest commits ``names`` (oldest first) may go so that the newest
+    ``name`` and everything after it stay, dropping only names starting with ``prefix``: a
+    store drops a prefix of its history, so the first foreign commit ends it."""
+    cut = len(names) - 1 - list(names)[::-1].index(name)
+    n = 0
+    while n < cut and names[n].startswith(prefix):
+        n += 1
+    return n
+
+
+def drop_commits_before(
+    client: Any, addresses: Sequence[str], name: str, prefix: str = ""
+) -> list[dict[str, int]]:
+    """Drop the commits older than the newest commit called ``name`` in every shard store,
+    and the files only they used; commits dropped per table, in rank order. With ``prefix``,
+    only commits whose names start with it are dropped (the oldest ones, up to the first
+    that does not), so commits other users of the stores made stay. A store without ``name``
+    is left alone."""
+    return run_pinned(client, addresses, _drop_before, name, prefix, what="drop old commits")
 
 
 def close_shards(client: Any, addresses: Sequence[str]) -> None:

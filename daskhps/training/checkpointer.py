@@ -182,7 +182,9 @@ class Checkpointer:
         live = self.stores_dir.resolve()
         ours = [c for c in kept if c.stores_dir.resolve() == live]
         if extra and ours:
-            drop_commits_before(self.client, self.addresses, ours[0].commit)
+            # only this run's own checkpoint commits: others (published versions) may share
+            # the stores
+            drop_commits_before(self.client, self.addresses, ours[0].commit, prefix="pass-")
         used = {c.stores_dir.resolve() for c in kept} | {live}
         for c in extra:
             if c.stores_dir.resolve() not in used and c.stores_dir.exists():

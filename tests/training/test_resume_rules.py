@@ -180,3 +180,18 @@ def test_kill_point_variable(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(killpoints.ENV, bad)
         with pytest.raises(ConfigError, match=rf"DASKHPS_KILL_AT={bad!r}.*one of stage, mid_pass"):
             killpoints.check_env()
+
+
+def test_pruning_drops_only_the_runs_own_old_commits() -> None:
+    from daskhps.distributed.plugin import droppable_commits
+
+    names = ["pass-000001", "pass-000002", "pass-000003", "pass-000004"]
+    assert droppable_commits(names, "pass-000003", "pass-") == 2
+    assert droppable_commits(names, "pass-000001", "pass-") == 0
+    # a published version's commit in shared stores is never dropped, nor anything after it
+    shared = ["pass-000001", "version-v000001", "pass-000002", "pass-000003"]
+    assert droppable_commits(shared, "pass-000003", "pass-") == 1
+    assert droppable_commits(shared, "pass-000003") == 3  # no prefix: everything older
+    # commits after the oldest kept checkpoint's stay (a torn one, replaced when its pass is
+    # committed again)
+    assert droppable_commits(names[:3], "pass-000002", "pass-") == 1
