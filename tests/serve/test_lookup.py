@@ -46,11 +46,13 @@ def test_rows_equal_the_tables_own_read_only_rows(stores: Path) -> None:
     keys = _keys(stores)["keys"]
     unseen = torch.tensor([11, -5, 2**40], dtype=torch.int64)
     query = torch.cat([keys[:N], unseen, keys[:100]])  # duplicates too
-    with ServingLookup(v1, device_rows=500, host_bytes=64 * 1024) as lk:
-        full = lk.lookup(query, full=True)
+    with ServingLookup(v1, device_rows=500, host_bytes=64 * 1024, full_rows=True) as lk:
+        full = lk.lookup(query)
         stats = lk.stats()
-        emb = lk.lookup(query)
-        distinct = lk.lookup(keys, full=True, unique=True)  # a routed batch: no dedup
+        distinct = lk.lookup(keys, unique=True)  # a routed batch: no dedup
+    with ServingLookup(v1, device_rows=500, host_bytes=64 * 1024) as lk:
+        emb = lk.lookup(query)  # the embedding columns only, cached as such
+        assert lk.device_cache.width == SPEC.dim < SPEC.width
     ref = reference_rows(v1, query)
     assert np.array_equal(bits(full), bits(ref))
     assert np.array_equal(bits(distinct), bits(reference_rows(v1, keys)))
@@ -85,14 +87,15 @@ def test_serving_never_writes_the_stores(stores: Path) -> None:
     assert tree_state(stores) == before
 
 
-def test_refresh_replaces_exactly_the_delta(stores: Path) -> None:
+@pytest.mark.parametrize("full_rows", [True, False], ids=["full-rows", "embeddings"])
+def test_refresh_replaces_exactly_the_delta(stores: Path, full_rows: bool) -> None:
     """After refresh every key reads v2's row bit for bit, and only cached changed rows were
     read again."""
     k = _keys(stores)
     keys, changed = k["keys"], k["changed"]
     everything = torch.cat([keys, torch.tensor([123456789])])
     v1, v2 = version(stores, "v1"), version(stores, "v2")
-    with ServingLookup(v1, device_rows=N + 100) as lk:
+    with ServingLookup(v1, device_rows=N + 100, full_rows=full_rows) as lk:
         lk.lookup(everything)  # caches every key (the 10 new ones as initial values)
         read_before = lk.stats()["store_rows_read"]
         report = lk.refresh(v2)
@@ -100,9 +103,10 @@ def test_refresh_replaces_exactly_the_delta(stores: Path) -> None:
         assert report.replaced_rows == 50  # all of them were cached
         assert report.rows_read == 50 and report.how == "replay"
         assert lk.stats()["store_rows_read"] == read_before + 50
-        after = lk.lookup(everything, full=True)
+        after = lk.lookup(everything)
         assert lk.stats()["store_rows_read"] == read_before + 50  # served from the cache
-    ref = reference_rows(v2, everything)
+    ref = reference_rows(v2, everything)[:, : after.shape[1]]
+    assert after.shape[1] == (SPEC.width if full_rows else SPEC.dim)
     assert np.array_equal(bits(after), bits(ref))
     # the delta really changed rows (a no-op refresh would pass the check above too)
     assert not np.array_equal(bits(reference_rows(v1, changed)), bits(reference_rows(v2, changed)))
@@ -110,11 +114,11 @@ def test_refresh_replaces_exactly_the_delta(stores: Path) -> None:
 
 def test_refresh_reads_nothing_for_uncached_keys(stores: Path) -> None:
     keys = _keys(stores)["keys"]
-    with ServingLookup(version(stores, "v1"), device_rows=100) as lk:
+    with ServingLookup(version(stores, "v1"), device_rows=100, full_rows=True) as lk:
         lk.lookup(keys[1000:1100])  # none of them changed in v2
         report = lk.refresh(version(stores, "v2"))
         assert (report.changed_keys, report.replaced_rows, report.rows_read) == (50, 0, 0)
-        got = lk.lookup(keys[:60], full=True)
+        got = lk.lookup(keys[:60])
     assert np.array_equal(bits(got), bits(reference_rows(version(stores, "v2"), keys[:60])))
 
 
@@ -125,10 +129,10 @@ def test_refresh_to_a_branch_written_from_an_older_commit(tmp_path: Path) -> Non
     train_commit(tmp_path, keys, "v1", seed=1)
     train_commit(tmp_path, keys[:100], "v2", seed=2)
     train_commit(tmp_path, keys[50:60], "v3", seed=3, from_commit="v1")
-    with ServingLookup(version(tmp_path, "v2"), device_rows=1000) as lk:
+    with ServingLookup(version(tmp_path, "v2"), device_rows=1000, full_rows=True) as lk:
         lk.lookup(keys)
         report = lk.refresh(version(tmp_path, "v3"))
-        got = lk.lookup(keys, full=True)
+        got = lk.lookup(keys)
     assert report.changed_keys == 100  # v2's 100 keys (v2-only segments) and v3's 10
     assert report.how == "diff"  # v3 does not extend v2: its index was opened
     assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "v3"), keys)))
@@ -140,7 +144,7 @@ def test_refresh_across_a_compaction_replays_the_copies(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(6)
     keys = torch.randint(-(2**62), 2**62, (800,), generator=gen)
     train_commit(tmp_path, keys, "v1", seed=1)
-    with ServingLookup(version(tmp_path, "v1"), device_rows=1000) as lk:
+    with ServingLookup(version(tmp_path, "v1"), device_rows=1000, full_rows=True) as lk:
         lk.lookup(keys)
         for i in range(2, 5):  # rewrite most keys: the first segments go stale
             train_commit(tmp_path, keys[: 700 - 100 * i], f"v{i}", seed=i)
@@ -150,7 +154,7 @@ def test_refresh_across_a_compaction_replays_the_copies(tmp_path: Path) -> None:
                 assert t.store.compact(min_stale=0.3).segments_rewritten > 0
                 t.commit("compacted")
         report = lk.refresh(version(tmp_path, "compacted"))
-        got = lk.lookup(keys, full=True)
+        got = lk.lookup(keys)
     assert report.how == "replay" and report.changed_keys > 0
     assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "compacted"), keys)))
 
@@ -164,11 +168,11 @@ def test_a_refresh_that_fails_on_one_rank_leaves_the_served_version(tmp_path: Pa
     with EmbeddingTable.open(SPEC, tmp_path / SPEC.name / "rank-0", device_rows=1000) as t:
         t.apply_gradients(keys[owner == 0], torch.ones(int((owner == 0).sum()), SPEC.dim))
         t.commit("v2")
-    with ServingLookup(version(tmp_path, "v1"), device_rows=1000) as lk:
+    with ServingLookup(version(tmp_path, "v1"), device_rows=1000, full_rows=True) as lk:
         with pytest.raises(CommitNotFoundError, match=r"rank-1.*no commit 'v2'"):
             lk.refresh(version(tmp_path, "v2"))
         assert lk.version.commit == "v1"
-        got = lk.lookup(keys, full=True)  # nothing cached: every row read from the stores
+        got = lk.lookup(keys)  # nothing cached: every row read from the stores
     assert np.array_equal(bits(got), bits(reference_rows(version(tmp_path, "v1"), keys)))
     rank0 = tmp_path / SPEC.name / "rank-0"
     with EmbeddingTable.open(SPEC, rank0, device_rows=1, mode="r", commit="v2") as t:
@@ -190,11 +194,11 @@ def test_refresh_to_another_sharding_empties_the_caches(stores: Path, tmp_path: 
     keys = _keys(stores)["keys"][:300]
     train_commit(tmp_path, keys, "one", workers=1, seed=9)
     one = version(tmp_path, "one", workers=1)
-    with ServingLookup(version(stores, "v1"), device_rows=1000) as lk:
+    with ServingLookup(version(stores, "v1"), device_rows=1000, full_rows=True) as lk:
         lk.lookup(keys)
         report = lk.refresh(one)
         assert report.how == "full" and report.replaced_rows == 0
-        got = lk.lookup(keys, full=True)
+        got = lk.lookup(keys)
     assert np.array_equal(bits(got), bits(reference_rows(one, keys)))
 
 
@@ -223,11 +227,11 @@ def test_any_lookup_sequence_matches_the_stores(
     """Tiny caches, arbitrary batches: every answer equals the committed row or init."""
     keys, ref = pool
     with ServingLookup(
-        version(stores, "v1"), device_rows=device_rows, host_bytes=host_rows * 200
+        version(stores, "v1"), device_rows=device_rows, host_bytes=host_rows * 200, full_rows=True
     ) as lk:
         for b in batches:
             idx = torch.tensor(b, dtype=torch.int64)
-            assert np.array_equal(bits(lk.lookup(keys[idx], full=True)), bits(ref[idx]))
+            assert np.array_equal(bits(lk.lookup(keys[idx])), bits(ref[idx]))
 
 
 def test_bad_inputs_raise_clear_errors(stores: Path, tmp_path: Path) -> None:
@@ -249,12 +253,12 @@ def test_bad_inputs_raise_clear_errors(stores: Path, tmp_path: Path) -> None:
 def test_a_device_cache_on_the_gpu_returns_the_same_bits(stores: Path) -> None:
     keys = _keys(stores)["keys"]
     with ServingLookup(
-        version(stores, "v1"), device_rows=200, host_bytes=16 << 10, device="cuda"
+        version(stores, "v1"), device_rows=200, host_bytes=16 << 10, device="cuda", full_rows=True
     ) as lk:
-        got = lk.lookup(keys[:1000].cuda(), full=True)
+        got = lk.lookup(keys[:1000].cuda())
         assert got.device.type == "cuda"
         lk.refresh(version(stores, "v2"))
-        after = lk.lookup(keys[:1000].cuda(), full=True).cpu()
+        after = lk.lookup(keys[:1000].cuda()).cpu()
     assert np.array_equal(bits(got.cpu()), bits(reference_rows(version(stores, "v1"), keys[:1000])))
     assert np.array_equal(bits(after), bits(reference_rows(version(stores, "v2"), keys[:1000])))
 
@@ -284,7 +288,7 @@ def test_any_commit_history_refreshes_to_exact_rows(
     universe = torch.arange(70, dtype=torch.int64) * 7919 - 100_000
     train_commit(root, universe[:60], "c0", seed=100)
     commits = ["c0"]
-    with ServingLookup(version(root, "c0"), device_rows=40, host_bytes=4096) as lk:
+    with ServingLookup(version(root, "c0"), device_rows=40, host_bytes=4096, full_rows=True) as lk:
         for i, (kind, touched, pick) in enumerate(steps, start=1):
             name = f"c{i}"
             if kind == "compact":
@@ -300,5 +304,5 @@ def test_any_commit_history_refreshes_to_exact_rows(
             lk.lookup(universe[cached])
             report = lk.refresh(version(root, name))
             assert report.how in ("replay", "diff")
-            got = lk.lookup(universe, full=True)
+            got = lk.lookup(universe)
             assert np.array_equal(bits(got), bits(reference_rows(version(root, name), universe)))

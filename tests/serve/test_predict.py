@@ -245,10 +245,10 @@ def test_refresh_from_one_checkpoint_of_the_run_to_the_next(run: dict[str, Any])
     stores = ShardedStores(newer.table)
     stored = torch.cat([s.keys() for s in stores.stores])
     stores.close()
-    with ServingLookup(older.table, device_rows=len(stored) + 10) as lk:
+    with ServingLookup(older.table, device_rows=len(stored) + 10, full_rows=True) as lk:
         lk.lookup(stored)  # every key cached at the older version
         report = lk.refresh(newer.table)
-        got = lk.lookup(stored, full=True)
+        got = lk.lookup(stored)
     assert np.array_equal(bits(got), bits(reference_rows(newer.table, stored)))
     assert report.how == "replay", report  # the next checkpoint extends the previous one
     assert 0 < report.rows_read == report.replaced_rows <= report.changed_keys < len(stored)
