@@ -3,8 +3,10 @@ LocalCluster (1 worker, gloo), real zarr stores, the command line's exit codes.
 
 One scenario, day by day (each step depends on the previous, so it is one test):
 
-1. 01-01, 01-02 complete, 01-03 still being written -> train 01-01 from scratch, score
-   01-02, publish v000001 (the incomplete day is ignored);
+1. 01-01, 01-02 complete, 01-03 still being written -> a first run is SIGKILLed once its
+   candidate's checkpoint is complete, before publishing: nothing is published, the lock is
+   free; the next run trains 01-01 from scratch, scores 01-02, publishes v000001 (the
+   incomplete day is ignored);
 2. again, nothing new -> exit 3, nothing trained;
 3. 01-03 completes, impossible guard -> the candidate (trained on 01-02 from v000001, scored
    on 01-03) is rejected: exit 4, v000001 stays current, the reason is printed;
@@ -16,7 +18,11 @@ One scenario, day by day (each step depends on the previous, so it is one test):
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +121,17 @@ def test_a_few_days_of_retraining(
     _arrive(all_days, logs, DAYS[0])
     _arrive(all_days, logs, DAYS[1])
     _arrive(all_days, logs, DAYS[2], complete=False)
+    killed = subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", "retrain", str(cfg)],
+        env={**os.environ, "DASKHPS_KILL_AT": "after_checkpoint"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert registry.current() is None and not (registry.folder / "CURRENT").exists()
+    assert registry.attempts() == []  # a killed run leaves no record: its days are retried
     assert main(["retrain", str(cfg)]) == ExitCode.PUBLISHED
     out = capsys.readouterr().out
     assert "published v000001" in out and "untrained model" in out
@@ -132,10 +149,8 @@ def test_a_few_days_of_retraining(
     attempts = len(registry.attempts())
     assert main(["retrain", str(cfg)]) == ExitCode.NOTHING_NEW
     assert "no new complete day" in capsys.readouterr().out
-    assert (
-        len(registry.attempts()) == attempts
-        and len(list((tmp_path / "run" / "attempts").iterdir())) == 1
-    )
+    assert len(registry.attempts()) == attempts == 1
+    assert len(list((tmp_path / "run" / "attempts").iterdir())) == 2  # the killed one's too
 
     # 3. the third day completes; a guard no candidate can pass
     (logs / f"day={DAYS[2]}" / SUCCESS).write_text("")
