@@ -3,7 +3,9 @@
 * :class:`ServingLookup` — ``keys -> rows`` through device cache -> host memory -> the rank
   stores of a committed table version (never written), refreshed by deltas;
 * :func:`load_servable` — a checkpoint (or a run's latest) as config + dense weights + table;
-* :mod:`daskhps.serve.score` — batch scoring of click logs on a Dask cluster (imports dask);
+* :mod:`daskhps.serve.score` — parsed log rows to click probabilities (the trainer's batch
+  path, as one rank); :mod:`daskhps.serve.predict` — that, one task per file on a Dask
+  cluster, to parquet (both import dask);
 * :mod:`daskhps.serve.export` — TorchScript dense model beside an embedding dump.
 """
 
