@@ -33,7 +33,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data", required=True, nargs="+", metavar="GLOB", help="click logs: files, folders, globs"
     )
-    p.add_argument("--out", required=True, help="output folder (part-*.parquet, predict.json)")
+    p.add_argument("--out", required=True, help="output folder (part-*.parquet, _predict.json)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing scheduler")
     p.add_argument(
         "--workers", type=_positive_int, default=None, help="local workers (default: the config's)"

@@ -5,11 +5,12 @@
     <out>/
       part-00000.parquet     file (string) | row (int64) | probability (float32)
       part-00001.parquet     ... one per input file, in sorted path order
-      predict.json           model, commit, files, rows, skipped rows by reason, seconds
+      _predict.json          model, commit, files, rows, skipped rows by reason, seconds
       _SUCCESS               written last: the output is complete
 
-A part is written as ``.tmp`` and renamed; a failed job removes its parts and leaves no
-``_SUCCESS``. See :mod:`daskhps.serve.score` for how a file is scored and what a row id is.
+A part is written as a hidden ``.part-*.tmp`` file and renamed (``pd.read_parquet(out)`` reads
+the folder as one dataset); a failed job removes its parts and leaves no ``_SUCCESS``. See
+:mod:`daskhps.serve.score` for how a file is scored and what a row id is.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = ["PredictResult", "predict"]
 log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
-SUMMARY = "predict.json"
+SUMMARY = "_predict.json"  # "_": parquet readers of the folder skip it
 # A file the model's schema cannot read at all is an error, not a skipped shard: scoring it
 # would silently leave its rows out.
 _FATAL = (Reason.SCHEMA_MISMATCH, Reason.UNREADABLE_SHARD)
@@ -62,7 +63,7 @@ class _Job:
 
 @dataclass
 class PredictResult:
-    """What :func:`predict` wrote (also in ``predict.json``)."""
+    """What :func:`predict` wrote (also in ``_predict.json``)."""
 
     out: Path
     model: str
@@ -155,7 +156,7 @@ def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
         }
     )
     dest = _part_path(job.out, index)
-    tmp = dest.with_name(dest.name + ".tmp")
+    tmp = dest.with_name(f".{dest.name}.tmp")  # hidden from readers of the folder
     pq.write_table(table, tmp)
     os.replace(tmp, dest)
     return {"rows": n, "report": report}
@@ -184,7 +185,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
             f"predict output {out} already holds predictions ({old[0].name}, ...); choose "
             "another folder or pass overwrite (--overwrite) to replace them"
         )
-    for p in [*old, out / SUMMARY]:
+    for p in [*old, out / SUMMARY, *out.glob(".part-*.tmp")]:  # tmp: of a killed job
         p.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 

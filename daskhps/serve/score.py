@@ -14,7 +14,7 @@ must be readable from every worker (a shared or local filesystem).
 
 Row ids: ``(file, row)``, where ``file`` is the input path and ``row`` the 0-based position
 of the example among the rows of that file that parsed (bad rows skipped under the model's
-bad-row policy have no prediction; ``predict.json`` counts them).
+bad-row policy have no prediction; ``_predict.json`` counts them).
 """
 
 from __future__ import annotations

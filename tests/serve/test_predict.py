@@ -114,6 +114,7 @@ def test_predict_equals_the_trainers_evaluation(run: dict[str, Any]) -> None:
         batch_size=256,
     )
     got = _read_out(out)
+    assert len(pd.read_parquet(out)) == len(got)  # the folder reads as one dataset
     assert tree_state(stores) == before  # scoring never wrote a store
     assert res.rows == len(frame) == len(got)
     # row ids: (file, row) in read order, one part per input file
