@@ -15,6 +15,7 @@ from daskhps.capacity.fit import SizingReport, size_run
 from daskhps.capacity.keystats import KeyStats
 from daskhps.config.commands import add_config_arguments
 from daskhps.config.runconfig import load_config
+from daskhps.distributed._workers import scheduler_workers
 from daskhps.errors import ConfigError
 
 __all__ = ["add_plan_arguments", "render", "run_plan"]
@@ -36,7 +37,7 @@ def _cluster_shape(address: str) -> tuple[int, int | None]:
 
     try:
         with Client(address, timeout="10s") as client:
-            workers = client.scheduler_info(n_workers=-1)["workers"].values()
+            workers = scheduler_workers(client).values()
             limits = [int(w.get("memory_limit") or 0) for w in workers]
     except OSError as e:
         raise ConfigError(

@@ -10,6 +10,7 @@ from typing import Any
 from distributed import wait
 
 from daskhps.distributed._errors import WorkerLostError
+from daskhps.distributed._workers import scheduler_workers
 
 __all__ = ["missing_workers", "run_pinned"]
 
@@ -18,7 +19,7 @@ _POLL_S = 0.25
 
 def missing_workers(client: Any, addresses: Sequence[str]) -> list[int]:
     """Ranks whose worker address is no longer in the cluster."""
-    alive = set(client.scheduler_info(n_workers=-1)["workers"])
+    alive = set(scheduler_workers(client))
     return [r for r, a in enumerate(addresses) if a not in alive]
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from distributed import Client, LocalCluster
 
 from daskhps.distributed._errors import ClusterError
+from daskhps.distributed._workers import scheduler_workers
 
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
 
@@ -184,7 +185,7 @@ def _finish(
         try:
             client.wait_for_workers(n_workers, timeout=timeout_s)
         except TimeoutError as e:
-            have = len(client.scheduler_info(n_workers=-1)["workers"])
+            have = len(scheduler_workers(client))
             raise ClusterError(
                 f"only {have} of {n_workers} Dask workers joined within {timeout_s:g} s: "
                 "start more workers, lower n_workers, or raise the wait timeout"

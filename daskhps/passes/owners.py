@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from daskhps.data.readers import ClickLog
+from daskhps.distributed._workers import scheduler_workers
 from daskhps.monitor import stage_span
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
@@ -141,7 +142,7 @@ def plan_owner_keys(
 
 def worker_addresses(client: Any) -> list[str]:
     """Worker addresses in rank order (sorted by address, so every caller agrees)."""
-    return sorted(client.scheduler_info(n_workers=-1)["workers"])
+    return sorted(scheduler_workers(client))
 
 
 def _identity(df: Any) -> Any:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -40,6 +39,7 @@ from daskhps.distributed import (
     stage_shards,
     start_cluster,
 )
+from daskhps.distributed._workers import scheduler_workers
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import CommGroup
 from daskhps.errors import CapacityError, ResumeError
@@ -162,20 +162,15 @@ class Trainer:
 
     def _start_cluster(self) -> ClusterHandle:
         c = self.config.cluster
-        # The client refreshes its cached scheduler_info() in the background with no worker
-        # details; a refresh landing between scheduler_info(n_workers=-1) and its return
-        # makes every worker look gone (WorkerLostError in the middle of a run). Refresh
-        # only on request.
-        with dask.config.set({"distributed.client.scheduler-info-interval": "30d"}):
-            return start_cluster(
-                address=c.address,
-                n_workers=c.n_workers if c.address is None else None,
-                threads_per_worker=c.threads_per_worker,
-                memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
-                processes=c.processes,
-                gpus=c.gpu if c.gpu in (True, False, "auto") else "auto",  # type: ignore[arg-type]
-                dashboard_address=c.dashboard_address,
-            )
+        return start_cluster(
+            address=c.address,
+            n_workers=c.n_workers if c.address is None else None,
+            threads_per_worker=c.threads_per_worker,
+            memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
+            processes=c.processes,
+            gpus=c.gpu if c.gpu in (True, False, "auto") else "auto",  # type: ignore[arg-type]
+            dashboard_address=c.dashboard_address,
+        )
 
     def _sizing(self) -> TierSizing:
         tiers = self.config.table.tiers
@@ -576,7 +571,7 @@ def _bad_rows_by_pass(
 
 
 def _min_threads(client: Any, addresses: list[str]) -> int:
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = scheduler_workers(client)
     return min(int(workers[a].get("nthreads", 1)) for a in addresses)
 
 
