@@ -11,11 +11,11 @@ import json
 import sys
 from typing import Any
 
+from daskhps._scheduler import scheduler_workers
 from daskhps.capacity.fit import SizingReport, size_run
 from daskhps.capacity.keystats import KeyStats
 from daskhps.config.commands import add_config_arguments
 from daskhps.config.runconfig import load_config
-from daskhps.distributed._workers import scheduler_workers
 from daskhps.errors import ConfigError
 
 __all__ = ["add_plan_arguments", "render", "run_plan"]

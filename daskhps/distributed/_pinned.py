@@ -9,8 +9,8 @@ from typing import Any
 
 from distributed import wait
 
+from daskhps._scheduler import scheduler_workers
 from daskhps.distributed._errors import WorkerLostError
-from daskhps.distributed._workers import scheduler_workers
 
 __all__ = ["missing_workers", "run_pinned"]
 

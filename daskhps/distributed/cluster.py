@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from distributed import Client, LocalCluster
 
+from daskhps._scheduler import scheduler_workers
 from daskhps.distributed._errors import ClusterError
-from daskhps.distributed._workers import scheduler_workers
 
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
 

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from daskhps._scheduler import scheduler_workers
 from daskhps.data.readers import ClickLog
-from daskhps.distributed._workers import scheduler_workers
 from daskhps.monitor import stage_span
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dask
 from distributed import Client, LocalCluster
 
+from daskhps._scheduler import scheduler_workers
 from daskhps.distributed._pinned import missing_workers
-from daskhps.distributed._workers import scheduler_workers
 
 
 def test_workers_are_never_missed_while_the_client_refreshes_its_cache():
