@@ -13,6 +13,7 @@ import sys
 
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, DaskHPSError
+from daskhps.monitor.progress import quiet_run
 from daskhps.retrain import ExitCode, RetrainLockedError
 from daskhps.retrain.job import describe_versions, retrain, rollback
 
@@ -34,7 +35,7 @@ def run(
 ) -> int:
     """Run the job (or roll back, or list versions); returns the exit code (``ExitCode``)."""
     if config.run.quiet:
-        logging.getLogger("distributed").setLevel(logging.ERROR)
+        quiet_run()  # no Dask chatter: warnings and errors only
     echo = None if config.run.quiet else (lambda message: print(message, file=sys.stderr))
     try:
         if list_versions:

@@ -298,7 +298,7 @@ def _call(rank: int, token: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 # Collective tasks metered as a stage (Fine Performance Metrics page), by their `what`.
-STAGE_OF_TASK = {"train pass": "train", "evaluate": "eval"}
+STAGE_OF_TASK = {"train pass": "train", "eval holdout": "eval"}
 
 
 def _call_in_stage(stage: str, rank: int, token: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -1,15 +1,90 @@
-"""Terminal output of a run: quiet mode for scheduled runs.
+"""Terminal output of a run: batch progress from the workers, quiet mode for scheduled runs.
 
 Progress bars (tqdm) are drawn by the generator and the trainer unless the run is quiet; see
-``Trainer(progress=...)`` and ``GenerateConfig.ensure(progress=...)``.
+``Trainer(progress=...)`` and ``GenerateConfig.ensure(progress=...)``. A pass trains inside one
+task per worker, so the trainer's bar would only move when a pass ends; rank 0 therefore
+reports its batch count as a Dask event (:func:`report_batches`), at most a few times a second,
+and the driver moves the bar as the events arrive (:class:`BatchProgress`)::
+
+    rank 0: train_pass ── report_batches(run, 7) ──► scheduler event topic ──► driver: bar += ...
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import warnings
+from typing import Any
 
-__all__ = ["quiet_run"]
+__all__ = ["BatchProgress", "progress_topic", "quiet_run", "report_batches"]
+
+# A few events a second: enough for a bar, negligible next to a mini-batch (~10 ms or more).
+_MIN_INTERVAL_S = 0.25
+_last_report: dict[str, float] = {}
+
+
+def progress_topic(run_id: str) -> str:
+    return f"daskhps-progress-{run_id}"
+
+
+def report_batches(run_id: str, done: int, total: int, *, force: bool = False) -> None:
+    """On a worker: tell the driver that ``done`` of the pass's ``total`` batches are trained.
+
+    Rate-limited; outside a Dask worker (a benchmark, a unit test) it does nothing.
+    """
+    now = time.monotonic()
+    if not force and now - _last_report.get(run_id, 0.0) < _MIN_INTERVAL_S and done < total:
+        return
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except ValueError:  # not inside a Dask task
+        return
+    _last_report[run_id] = now
+    worker.log_event(progress_topic(run_id), {"done": int(done), "total": int(total)})
+
+
+class BatchProgress:
+    """On the driver: move ``bar`` with the batch counts rank 0 reports during a pass.
+
+    ``start_pass()`` before a pass's tasks start; ``end_pass(num_batches)`` after they finish
+    (it tops the bar up to the pass's end, whatever events were lost or late).
+    """
+
+    def __init__(self, client: Any, run_id: str, bar: Any) -> None:
+        self.client, self.topic, self.bar = client, progress_topic(run_id), bar
+        self._lock = threading.Lock()
+        self._shown = 0  # batches of the current pass already on the bar
+        self._open = False
+        client.subscribe_topic(self.topic, self._on_event)
+
+    def _on_event(self, event: Any) -> None:
+        _, msg = event
+        with self._lock:
+            if not self._open:
+                return  # a late event of a pass already topped up
+            ahead = int(msg.get("done", 0)) - self._shown
+            if ahead > 0:
+                self.bar.update(ahead)
+                self._shown += ahead
+
+    def start_pass(self) -> None:
+        with self._lock:
+            self._shown, self._open = 0, True
+
+    def end_pass(self, num_batches: int) -> None:
+        with self._lock:
+            if num_batches > self._shown:
+                self.bar.update(num_batches - self._shown)
+            self._shown, self._open = num_batches, False
+
+    def close(self) -> None:
+        try:
+            self.client.unsubscribe_topic(self.topic)
+        except Exception as e:  # the client may already be closing: a bar is not worth an error
+            logging.getLogger(__name__).debug("unsubscribing from %s: %s", self.topic, e)
 
 
 def quiet_run() -> None:

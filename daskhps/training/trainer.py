@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import (
@@ -39,11 +40,11 @@ from daskhps.distributed import (
     stage_shards,
     start_cluster,
 )
-from daskhps.distributed._workers import scheduler_workers
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import CommGroup
 from daskhps.errors import CapacityError, ResumeError
 from daskhps.monitor import announce_pass
+from daskhps.monitor.progress import BatchProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
@@ -349,6 +350,7 @@ class Trainer:
             disable=not self.progress,
             desc="training",
         )
+        batches = BatchProgress(client, self.run_id, bar) if self.progress else None
         ctx = _PassContext(client, group, addresses, train_log, plan, shard_map)
         # Pass k+1 is read, hashed, deduplicated, shuffled and staged on a driver thread while
         # pass k trains on the workers (Baidu's pipeline). That needs a second thread on every
@@ -381,6 +383,8 @@ class Trainer:
                 )
                 bar.set_description(f"pass {i + 1}/{len(schedule)}")
                 announce_pass(client, addresses, spec.index)  # the dashboard's pass column
+                if batches is not None:
+                    batches.start_pass()
                 rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
                 if has_next:
                     upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
@@ -388,7 +392,10 @@ class Trainer:
                 skipped = bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
                 rec.update(epoch=epoch, bad_rows_skipped=skipped)
                 step += spec.num_batches
-                bar.update(spec.num_batches)
+                if batches is not None:
+                    batches.end_pass(spec.num_batches)
+                else:
+                    bar.update(spec.num_batches)
                 bar.set_postfix(loss=f"{rec['train_loss']:.4f}", auc=rec.get("eval", {}).get("auc"))
                 result.passes.append(rec)
                 with metrics_path.open("a") as f:
@@ -397,6 +404,8 @@ class Trainer:
                 if checkpointer.due(pos):
                     checkpointer.take(pos, rec)
         finally:
+            if batches is not None:
+                batches.close()
             bar.close()
             pool.shutdown(wait=True, cancel_futures=True)
         if not cfg.checkpoint.enabled:  # else the last checkpoint committed the final rows
@@ -529,7 +538,7 @@ class Trainer:
             self.run_id,
             info,
             rank_args=[(f,) for f in holdout["futures"]],
-            what="evaluate",
+            what="eval holdout",
         )
         pred = np.concatenate([o[0] for o in outs])
         label = np.concatenate([o[1] for o in outs])

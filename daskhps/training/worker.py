@@ -30,6 +30,7 @@ from daskhps.data.schema import Schema
 from daskhps.distributed import Comm, Exchange, local_shards
 from daskhps.distributed.exchange import Routing
 from daskhps.models import ModelSpec, pool
+from daskhps.monitor.progress import report_batches
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import WorkerExamples
 
@@ -358,6 +359,8 @@ def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]
         rep.step += 1
         loss_sum += value
         losses.append(value)
+        if comm.rank == 0:
+            report_batches(run_id, b + 1, nb)  # the driver's progress bar
     return {
         "rank": comm.rank,
         "examples": data.num_examples,

@@ -167,7 +167,7 @@ def test_collective_tasks_are_metered_as_train_and_eval_and_the_pass_is_shown(st
     client, addresses = staged.client, list(staged.addresses)
     with init_comm(client, addresses, timeout_s=30) as group:
         assert group.run(_sleep_a_little, what="train pass") == [0, 1]
-        group.run(_sleep_a_little, what="evaluate")
+        group.run(_sleep_a_little, what="eval holdout")
     announce_pass(client, addresses, 7)
 
     def cumulative(dask_scheduler: Any) -> dict:
@@ -183,13 +183,12 @@ def test_collective_tasks_are_metered_as_train_and_eval_and_the_pass_is_shown(st
         }
         info = client.scheduler_info(n_workers=-1)["workers"]
         passes = [info[a]["metrics"].get("daskhps_pass") for a in addresses]
-        # "evaluate" is 8 letters starting like hex: Dask's key_split drops it from the prefix
-        done = ("daskhps", "eval") in seconds and passes == [7, 7]
+        done = ("daskhps-eval-holdout", "eval") in seconds and passes == [7, 7]
         if done or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert seconds[("daskhps-train-pass", "train")] >= 2 * 0.05 * 0.9  # both ranks
-    assert seconds[("daskhps", "eval")] >= 2 * 0.05 * 0.9
+    assert seconds[("daskhps-eval-holdout", "eval")] >= 2 * 0.05 * 0.9
     assert passes == [7, 7]
 
 
