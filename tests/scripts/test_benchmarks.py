@@ -76,3 +76,34 @@ def test_bench_train_quick() -> None:
     names = " ".join(r["name"] for r in recs)
     for stage in ("stage", "pull", "forward_backward", "push", "dense_step", "flush"):
         assert f"out-of-core run: {stage} per pass" in names
+
+
+@pytest.mark.slow
+def test_bench_serve_quick() -> None:
+    recs = _run("bench_serve.py", "--quick")
+    by_start = {r["name"].split(" (")[0]: r for r in recs}
+    thrash = next(r for r in recs if "thrashing batches" in r["name"])
+    assert thrash["unit"] == "keys/s" and "device cache" in thrash["baseline_name"]
+    assert thrash["store_rows_read"] == thrash["rows_from"]["store"] > 0
+    warm = next(r for r in recs if r["name"].endswith("every row in the device cache"))
+    assert "index_select" in warm["baseline_name"]
+    replay = by_start["refresh, replay"]
+    assert replay["unit"] == "ms" and "re-warm" in replay["baseline_name"]
+    # every changed key was cached, so a refresh reads exactly those rows
+    assert replay["replaced_rows"] == replay["rows_read"] > 0
+    assert replay["rewarm_rows_read"] == thrash["store_rows_read"]
+    rollback = next(r for r in recs if r["name"].startswith("refresh, rollback"))
+    assert rollback["baseline_name"] == "refresh, replay"
+
+
+@pytest.mark.slow
+def test_bench_metrics_quick() -> None:
+    recs = _run("bench_metrics.py", "--quick")
+    hooks = [r for r in recs if r.get("baseline_name", "").startswith("EmbeddingTable.stats()")]
+    names = " ".join(r["name"] for r in hooks)
+    for part in ("stage_span", "Workers-table callback", "refresh", "/metrics collection"):
+        assert part in names
+    assert all(r["unit"] == "us" and r["value"] > 0 for r in hooks)
+    shard = {r["name"]: r["value"] for r in recs if r["name"].startswith("shard: ")}
+    assert shard["shard: device tier rows"] == 20_000
+    assert shard["shard: zarr store rows"] > 0  # the passes pushed rows down to the store
