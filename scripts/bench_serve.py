@@ -15,10 +15,11 @@ each later commit ``v2``, ``v3``, ... touches another 1% of the keys. A ``Servin
    from one flat tensor, the physical limit of a lookup that hits;
 4. ``refresh`` to the next commit (replay of the added segments; every changed key cached),
    against opening that commit and re-warming with the thrashing batches (median of
-   ``--refreshes`` rounds, interleaved); then a rollback to ``v1`` (the diff path, which
+   3 rounds, one per later commit, interleaved); then a rollback to ``v1`` (the diff path, which
    opens the older commit's key index) against the replay.
 
-Lookups are checked against the rows the tables hold before anything is timed.
+Every hot-set batch is checked against the rows v1 holds before the warm pass is timed, and
+each refresh must be a replay of exactly the keys its commit touched.
 """
 
 from __future__ import annotations
