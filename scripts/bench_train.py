@@ -22,6 +22,9 @@ for the embeddings and Adam for the dense model.
    with every row in the device tier: examples/s including staging, hit rate of each tier.
 3. seconds per stage per pass (stage, pull, forward/backward, push, dense step, flush) of both
    daskhps runs.
+4. 2 ranks (2 processes, a real gloo group, 1 torch thread each, each rank half of every
+   global batch and the owner of half the keys) against 1 rank (1 process, 2 torch threads) on
+   the same global batches: examples/s, runs alternated.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter, interleaved
 
+from daskhps.distributed import Comm
 from daskhps.distributed.exchange import Exchange
 from daskhps.models import build_model
 from daskhps.sharding import ShardMap
@@ -163,7 +168,12 @@ class DaskhpsSide:
 
     @classmethod
     def open(
-        cls, path: Path, device_rows: int, host_bytes: int, flush_each_pass: bool
+        cls,
+        path: Path,
+        device_rows: int,
+        host_bytes: int,
+        flush_each_pass: bool,
+        comm: Comm | None = None,
     ) -> DaskhpsSide:
         spec = TableSpec("bench", dim=DIM, optimizer=OptimizerSpec("adagrad", lr=SPARSE_LR))
         table = EmbeddingTable.open(
@@ -171,12 +181,19 @@ class DaskhpsSide:
         )
         model = new_model()
         opt = torch.optim.Adam(model.parameters(), lr=DENSE_LR)
-        ex = Exchange(None, ShardMap(NUM_SHARDS, 1))
+        ex = Exchange(comm, ShardMap(NUM_SHARDS, comm.world_size if comm else 1))
         return cls(table, model, opt, ex, flush_each_pass)
 
+    @property
+    def rank(self) -> int:
+        return self.exchange.comm.rank if self.exchange.comm is not None else 0
+
     def stage(self, data: Pass) -> StageReport:
+        keys = data.keys.reshape(-1)
+        if self.exchange.world_size > 1:  # the keys this rank owns
+            keys = keys[self.exchange.shard_map.worker(keys) == self.rank]
         with self.lock:
-            return self.table.stage(data.keys.reshape(-1))
+            return self.table.stage(keys)
 
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         with self.lock:
@@ -211,8 +228,12 @@ class DaskhpsSide:
             worker.start()
         loss_sum = 0.0
         model.train()
+        world, rank = self.exchange.world_size, self.rank
         for b in range(data.num_batches):
             dense, keys, labels = data.batch(b)
+            size = len(labels)  # the global batch; this rank trains its share of it
+            lo, hi = rank * size // world, (rank + 1) * size // world
+            dense, keys, labels = dense[lo:hi], keys[lo:hi], labels[lo:hi]
             # the trainer's own step (one rank: the exchange and all-reduce are local)
             loss_sum += train_step(
                 model,
@@ -221,7 +242,7 @@ class DaskhpsSide:
                 self.lookup,
                 self.apply_gradients,
                 (dense, keys, None, labels),
-                global_size=len(labels),
+                global_size=size,
                 lr=None,
                 grad_clip_norm=None,
                 pooling=None,
@@ -418,6 +439,56 @@ def bench_out_of_core(rep: Reporter, tmp: Path, data: Data, rounds: int) -> None
     tight.table.close()
 
 
+def _rank_main(rank: int, world: int, root: str, cfg: dict, rounds: int) -> None:
+    """One rank of the multi-process figure: train every pass ``rounds`` times, save the
+    seconds per pass (rank 0) and the summed loss of its share."""
+    warnings.filterwarnings("ignore", message="Sparse invariant checks")
+    torch.set_num_threads(2 // world)
+    data = make_data(**cfg, zipf=1.05, seed=1)
+    comm = Comm.create(rank, world, init_method=f"file://{root}/store", timeout_s=300)
+    side = DaskhpsSide.open(
+        Path(root) / f"rank-{rank}",
+        device_rows=len(data.distinct),
+        host_bytes=0,
+        flush_each_pass=False,
+        comm=comm,
+    )
+    seconds = []
+    for _ in range(rounds):
+        for p in data.passes:
+            t0 = time.perf_counter()
+            side.train_pass(p)
+            seconds.append(time.perf_counter() - t0)
+    side.table.close()
+    comm.close()
+    torch.save({"seconds": seconds, "losses": side.losses}, Path(root) / f"out-{rank}.pt")
+
+
+def bench_ranks(rep: Reporter, tmp: Path, cfg: dict, data: Data, repeat: int) -> None:
+    times: dict[int, list[float]] = {1: [], 2: []}
+    losses: dict[int, float] = {}
+    for i in range(repeat):
+        for world in (1, 2):
+            root = tmp / f"ranks-{world}-{i}"
+            root.mkdir()
+            mp.spawn(_rank_main, args=(world, str(root), cfg, 2), nprocs=world, join=True)
+            outs = [torch.load(root / f"out-{r}.pt") for r in range(world)]
+            times[world] += outs[0]["seconds"][len(data.passes) :]  # round 1 fills the table
+            losses[world] = sum(o["losses"][-1] for o in outs)
+    ex = data.passes[0].num_examples
+    t1, t2 = statistics.median(times[1]), statistics.median(times[2])
+    rep.emit(
+        "daskhps, 2 ranks (2 processes, gloo, 1 torch thread each), same global batches, "
+        "staging included",
+        ex / t2,
+        "examples/s",
+        baseline=ex / t1,
+        baseline_name="1 rank, 1 process, 2 torch threads",
+        loss_last_pass=round(losses[2], 5),
+        baseline_loss_last_pass=round(losses[1], 5),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -442,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             ooc_vocab, cfg["batch"], cfg["batches_per_pass"], ooc_passes, zipf=0.9, seed=2
         )
         bench_out_of_core(rep, tmp, ooc, rounds)
+        bench_ranks(rep, tmp, cfg, data, repeat=1 if args.quick else 3)
     return 0
 
 
