@@ -11,6 +11,7 @@ traceback; ``--debug`` shows the traceback when one is wanted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -36,7 +37,8 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -48,11 +50,11 @@ def _positive_int(text: str) -> int:
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (day=YYYY-MM-DD/part-* inside)")
-    p.add_argument("--days", type=_positive_int, default=1, help="number of days (default 1)")
+    p.add_argument("--days", type=positive_int, default=1, help="number of days (default 1)")
     p.add_argument(
-        "--rows-per-day", type=_positive_int, default=100_000, help="rows per day (default 1e5)"
+        "--rows-per-day", type=positive_int, default=100_000, help="rows per day (default 1e5)"
     )
-    p.add_argument("--parts-per-day", type=_positive_int, default=4, help="files per day")
+    p.add_argument("--parts-per-day", type=positive_int, default=4, help="files per day")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--start-day", default="2024-01-01", help="first day, YYYY-MM-DD")
     p.add_argument("--exponent", type=float, default=1.1, help="power-law exponent (1.1)")
@@ -60,7 +62,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signal", type=float, default=1.0, help="strength of the planted signal")
     p.add_argument("--ctr", type=float, default=0.25, help="target click-through rate")
     p.add_argument("--gzip", action="store_true", help="write .tsv.gz parts")
-    p.add_argument("--workers", type=_positive_int, default=None, help="parallel threads")
+    p.add_argument("--workers", type=positive_int, default=None, help="parallel threads")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -109,36 +111,14 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_commands() -> Any:
-    # Imported on use: the config package imports torch (model specs), which `generate`
-    # does not need.
-    from daskhps.config import commands
+def _lazy(name: str, help: str, module: str, add: str, run: str) -> Command:
+    """A command whose module is imported on use: most of them import torch or Dask, which
+    ``daskhps generate`` (and ``--help``) do not need."""
 
-    return commands
+    def function(attr: str) -> Callable[..., Any]:
+        return getattr(importlib.import_module(module), attr)
 
-
-def _report_command() -> Any:
-    from daskhps.monitor import command
-
-    return command
-
-
-def _plan_command() -> Any:
-    from daskhps.capacity import command
-
-    return command
-
-
-def _retrain_command() -> Any:
-    from daskhps.retrain import command
-
-    return command
-
-
-def _serve_commands() -> Any:
-    from daskhps.serve import commands
-
-    return commands
+    return Command(name, help, lambda p: function(add)(p), lambda args: function(run)(args))
 
 
 COMMANDS: dict[str, Command] = {
@@ -148,17 +128,19 @@ COMMANDS: dict[str, Command] = {
         _generate_arguments,
         _generate,
     ),
-    "train": Command(
+    "train": _lazy(
         "train",
         "validate a run config and train (daskhps train CONFIG [--set key=value ...])",
-        lambda p: _config_commands().add_train_arguments(p),
-        lambda args: _config_commands().run_train(args),
+        "daskhps.config.commands",
+        "add_train_arguments",
+        "run_train",
     ),
-    "config": Command(
+    "config": _lazy(
         "config",
         "validate a run config and print it with every default filled in, as YAML",
-        lambda p: _config_commands().add_config_arguments(p),
-        lambda args: _config_commands().run_config(args),
+        "daskhps.config.commands",
+        "add_config_arguments",
+        "run_config",
     ),
     "inspect": Command(
         "inspect",
@@ -166,35 +148,40 @@ COMMANDS: dict[str, Command] = {
         _inspect_arguments,
         _inspect,
     ),
-    "report": Command(
+    "report": _lazy(
         "report",
         "write the run report (HTML with the plots inline, and PNGs) of a run directory",
-        lambda p: _report_command().add_report_arguments(p),
-        lambda args: _report_command().run_report(args),
+        "daskhps.monitor.command",
+        "add_report_arguments",
+        "run_report",
     ),
-    "predict": Command(
+    "predict": _lazy(
         "predict",
         "score click logs with a model version through the read-only hierarchy, to parquet",
-        lambda p: _serve_commands().add_predict_arguments(p),
-        lambda args: _serve_commands().run_predict(args),
+        "daskhps.serve.commands",
+        "add_predict_arguments",
+        "run_predict",
     ),
-    "export": Command(
+    "export": _lazy(
         "export",
         "write a model as TorchScript beside an embedding dump, for serving outside daskhps",
-        lambda p: _serve_commands().add_export_arguments(p),
-        lambda args: _serve_commands().run_export(args),
+        "daskhps.serve.commands",
+        "add_export_arguments",
+        "run_export",
     ),
-    "retrain": Command(
+    "retrain": _lazy(
         "retrain",
         "train on new complete log days and publish if the guard holds (cron-friendly exit codes)",
-        lambda p: _retrain_command().add_retrain_arguments(p),
-        lambda args: _retrain_command().run_retrain(args),
+        "daskhps.retrain.command",
+        "add_retrain_arguments",
+        "run_retrain",
     ),
-    "plan": Command(
+    "plan": _lazy(
         "plan",
         "size a run before it starts: memory per tier per worker, pass working set, disk",
-        lambda p: _plan_command().add_plan_arguments(p),
-        lambda args: _plan_command().run_plan(args),
+        "daskhps.capacity.command",
+        "add_plan_arguments",
+        "run_plan",
     ),
 }
 

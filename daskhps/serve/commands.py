@@ -5,17 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from daskhps.cli import positive_int
+
 __all__ = ["add_export_arguments", "add_predict_arguments", "run_export", "run_predict"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _model_argument(p: argparse.ArgumentParser) -> None:
@@ -36,15 +28,15 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (part-*.parquet, _predict.json)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing scheduler")
     p.add_argument(
-        "--workers", type=_positive_int, default=None, help="local workers (default: the config's)"
+        "--workers", type=positive_int, default=None, help="local workers (default: the config's)"
     )
     p.add_argument(
-        "--device-rows", type=_positive_int, default=1 << 20, help="device cache rows per worker"
+        "--device-rows", type=positive_int, default=1 << 20, help="device cache rows per worker"
     )
     p.add_argument(
         "--host-mb", type=int, default=256, help="host-memory cache per worker, MiB (0: none)"
     )
-    p.add_argument("--batch-size", type=_positive_int, default=4096, help="rows per batch")
+    p.add_argument("--batch-size", type=positive_int, default=4096, help="rows per batch")
     p.add_argument("--overwrite", action="store_true", help="replace earlier predictions in --out")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -195,17 +195,23 @@ class SlotCache(Tier):
             self._n_free -= m
             if m < keys.numel():
                 keys, rows = keys[new], rows[new]
-            self._index.put(keys, s, absent=True)  # just looked up: all absent
-            self._slab.index_copy_(0, s, rows)
-            self._key[s] = keys
-            self._used[s] = True
-            self._dirty[s] = dirty
-            self._stamp[s] = self._clock
-            if self._count is not None:
-                self._count[s] = 1
+            self._place(keys, rows, s, dirty)  # just looked up: all absent
         self._stats.inserts += m
         self._stats.rows_written += m + old.numel()
         return evicted
+
+    def _place(
+        self, keys: torch.Tensor, rows: torch.Tensor, s: torch.Tensor, dirty: bool | torch.Tensor
+    ) -> None:
+        """Put ``keys`` (absent from the index) and their rows into the free slots ``s``."""
+        self._index.put(keys, s, absent=True)
+        self._slab.index_copy_(0, s, rows)
+        self._key[s] = keys
+        self._used[s] = True
+        self._dirty[s] = dirty
+        self._stamp[s] = self._clock
+        if self._count is not None:
+            self._count[s] = 1
 
     def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
         if (keys is None) == (n is None):
@@ -344,14 +350,7 @@ class SlotCache(Tier):
         s = self._free[self._n_free - m : self._n_free].clone()
         if m:
             self._n_free -= m
-            self._index.put(keys, s, absent=True)
-            self._slab.index_copy_(0, s, rows)
-            self._key[s] = keys
-            self._used[s] = True
-            self._dirty[s] = dirty
-            self._stamp[s] = self._clock
-            if self._count is not None:
-                self._count[s] = 1
+            self._place(keys, rows, s, dirty)
         self._stats.inserts += m
         self._stats.rows_written += m
         return s, evicted
