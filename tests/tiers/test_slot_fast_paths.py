@@ -85,8 +85,12 @@ def test_fast_paths_match_the_general_operations(kind: str, policy: str, steps) 
             ref.unpin_all()
         assert sorted(fast.keys().tolist()) == sorted(ref.keys().tolist())
         assert fast.pinned_count == ref.pinned_count
-        got, want = fast.lookup(UNIVERSE), ref.lookup(UNIVERSE)
-        assert torch.equal(got.found, want.found) and torch.equal(got.rows, want.rows)
+        # Compared without touching: a lookup would give every row the same LRU stamp, and
+        # the victims among equal stamps depend on slot order, which the two caches need not
+        # share.
+        got, want = fast.find_slots(UNIVERSE), ref.find_slots(UNIVERSE)
+        assert torch.equal(got >= 0, want >= 0)
+        assert torch.equal(fast.rows[got[got >= 0]], ref.rows[want[want >= 0]])
         assert fast.stats.extra["dirty_rows"] == ref.stats.extra["dirty_rows"]
 
 
