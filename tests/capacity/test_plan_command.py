@@ -15,20 +15,15 @@ import yaml
 from daskhps.capacity import scan_key_stats, size_run
 from daskhps.config import load_config
 from daskhps.data.readers import read_click_log
-from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.sharding import ShardMap
+from tests._logs import generated_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("logs")
-    generate(
-        GeneratorConfig(days=1, rows_per_day=3000, parts_per_day=3, seed=2, vocab_scale=0.01),
-        str(out),
-    )
-    return out
+    return generated_logs(tmp_path_factory, days=1, rows_per_day=3000, parts_per_day=3, seed=2)
 
 
 def _write(tmp: Path, logs: Path, **table: object) -> Path:

@@ -33,10 +33,10 @@ import yaml
 from daskhps.cli import main
 from daskhps.config import load_config
 from daskhps.data.source import SUCCESS
-from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.retrain import ExitCode, Registry
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import load_checkpoint
+from tests._logs import generated_logs
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +45,9 @@ DAYS = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04"]
 
 @pytest.fixture(scope="module")
 def all_days(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("all-days")
-    generate(
-        GeneratorConfig(days=4, rows_per_day=2000, parts_per_day=2, seed=5, vocab_scale=0.01),
-        str(out),
+    return generated_logs(
+        tmp_path_factory, days=4, rows_per_day=2000, parts_per_day=2, seed=5, name="all-days"
     )
-    return out
 
 
 def _arrive(all_days: Path, logs: Path, day: str, complete: bool = True) -> None:

@@ -26,7 +26,6 @@ import yaml
 
 from daskhps.cli import main as cli_main
 from daskhps.config import load_config
-from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.errors import CheckpointError
 from daskhps.table import EmbeddingTable
 from daskhps.tiers.zarr_store import ZarrStore
@@ -34,19 +33,15 @@ from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.training.killpoints import ENV
 from daskhps.training.trainer import RunResult, Trainer
+from tests._logs import generated_logs
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("logs")
     # day 1: 1500 rows = 3 passes of 500 (5 batches each); day 2: the holdout
-    generate(
-        GeneratorConfig(days=2, rows_per_day=1500, parts_per_day=2, seed=3, vocab_scale=0.01),
-        str(out),
-    )
-    return out
+    return generated_logs(tmp_path_factory, days=2, rows_per_day=1500, parts_per_day=2, seed=3)
 
 
 def _write_config(folder: Path, logs: Path, **cluster: Any) -> Path:

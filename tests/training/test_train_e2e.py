@@ -20,21 +20,16 @@ import torch
 
 from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
-from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.table import EmbeddingTable
 from daskhps.training.trainer import RunResult, Trainer
+from tests._logs import generated_logs
 
 PASS = 1000
 
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("logs")
-    generate(
-        GeneratorConfig(days=2, rows_per_day=3000, parts_per_day=2, seed=3, vocab_scale=0.01),
-        str(out),
-    )
-    return out
+    return generated_logs(tmp_path_factory, days=2, rows_per_day=3000, parts_per_day=2, seed=3)
 
 
 def _config(tmp: Path, logs: Path, *, workers: int, **over: Any) -> RunConfig:
