@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError
-from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import (
     Checkpoint,
     finish_checkpoint,
@@ -41,16 +40,8 @@ def commit_name(version: str) -> str:
 
 def _commit_stores(ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> None:
     """Commit every rank store of ``ckpt``, opened at its commit, again as ``name``."""
-    spec = ckpt.table_spec
     for rank in range(ckpt.num_workers):
-        with ZarrStore.open(
-            ckpt.store_path(rank),
-            name=f"{spec.name}/zarr",
-            width=spec.width,
-            layout=spec.layout(),
-            mode="r+",
-            commit=ckpt.commit,
-        ) as store:
+        with ckpt.open_store(rank, mode="r+") as store:
             store.commit(name, meta)
 
 

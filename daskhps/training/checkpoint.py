@@ -25,13 +25,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from daskhps import __version__
 from daskhps.errors import CheckpointError
 from daskhps.tiers._segments import fsync_dir
+from daskhps.tiers.zarr_store import ZarrStore
 
 if TYPE_CHECKING:
     from daskhps.config import RunConfig
@@ -145,6 +146,18 @@ class Checkpoint:
     def store_path(self, rank: int, table: str | None = None) -> Path:
         """The store of rank ``rank``'s shard of ``table`` (default: the run's table)."""
         return self.stores_dir / (table or str(self.manifest["table"]["table"])) / f"rank-{rank}"
+
+    def open_store(self, rank: int, mode: Literal["r", "r+"] = "r") -> ZarrStore:
+        """Rank ``rank``'s store of the run's table, at this checkpoint's commit."""
+        spec = self.table_spec
+        return ZarrStore.open(
+            self.store_path(rank),
+            name=f"{spec.name}/zarr",
+            width=spec.width,
+            layout=spec.layout(),
+            mode=mode,
+            commit=self.commit,
+        )
 
     def state(self) -> dict[str, Any]:
         """``state.json``: plan position (``epoch``, ``pass``, ``step``) and the pass record."""

@@ -34,7 +34,6 @@ from daskhps.cli import main
 from daskhps.config import load_config
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, Registry
-from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import load_checkpoint
 from tests._logs import generated_logs
 
@@ -90,17 +89,9 @@ def _config(tmp: Path, logs: Path) -> Path:
 
 def _committed_rows(version_dir: Path) -> dict[int, list[float]]:
     ckpt = load_checkpoint(version_dir)
-    spec = ckpt.table_spec
     out: dict[int, list[float]] = {}
     for rank in range(ckpt.num_workers):
-        with ZarrStore.open(
-            ckpt.store_path(rank),
-            name=f"{spec.name}/zarr",
-            width=spec.width,
-            layout=spec.layout(),
-            mode="r",
-            commit=ckpt.commit,
-        ) as store:
+        with ckpt.open_store(rank) as store:
             keys = store.keys()
             rows = store.lookup(keys).rows
         out.update(zip(keys.tolist(), rows.tolist(), strict=True))
