@@ -110,6 +110,9 @@ def start_cluster(
         log.info("gpus='auto': no dask_cuda or no CUDA device, starting a CPU LocalCluster")
     if n_workers is not None and n_workers < 1:
         raise ClusterError(f"n_workers must be >= 1, got {n_workers}")
+    # The embedded scheduler's p2p shuffle plugin logs the start and end of every shuffle at
+    # WARNING; a pass runs several, and the lines would bury the progress bar.
+    logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
     if threads_per_worker < 1:
         raise ClusterError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
     kwargs: dict[str, Any] = {
