@@ -456,7 +456,10 @@ class SlotCache(Tier):
             self._used[slots] = False
             self._dirty[slots] = False
             self._pinned[slots] = False
-            self._free[self._n_free : self._n_free + k] = slots
+            # Freed in slot order whatever the caller's order, so that the same rows removed by
+            # different calls (take, evict) leave the same free list and later inserts land in
+            # the same slots: victims among equal LRU/LFU scores then match too.
+            self._free[self._n_free : self._n_free + k] = torch.sort(slots).values
             self._n_free += k
             self._stats.evictions += k
         return out
