@@ -65,8 +65,8 @@ def test_seeds_follow_run_seed(tmp_path: Path) -> None:
 
 
 def test_dir_and_store_dir(tmp_path: Path) -> None:
-    cfg = load(tmp_path, MINIMAL + "run: {name: a, dir: /tmp/x}\n")
-    assert cfg.run.dir == "/tmp/x" and cfg.table.tiers.store_dir == "/tmp/x/stores"
+    cfg = load(tmp_path, MINIMAL + "run: {name: a, dir: /data/runs/x}\n")
+    assert cfg.run.dir == "/data/runs/x" and cfg.table.tiers.store_dir == "/data/runs/x/stores"
 
 
 def test_sparse_dim_from_model(tmp_path: Path) -> None:
