@@ -18,6 +18,7 @@ from daskhps.serve.version import TableVersion
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
+from daskhps.table.table import open_store
 from daskhps.tiers.base import check_keys
 from daskhps.tiers.zarr_store import ZarrStore
 
@@ -47,11 +48,10 @@ class ShardedStores:
             raise
 
     def _open(self, rank: int, version: TableVersion) -> ZarrStore:
-        return ZarrStore.open(
+        return open_store(
+            self.spec,
             version.store_path(rank),
-            name=f"{self.spec.name}/zarr rank-{rank}",
-            width=self.spec.width,
-            layout=self.spec.layout(),
+            label=f"{self.spec.name}/zarr rank-{rank}",
             mode="r",
             commit=version.commit,
         )

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.table.spec import TableSpec
-from daskhps.table.table import EmbeddingTable, StageReport
+from daskhps.table.table import EmbeddingTable, StageReport, open_store
 
-__all__ = ["EmbeddingTable", "OptimizerSpec", "StageReport", "TableSpec"]
+__all__ = ["EmbeddingTable", "OptimizerSpec", "StageReport", "TableSpec", "open_store"]

@@ -40,7 +40,7 @@ from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
 from daskhps.tiers.zarr_store import CommitInfo, ZarrStore
 
-__all__ = ["EmbeddingTable", "StageReport"]
+__all__ = ["EmbeddingTable", "StageReport", "open_store"]
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +113,7 @@ class EmbeddingTable:
                 f"table {spec.name!r}: device_rows must be >= 1, got {device_rows}; "
                 "give the device tier room for at least one pass's working set"
             )
-        store = ZarrStore.open(
-            path,
-            name=f"{spec.name}/zarr",
-            width=spec.width,
-            layout=spec.layout(),
-            mode=mode,
-            commit=commit,
-            snapshot_every=snapshot_every,
-        )
+        store = open_store(spec, path, mode=mode, commit=commit, snapshot_every=snapshot_every)
         try:
             cache = DeviceCache(
                 f"{spec.name}/device", spec.width, device_rows, device=dev, policy=policy
@@ -448,6 +440,22 @@ class EmbeddingTable:
         down = Evicted.concat(to_store, self.spec.width)
         if len(down):
             self.store.upsert(down.keys, down.rows)
+
+
+def open_store(
+    spec: TableSpec, path: str | Path, *, label: str | None = None, **kwargs: Any
+) -> ZarrStore:
+    """The zarr store of one shard of ``spec``'s table at ``path``, with the table's row width
+    and layout (a store written with another layout is refused); ``kwargs`` go to
+    :meth:`ZarrStore.open` (``mode``, ``commit``, ...). ``label`` names it in messages
+    (default ``<table>/zarr``)."""
+    return ZarrStore.open(
+        path,
+        name=label or f"{spec.name}/zarr",
+        width=spec.width,
+        layout=spec.layout(),
+        **kwargs,
+    )
 
 
 def _unique(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -31,6 +31,7 @@ import torch
 
 from daskhps import __version__
 from daskhps.errors import CheckpointError
+from daskhps.table.table import open_store
 from daskhps.tiers._segments import fsync_dir
 from daskhps.tiers.zarr_store import ZarrStore
 
@@ -149,15 +150,7 @@ class Checkpoint:
 
     def open_store(self, rank: int, mode: Literal["r", "r+"] = "r") -> ZarrStore:
         """Rank ``rank``'s store of the run's table, at this checkpoint's commit."""
-        spec = self.table_spec
-        return ZarrStore.open(
-            self.store_path(rank),
-            name=f"{spec.name}/zarr",
-            width=spec.width,
-            layout=spec.layout(),
-            mode=mode,
-            commit=self.commit,
-        )
+        return open_store(self.table_spec, self.store_path(rank), mode=mode, commit=self.commit)
 
     def state(self) -> dict[str, Any]:
         """``state.json``: plan position (``epoch``, ``pass``, ``step``) and the pass record."""

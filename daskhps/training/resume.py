@@ -22,8 +22,8 @@ from typing import Any
 from daskhps.config import RunConfig
 from daskhps.errors import ResumeError, StoreLockedError
 from daskhps.sharding import ShardMap
+from daskhps.table import open_store
 from daskhps.tiers._lock import WriterLock
-from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import Checkpoint, checkpoints_dir, remove_checkpoint
 
 __all__ = [
@@ -109,29 +109,14 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     deadline = time.monotonic() + 30.0
     for old in sorted((out_dir / spec.name).glob("rank-*")):  # an earlier, killed re-shard's
         _wait_unlocked(old, f"re-sharded store {old.name}", deadline, 30.0)
-    name, width, layout = f"{spec.name}/zarr", spec.width, spec.layout()
     dst = [
-        ZarrStore.open(
-            out_dir / spec.name / f"rank-{r}",
-            name=name,
-            width=width,
-            layout=layout,
-            mode="w",
-            overwrite=True,
-        )
+        open_store(spec, out_dir / spec.name / f"rank-{r}", mode="w", overwrite=True)
         for r in range(num_workers)
     ]
     moved = 0
     try:
         for r in range(ckpt.num_workers):
-            with ZarrStore.open(
-                ckpt.store_path(r),
-                name=name,
-                width=width,
-                layout=layout,
-                mode="r",
-                commit=ckpt.commit,
-            ) as src:
+            with ckpt.open_store(r) as src:
                 keys = src.keys()
                 for a in range(0, int(keys.shape[0]), _ROWS_PER_READ):
                     part = keys[a : a + _ROWS_PER_READ]

@@ -13,6 +13,7 @@ from daskhps.errors import CheckpointError
 from daskhps.retrain import Attempt, Registry, Version, VersionNotFoundError
 from daskhps.retrain.job import rollback
 from daskhps.retrain.publish import commit_name, freeze_version
+from daskhps.table import open_store
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import (
     finish_checkpoint,
@@ -26,26 +27,12 @@ W = 2
 
 def _store(cfg: RunConfig, stores: Path, rank: int, *, commit: str | None = None) -> ZarrStore:
     spec = cfg.table_spec()
-    return ZarrStore.open(
-        stores / spec.name / f"rank-{rank}",
-        name=f"{spec.name}/zarr",
-        width=spec.width,
-        layout=spec.layout(),
-        mode="a",
-        commit=commit,
-    )
+    return open_store(spec, stores / spec.name / f"rank-{rank}", mode="a", commit=commit)
 
 
 def _rows(cfg: RunConfig, stores: Path, rank: int, commit: str, keys: torch.Tensor) -> list:
     spec = cfg.table_spec()
-    with ZarrStore.open(
-        stores / spec.name / f"rank-{rank}",
-        name=f"{spec.name}/zarr",
-        width=spec.width,
-        layout=spec.layout(),
-        mode="r",
-        commit=commit,
-    ) as s:
+    with open_store(spec, stores / spec.name / f"rank-{rank}", mode="r", commit=commit) as s:
         return s.lookup(keys).rows.tolist()
 
 
