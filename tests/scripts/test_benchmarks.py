@@ -107,3 +107,13 @@ def test_bench_metrics_quick() -> None:
     shard = {r["name"]: r["value"] for r in recs if r["name"].startswith("shard: ")}
     assert shard["shard: device tier rows"] == 20_000
     assert shard["shard: zarr store rows"] > 0  # the passes pushed rows down to the store
+
+
+@pytest.mark.slow
+def test_bench_checkpoint_quick() -> None:
+    recs = _run("bench_checkpoint.py", "--quick")
+    deltas = [r for r in recs if r["name"].endswith("bytes added")]
+    assert len(deltas) == 2  # 100 and 1,000 touched rows of the quick table
+    for r in deltas:
+        assert r["value"] >= r["touched_row_kib"]  # the touched rows are in the delta
+        assert r["ratio"] < 0.1  # and the delta is a small part of the whole table
