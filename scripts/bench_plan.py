@@ -1,0 +1,116 @@
+"""Benchmark ``daskhps plan``'s memory figure against a real worker's memory growth, same run.
+
+    python scripts/bench_plan.py [--json] [--out DIR]
+
+One worker process on a LocalCluster (2 GiB limit) trains once on small logs (so imports,
+the process group's first setup and the allocators' start are in its baseline), then trains
+the measured run while a thread inside it samples its resident memory every 10 ms
+(:func:`daskhps.capacity.measured.measure_growth`). The figure is the plan's total for that
+run (``size_run`` with the keys counted by ``--scan``) against the worker's peak growth.
+
+The run is shaped so the plan's model is what is compared: dim-64 Adam rows (193 floats),
+tiers of tens of MB, more distinct keys than the device tier holds and fewer than device and
+host together, so both tiers fill (written, hence resident) and every row is written to the
+store at the end without being read back (memory maps of store pages depend on the page
+cache, which the plan bounds only from above). The shape is reported beside the figure so a
+reader (and ``tests/capacity/test_memory_growth.py``) can check it held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import Reporter
+
+from daskhps.capacity import size_run
+from daskhps.capacity.measured import measure_growth
+from daskhps.config import RunConfig
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.training.trainer import Trainer
+
+LIMIT = 2 << 30
+
+
+def _config(tmp: Path, logs: Path, address: str, *, warm_up: bool = False) -> RunConfig:
+    name = "warm-up" if warm_up else "growth"
+    tiers = {"device": {"rows": 30_000}, "host": {"fraction": 0.013}}
+    if warm_up:
+        tiers = {"device": {"rows": 8_000}, "host": {"fraction": 0.001}}
+    return RunConfig.from_dict(
+        {
+            "run": {"name": name, "dir": str(tmp / name), "seed": 0, "quiet": True},
+            "data": {"train": {"paths": [str(logs)]}},
+            "passes": {"epochs": 1, "examples_per_pass": 1000, "global_batch_size": 250},
+            "table": {
+                "dim": 64,
+                "optimizer": {"kind": "adam", "lr": 0.01},  # 193 floats a row
+                "tiers": tiers,
+            },
+            "model": {"name": "dlrm", "options": {"bottom_mlp": [16, 64], "top_mlp": [16]}},
+            "dense_optimizer": {"kind": "sgd", "lr": 0.05},
+            "cluster": {"address": address, "gpu": False},
+        },
+        source="bench_plan",
+    )
+
+
+def measure(tmp: Path, rep: Reporter) -> None:
+    from distributed import Client, LocalCluster
+
+    logs, small = tmp / "logs", tmp / "small"
+    generate(GeneratorConfig(days=1, rows_per_day=18000, parts_per_day=2, seed=5), str(logs))
+    generate(GeneratorConfig(days=1, rows_per_day=2000, parts_per_day=2, seed=6), str(small))
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            memory_limit=LIMIT,
+            dashboard_address=None,
+            processes=True,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        address = cluster.scheduler_address
+        Trainer(_config(tmp, small, address, warm_up=True), progress=False).run()
+        cfg = _config(tmp, logs, address)
+        report = size_run(cfg, scan=True, workers=1, memory_limit=LIMIT)
+        memory = report.memory
+        assert memory is not None and memory.host is not None
+        result, growths = measure_growth(client, Trainer(cfg, progress=False).run)
+    tiers = result.passes[-1]["tiers"]
+    (growth,) = growths.values()
+    rep.emit(
+        "plan's memory total vs the worker's measured growth",
+        memory.total / 2**20,
+        "MiB",
+        baseline=growth / 2**20,
+        baseline_name="peak RSS growth of a warmed worker during the run",
+        plan_tiers_mib=round(memory.tiers / 2**20, 1),
+        distinct_keys=report.keys.distinct_keys,
+        device_rows=memory.device.rows,
+        host_rows=memory.host.rows,
+        store_rows_written=tiers["store_rows_written"],
+        rows_from_store=tiers["rows_from"]["store"],
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--out", default=None, help="folder for the logs and runs (default: temp)")
+    args = ap.parse_args(argv)
+    rep = Reporter(args.json)
+    if args.out is not None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        measure(Path(args.out), rep)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(Path(tmp), rep)
+
+
+if __name__ == "__main__":
+    main()
