@@ -25,6 +25,7 @@ from daskhps.distributed.plugin import (
     open_shards,
     shard_stats,
     stage_shards,
+    try_stage_shards,
 )
 from daskhps.distributed.sizing import MAX_CPU_FRACTION, TierSizing
 
@@ -52,4 +53,5 @@ __all__ = [
     "shard_stats",
     "stage_shards",
     "start_cluster",
+    "try_stage_shards",
 ]

@@ -32,6 +32,7 @@ from distributed import WorkerPlugin
 from daskhps.distributed._errors import ClusterError
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.sizing import TierSizing
+from daskhps.errors import CapacityError
 from daskhps.monitor import ShardMetrics, stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
 
@@ -47,6 +48,7 @@ __all__ = [
     "open_shards",
     "shard_stats",
     "stage_shards",
+    "try_stage_shards",
 ]
 
 log = logging.getLogger(__name__)
@@ -260,6 +262,13 @@ def _stage(part: Any, table: str) -> StageReport:
     return local_shards().stage(table, keys.to(torch.int64))
 
 
+def _try_stage(part: Any, table: str) -> StageReport | str:
+    try:
+        return _stage(part, table)
+    except CapacityError as e:  # an answer, not a failure: Dask would log it as one
+        return str(e)
+
+
 def _flush() -> dict[str, int]:
     return local_shards().flush()
 
@@ -290,6 +299,19 @@ def stage_shards(
     return run_pinned(
         client, addresses, _stage, table, rank_args=[(p,) for p in parts], what="stage shards"
     )
+
+
+def try_stage_shards(
+    client: Any, addresses: Sequence[str], table: str, parts: Sequence[Any]
+) -> list[StageReport] | str:
+    """:func:`stage_shards` where not fitting is an expected answer (staging the next pass
+    while the current one holds its pins): the reports, or the first rank's refusal message.
+    Every rank finishes its attempt before this returns."""
+    out = run_pinned(
+        client, addresses, _try_stage, table, rank_args=[(p,) for p in parts], what="stage ahead"
+    )
+    refusals = [r for r in out if isinstance(r, str)]
+    return refusals[0] if refusals else out
 
 
 def flush_shards(client: Any, addresses: Sequence[str]) -> list[dict[str, int]]:

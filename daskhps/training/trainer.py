@@ -39,10 +39,11 @@ from daskhps.distributed import (
     shard_stats,
     stage_shards,
     start_cluster,
+    try_stage_shards,
 )
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.distributed.comm import CommGroup
-from daskhps.errors import CapacityError, ResumeError
+from daskhps.errors import ResumeError
 from daskhps.monitor import announce_pass
 from daskhps.monitor.progress import BatchProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
@@ -450,14 +451,14 @@ class Trainer:
         prepared = _Prepared(spec, keys.futures, examples.futures, position)
         prepared.seconds["route"] = time.perf_counter() - t
         t = time.perf_counter()
-        try:
-            prepared.reports = stage_shards(ctx.client, ctx.addresses, table, keys.futures)
-            prepared.staged = True
-            kill_point("stage", position)
-        except CapacityError as e:
+        staged = try_stage_shards(ctx.client, ctx.addresses, table, keys.futures)
+        if isinstance(staged, str):
             # Both working sets do not fit the device tier together: stage after the previous
             # pass unpins.
-            log.debug("pass %d staged after the previous one: %s", spec.index, e)
+            log.debug("pass %d staged after the previous one: %s", spec.index, staged)
+        else:
+            prepared.reports, prepared.staged = staged, True
+            kill_point("stage", position)
         prepared.seconds["stage_ahead"] = time.perf_counter() - t
         return prepared
 

@@ -22,6 +22,7 @@ from daskhps.distributed import (
     shard_stats,
     stage_shards,
     start_cluster,
+    try_stage_shards,
 )
 from daskhps.passes.owners import worker_addresses
 from daskhps.sharding import ShardMap
@@ -84,6 +85,28 @@ def test_shards_comm_and_exchange_on_worker_processes(cluster, tmp_path):
             with EmbeddingTable.open(SPEC, path, device_rows=1000, mode="r") as shard:
                 want = ref.lookup(owned[r], read_only=True)
                 assert torch.equal(shard.lookup(owned[r], read_only=True), want)
+
+
+@pytest.mark.slow
+def test_staging_ahead_that_does_not_fit_is_an_answer_not_a_task_failure(cluster, tmp_path):
+    client, addrs = cluster.client, cluster.addresses
+    host = ShardHost([SPEC], tmp_path / "stores", addrs, TierSizing(device_rows=100))
+    open_shards(client, host)
+    try:
+        first = try_stage_shards(client, addrs, _tasks.TABLE, [torch.arange(60)] * 2)
+        assert not isinstance(first, str) and [r.rows for r in first] == [60, 60]
+        # 60 pinned + 60 new > 100 rows: every rank answers, none fails
+        second = try_stage_shards(client, addrs, _tasks.TABLE, [torch.arange(60, 120)] * 2)
+        assert isinstance(second, str) and "does not fit the device tier" in second
+        assert [s["tables"][_tasks.TABLE]["pinned"] for s in shard_stats(client, addrs)] == [
+            60,
+            60,
+        ]
+        # without the "ahead" reading, the same refusal is an error
+        with pytest.raises(Exception, match="does not fit the device tier"):
+            stage_shards(client, addrs, _tasks.TABLE, [torch.arange(60, 120)] * 2)
+    finally:
+        close_shards(client, addrs)
 
 
 def test_thread_workers_get_explicit_groups():
