@@ -11,27 +11,16 @@ both tiers are filled (written, hence resident) and rows spill to the zarr store
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_plan.py"
+from tests._scripts import run_script
 
 
 @pytest.mark.slow
 def test_plan_memory_within_20_percent_of_worker_growth(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--json", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    (rec,) = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    (rec,) = run_script("bench_plan.py", "--out", str(tmp_path), timeout=600)
     plan, growth = rec["value"], rec["baseline"]  # MiB
     # Every tier touched: the device tier full, the host tier (almost) full, every row
     # written to the store at the end. Nothing is read back from the store (its memory maps

@@ -6,37 +6,16 @@ These are smoke runs that keep the scripts from rotting; the figures come from f
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _run(script: str, *args: str) -> list[dict]:
-    res = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--json", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
-    assert lines
-    for rec in lines:
-        assert {"name", "value", "unit"} <= rec.keys(), rec
-        if "baseline" in rec:
-            assert rec["ratio"] == pytest.approx(rec["value"] / rec["baseline"], rel=1e-2, abs=1e-4)
-    return lines
+from tests._scripts import run_script
 
 
 @pytest.mark.slow
 def test_bench_table_quick() -> None:
-    recs = _run("bench_table.py", "--quick")
+    recs = run_script("bench_table.py", "--quick")
     names = " ".join(r["name"] for r in recs)
     for part in ("device lookup hits", "insert+evict", "zarr tier read", "table.stage", "zipf"):
         assert part in names
@@ -49,7 +28,7 @@ def test_bench_table_quick() -> None:
 
 @pytest.mark.slow
 def test_bench_pipeline_quick(tmp_path: Path) -> None:
-    recs = _run(
+    recs = run_script(
         "bench_pipeline.py",
         "--rows",
         "20000",
@@ -65,7 +44,7 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_train_quick() -> None:
-    recs = _run("bench_train.py", "--quick")
+    recs = run_script("bench_train.py", "--quick")
     vs_torch = [r for r in recs if r["name"].startswith("daskhps train step")]
     assert len(vs_torch) == 1 and vs_torch[0]["unit"] == "examples/s"
     assert "plain PyTorch" in vs_torch[0]["baseline_name"]
@@ -80,7 +59,7 @@ def test_bench_train_quick() -> None:
 
 @pytest.mark.slow
 def test_bench_serve_quick() -> None:
-    recs = _run("bench_serve.py", "--quick")
+    recs = run_script("bench_serve.py", "--quick")
     by_start = {r["name"].split(" (")[0]: r for r in recs}
     thrash = next(r for r in recs if "thrashing batches" in r["name"])
     assert thrash["unit"] == "keys/s" and "device cache" in thrash["baseline_name"]
@@ -98,7 +77,7 @@ def test_bench_serve_quick() -> None:
 
 @pytest.mark.slow
 def test_bench_metrics_quick() -> None:
-    recs = _run("bench_metrics.py", "--quick")
+    recs = run_script("bench_metrics.py", "--quick")
     hooks = [r for r in recs if r.get("baseline_name", "").startswith("EmbeddingTable.stats()")]
     names = " ".join(r["name"] for r in hooks)
     for part in ("stage_span", "Workers-table callback", "refresh", "/metrics collection"):
@@ -111,7 +90,7 @@ def test_bench_metrics_quick() -> None:
 
 @pytest.mark.slow
 def test_bench_checkpoint_quick() -> None:
-    recs = _run("bench_checkpoint.py", "--quick")
+    recs = run_script("bench_checkpoint.py", "--quick")
     deltas = [r for r in recs if r["name"].endswith("bytes added")]
     assert len(deltas) == 2  # 100 and 1,000 touched rows of the quick table
     for r in deltas:

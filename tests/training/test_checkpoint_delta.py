@@ -8,32 +8,19 @@ on disk are what a delta checkpoint costs: ``scripts/bench_checkpoint.py`` measu
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from daskhps.table import TableSpec
 from daskhps.table.optimizers import OptimizerSpec
+from tests._scripts import run_script
 
 ROWS = 200_000
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_checkpoint.py"
 
 pytestmark = pytest.mark.slow  # ~10 s: a 200k-row table written to disk
 
 
 def test_delta_commit_bytes_follow_touched_rows() -> None:
-    res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--json", "--rows", str(ROWS)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    recs = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    recs = run_script("bench_checkpoint.py", "--rows", str(ROWS))
     row_bytes = TableSpec("bench", 16, OptimizerSpec(kind="adagrad", lr=0.1)).row_bytes
     base = recs[0]["value"] * 2**20
     assert base > ROWS * row_bytes  # the rows really are on disk
