@@ -16,11 +16,21 @@ __version__ = "0.1.0"
 __all__ = ["DaskHPSError", "__version__", "train"]
 
 
-def train(config: RunConfig | str | Path, overrides: tuple[str, ...] = (), **kw: Any) -> RunResult:
+def train(
+    config: RunConfig | str | Path,
+    overrides: tuple[str, ...] = (),
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    checkpoint: str | None = None,
+    **kw: Any,
+) -> RunResult:
     """Train from a :class:`~daskhps.config.RunConfig` or a YAML file (with ``--set``-style
-    ``overrides``); the same job as ``daskhps train CONFIG``."""
+    ``overrides``); the same job, and the same run-directory rules, as ``daskhps train CONFIG
+    [--resume] [--overwrite] [--checkpoint NAME]``. Other keywords go to
+    :class:`~daskhps.training.trainer.Trainer` (``progress``, ``echo``)."""
     from daskhps.config import RunConfig, load_config
     from daskhps.training.trainer import Trainer
 
     cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
-    return Trainer(cfg, **kw).run()
+    return Trainer(cfg, **kw).run(resume=resume, overwrite=overwrite, checkpoint=checkpoint)

@@ -15,6 +15,7 @@ __all__ = [
     "DaskHPSError",
     "DataError",
     "ResumeError",
+    "RunExistsError",
     "StoreCorruptedError",
     "StoreExistsError",
     "StoreLockedError",
@@ -50,6 +51,10 @@ class CheckpointError(DaskHPSError, OSError):
 
 class ResumeError(DaskHPSError, ValueError):
     """A run cannot resume: no checkpoint, or its config changed in a way resume refuses."""
+
+
+class RunExistsError(DaskHPSError, FileExistsError):
+    """A run directory already holds a run that the requested job would remove or rewrite."""
 
 
 class StoreNotFoundError(DaskHPSError, FileNotFoundError):

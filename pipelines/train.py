@@ -22,13 +22,25 @@ __all__ = ["run", "train"]
 log = logging.getLogger("daskhps.pipelines.train")
 
 
-def train(config: RunConfig, *, progress: bool | None = None, resume: bool = False) -> RunResult:
-    """Train as ``config`` says (``resume``: continue the run in ``run.dir`` from its latest
-    checkpoint); returns the per-pass records and final evaluation."""
+def train(
+    config: RunConfig,
+    *,
+    progress: bool | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    checkpoint: str | None = None,
+) -> RunResult:
+    """Train as ``config`` says; returns the per-pass records and final evaluation.
+
+    ``resume``: continue the run in ``run.dir`` from its latest checkpoint (or ``checkpoint``);
+    ``overwrite``: start over in a ``run.dir`` that holds a run (docs/checkpoints.md).
+    """
     if config.run.quiet:
         quiet_run()  # no Dask chatter: warnings and errors only
     echo = None if config.run.quiet else (lambda message: print(message, file=sys.stderr))
-    return Trainer(config, progress=progress, echo=echo).run(resume=resume)
+    return Trainer(config, progress=progress, echo=echo).run(
+        resume=resume, overwrite=overwrite, checkpoint=checkpoint
+    )
 
 
 def _ceiling(config: RunConfig) -> float | None:
@@ -54,9 +66,11 @@ def _report(result: RunResult, ceiling: float | None) -> Path | None:
         return None
 
 
-def run(config: RunConfig, resume: bool = False) -> int:
+def run(
+    config: RunConfig, resume: bool = False, overwrite: bool = False, checkpoint: str | None = None
+) -> int:
     """Run the job; returns the process exit code."""
-    result = train(config, resume=resume)
+    result = train(config, resume=resume, overwrite=overwrite, checkpoint=checkpoint)
     final = result.final_eval
     ceiling = _ceiling(config)
     report = _report(result, ceiling)

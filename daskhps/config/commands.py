@@ -32,7 +32,21 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in run.dir from its checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue the run in run.dir from its latest complete checkpoint",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="with --resume: continue from this checkpoint (e.g. pass-000003) instead of the "
+        "latest; discarding later ones needs --overwrite",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a run.dir that holds a run: the earlier run is kept aside and "
+        "deleted once the new run's first checkpoint is complete (put back if it fails first)",
     )
 
 
@@ -55,11 +69,12 @@ def run_train(args: argparse.Namespace) -> int:
         )
         return NO_PIPELINE
     run = importlib.import_module(PIPELINE).run
-    if "resume" in inspect.signature(run).parameters:
-        result = run(config, resume=args.resume)
-    elif args.resume:
-        print("daskhps train: error: this training pipeline cannot --resume", file=sys.stderr)
+    wanted = {"resume": args.resume, "overwrite": args.overwrite, "checkpoint": args.checkpoint}
+    accepted = inspect.signature(run).parameters
+    lacking = [k for k, v in wanted.items() if v and k not in accepted]
+    if lacking:
+        flags = ", ".join(f"--{k}" for k in lacking)
+        print(f"daskhps train: error: this training pipeline cannot {flags}", file=sys.stderr)
         return NO_PIPELINE
-    else:
-        result = run(config)
+    result = run(config, **{k: v for k, v in wanted.items() if k in accepted})
     return result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -47,6 +47,7 @@ __all__ = [
     "Checkpoint",
     "checkpoint_name",
     "checkpoints_dir",
+    "find_checkpoint",
     "finish_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
@@ -240,6 +241,19 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Checkpoint]:
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Checkpoint | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def find_checkpoint(run_dir: str | os.PathLike[str], name: str) -> Checkpoint:
+    """Checkpoint ``name`` (e.g. ``pass-000003``) of the run in ``run_dir``, verified;
+    :class:`CheckpointError` naming the complete ones when it is missing or damaged."""
+    folder = checkpoints_dir(run_dir) / name
+    if not folder.is_dir():
+        found = [c.name for c in list_checkpoints(run_dir)]
+        raise CheckpointError(
+            f"{run_dir} has no checkpoint {name!r}; its complete checkpoints: "
+            + (", ".join(found) if found else "none")
+        )
+    return _verify(folder)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

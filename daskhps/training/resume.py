@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,13 +23,12 @@ from daskhps.errors import ResumeError, StoreLockedError
 from daskhps.sharding import ShardMap
 from daskhps.table import open_store
 from daskhps.tiers._lock import WriterLock
-from daskhps.training.checkpoint import Checkpoint, checkpoints_dir, remove_checkpoint
+from daskhps.training.checkpoint import Checkpoint
 
 __all__ = [
     "ACCEPTED",
     "check_plan",
     "check_resume",
-    "clear_earlier_run",
     "config_changes",
     "plan_fingerprint",
     "reshard",
@@ -145,22 +143,6 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
 def resharded_dir(store_dir: str | Path, ckpt: Checkpoint, num_workers: int) -> Path:
     """Where a resume with another worker count writes its stores (beside ``store_dir``)."""
     return Path(f"{store_dir}-resharded-{ckpt.name}-w{num_workers}")
-
-
-def clear_earlier_run(run_dir: Path, store_dir: str | Path) -> None:
-    """A new run (no ``--resume``) starts empty: remove an earlier run's stores (re-sharded
-    ones too) and its checkpoints, which would name commits the new stores lack."""
-    store_dir = Path(store_dir)
-    for old in [store_dir, *store_dir.parent.glob(f"{store_dir.name}-resharded-*")]:
-        if old.exists():
-            log.warning("starting a new run: removing the stores of an earlier run in %s", old)
-            shutil.rmtree(old)
-    found = checkpoints_dir(run_dir)
-    if found.exists():
-        log.warning("starting a new run: removing the checkpoints of an earlier run in %s", found)
-        for c in sorted(found.iterdir()):
-            remove_checkpoint(c)  # manifests first: a crash part-way leaves none loadable
-        shutil.rmtree(found, ignore_errors=True)
 
 
 def wait_for_stores(ckpt: Checkpoint, timeout_s: float = 30.0) -> None:

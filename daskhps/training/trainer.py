@@ -41,17 +41,24 @@ from daskhps.distributed import (
     start_cluster,
     try_stage_shards,
 )
-from daskhps.distributed.cluster import ClusterHandle
+from daskhps.distributed.cluster import ClusterHandle, cuda_available
 from daskhps.distributed.comm import CommGroup
-from daskhps.errors import ResumeError
+from daskhps.errors import ConfigError, ResumeError, RunExistsError
 from daskhps.monitor import announce_pass
 from daskhps.monitor.progress import BatchProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
 from daskhps.training import resume as resuming
-from daskhps.training import worker
-from daskhps.training.checkpoint import Checkpoint, latest_checkpoint
+from daskhps.training import rundir, worker
+from daskhps.training.checkpoint import (
+    Checkpoint,
+    checkpoints_dir,
+    find_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    remove_checkpoint,
+)
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.examples import route_examples
 from daskhps.training.holdout import read_train_and_holdout
@@ -80,6 +87,18 @@ class RunResult:
 
 def _unpin(table: str) -> None:
     local_shards().unpin(table)
+
+
+@dataclass
+class _Start:
+    """What the checks before a run found: the earlier run in run.dir, whether it is replaced
+    (``--overwrite``), later checkpoints a resume discards, the new run's disk estimate."""
+
+    earlier: rundir.EarlierRun | None
+    need: int | None
+    replace: bool = False
+    discard: list[str] = field(default_factory=list)
+    logs: tuple[ClickLog, ClickLog | None] = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -159,6 +178,7 @@ class Trainer:
         self.warm_start = warm_start
         self.eval_before = eval_before
         self._stores = Path(config.table.tiers.store_dir)  # the stores trained in
+        self._aside: rundir.MovedAside | None = None  # an earlier run --overwrite replaces
 
     # -- setup -------------------------------------------------------------------
 
@@ -184,27 +204,104 @@ class Trainer:
 
     # -- the run -----------------------------------------------------------------
 
-    def run(self, resume: bool = False) -> RunResult:
-        """Train; with ``resume``, continue from the run directory's latest checkpoint."""
+    def run(
+        self, resume: bool = False, *, overwrite: bool = False, checkpoint: str | None = None
+    ) -> RunResult:
+        """Train; with ``resume``, continue from the run directory's latest checkpoint (or the
+        one named ``checkpoint``). A run directory that already holds a run is refused unless
+        ``resume`` or ``overwrite`` says what to do with it (:mod:`daskhps.training.rundir`).
+        Everything that can be checked is checked before any file is written or removed."""
+        cfg = self.config
+        start = self._preflight(resume, overwrite, checkpoint)
+        logs = start.logs
+        # -- from here on files change; an earlier run replaced by --overwrite stays aside
+        # until the new run's first checkpoint, and comes back if the run fails before it.
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if start.replace and start.earlier is not None:
+            self._aside = rundir.move_aside(start.earlier, start.need, cfg.source)
+        try:
+            for name in start.discard:
+                self.echo(f"discarding checkpoint {name}: the run resumes from an earlier one")
+                remove_checkpoint(checkpoints_dir(self.run_dir) / name)
+            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+            if self._ckpt is not None:
+                resuming.wait_for_stores(self._ckpt)  # the killed run's workers may still exit
+            result = self._run_on_cluster(logs)
+            (self.run_dir / "summary.json").write_text(json.dumps(self._summary(result), indent=2))
+        except BaseException:
+            if self._aside is not None:
+                self._aside.restore()
+            raise
+        self._first_checkpoint_done()  # checkpoints off: the finished run replaces the old
+        return result
+
+    def _preflight(self, resume: bool, overwrite: bool, checkpoint: str | None) -> _Start:
+        """Every check that needs no worker, in an order that touches nothing but generated
+        logs; raises with one line naming the key, path or flag that would fix it."""
         cfg = self.config
         from daskhps.capacity import check_fits
 
-        check_fits(cfg)  # refuse a run that cannot fit before any file or worker: plan's message
+        sizing = check_fits(cfg)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.warm_start is not None:
             raise ResumeError("a run resumes its own checkpoint or warm-starts, not both")
-        self._ckpt = self._resume_point() if resume else self.warm_start
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        if checkpoint is not None and not resume:
+            raise ResumeError(
+                f"--checkpoint {checkpoint} names the checkpoint a resume continues from; add "
+                "--resume"
+            )
+        self._check_gpu()
+        store_dir = Path(cfg.table.tiers.store_dir)
+        rundir.ensure_no_run_dir_clash(self.run_dir, store_dir)
+        rundir.check_writable(self.run_dir, "run.dir", cfg.source)
+        rundir.check_writable(store_dir, "table.tiers.store_dir", cfg.source)
+        rundir.settle_interrupted(self.run_dir)  # a killed --overwrite, put right
+        rundir.refuse_published(self.run_dir, store_dir, cfg.source)
+        earlier = rundir.find_earlier_run(self.run_dir, store_dir)
+        start = _Start(earlier=earlier, need=sizing.disk.total)
+        if resume:
+            self._ckpt = ckpt = self._resume_point(checkpoint)
+            later = [c for c in list_checkpoints(self.run_dir) if c.passes_done > ckpt.passes_done]
+            start.discard = [c.name for c in later]
+            if start.discard and not overwrite:
+                raise RunExistsError(
+                    f"{cfg.source}: resuming from {self._ckpt.name} rewrites the later "
+                    f"checkpoints of {self.run_dir} ({', '.join(start.discard)}); add --overwrite "
+                    "to discard them, or resume from the latest (leave out --checkpoint)"
+                )
+        else:
+            self._ckpt = self.warm_start
+            if earlier is not None and not overwrite:
+                raise RunExistsError(
+                    f"{cfg.source}: {self.run_dir} already holds a run ({earlier.describe()}); "
+                    "pass --resume to continue it, or --overwrite to start over (the earlier "
+                    "run is deleted once the new run's first checkpoint is complete), or set "
+                    "run.dir to a new folder"
+                )
+            start.replace = earlier is not None
         if cfg.data.generate is not None:
             cfg.data.generate.ensure(progress=self.progress)
-        if self._ckpt is None:
-            resuming.clear_earlier_run(self.run_dir, cfg.table.tiers.store_dir)
-        else:
-            resuming.wait_for_stores(self._ckpt)  # the killed run's workers may still exit
+        # Read (lazily) before anything changes: paths that match nothing fail in a second.
+        start.logs = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
+        return start
+
+    def _check_gpu(self) -> None:
+        c = self.config.cluster
+        if c.gpu is True and c.address is None and not cuda_available():
+            raise ConfigError(
+                f"{self.config.source}: cluster.gpu: true, but this machine has no CUDA GPU (or "
+                "no dask_cuda); set cluster.gpu: auto (a GPU where there is one) or false"
+            )
+
+    def _first_checkpoint_done(self) -> None:
+        """The new run can stand on its own: delete the run that --overwrite replaced."""
+        if self._aside is not None:
+            self._aside.discard()
+            self._aside = None
+
+    def _run_on_cluster(self, logs: tuple[ClickLog, ClickLog | None]) -> RunResult:
+        cfg = self.config
         result = RunResult(self.run_dir)
-        # Read (lazily) before the cluster starts: paths that match nothing fail in a second.
-        logs = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
         with self._start_cluster() as handle:
             if handle.dashboard_link:
                 self.echo(f"dashboard: {handle.dashboard_link}")
@@ -235,16 +332,20 @@ class Trainer:
                     close_shards(client, addresses)
                 finally:
                     group.close()
-        (self.run_dir / "summary.json").write_text(json.dumps(self._summary(result), indent=2))
         return result
 
-    def _resume_point(self) -> Checkpoint:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            raise ResumeError(
-                f"cannot resume: {self.run_dir}/checkpoints holds no complete checkpoint; "
-                "start the run without --resume"
-            )
+    def _resume_point(self, name: str | None) -> Checkpoint:
+        if name is not None:
+            ckpt = find_checkpoint(self.run_dir, name)
+        else:
+            found = latest_checkpoint(self.run_dir)
+            if found is None:
+                raise ResumeError(
+                    f"cannot resume: {checkpoints_dir(self.run_dir)} holds no complete "
+                    "checkpoint; start over with --overwrite (or without --resume in a new "
+                    "run.dir)"
+                )
+            ckpt = found
         changes = resuming.check_resume(ckpt, self.config)
         accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
         self.echo(
@@ -404,6 +505,7 @@ class Trainer:
                 pos = Position(i + 1, len(schedule), epoch, spec.index, step)
                 if checkpointer.due(pos):
                     checkpointer.take(pos, rec)
+                    self._first_checkpoint_done()
         finally:
             if batches is not None:
                 batches.close()

@@ -1,0 +1,298 @@
+"""What a run directory holds, and the rules that keep a trained model when a new run starts.
+
+The rules, as ``daskhps train`` applies them before it touches anything::
+
+    run.dir holds no run                    train
+    run.dir holds a run                     refuse, naming --resume and --overwrite
+      --resume [--checkpoint NAME]          continue from that (default: the latest) checkpoint;
+                                            an earlier one than the latest also needs
+                                            --overwrite, and the later ones are discarded
+      --overwrite                           move the earlier run aside, train, and delete it
+                                            once the new run's first checkpoint is complete
+                                            (without checkpoints: once the run ends); a failure
+                                            before that puts the earlier run back
+    run.dir or the stores hold published    refuse always: only ``daskhps retrain`` and its
+      versions (a retraining folder)        retention rules may touch them
+
+"A run" is anything training leaves that is worth keeping: a checkpoint folder, a non-empty
+``metrics.jsonl``, ``summary.json``, or table stores under ``table.tiers.store_dir``. A folder
+with only ``config.yaml`` (a run that failed before it trained) holds no run.
+
+Moving aside is a rename on the same file system, so it costs no disk; the earlier run stays
+on disk until the new run's first checkpoint, which is why ``--overwrite`` checks that the
+disk has room for both. Where each entry went is written to ``.previous-run/ASIDE.json``
+before the first rename, so a run killed part-way is put right by the next ``train``:
+:func:`settle_interrupted` restores the earlier run when the new one left no complete
+checkpoint, and finishes the deletion when it did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from daskhps.capacity.disk import free_bytes
+from daskhps.errors import ConfigError, RunExistsError
+from daskhps.tiers._manifest import scan_manifests
+from daskhps.training.checkpoint import _NAME, checkpoints_dir, list_checkpoints
+
+__all__ = [
+    "ASIDE",
+    "EarlierRun",
+    "MovedAside",
+    "check_writable",
+    "find_earlier_run",
+    "move_aside",
+    "published_commits",
+    "refuse_published",
+    "settle_interrupted",
+]
+
+log = logging.getLogger(__name__)
+
+ASIDE = ".previous-run"  # inside run.dir: the earlier run's files while a new run replaces it
+_RECORD = "ASIDE.json"
+_RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "report")
+_REGISTRY_FILES = ("registry.json", "CURRENT")  # daskhps/retrain/versions.py's
+_VERSION_PREFIX = "version-"  # the store commits of published versions
+
+
+def _store_dirs(store_dir: Path) -> list[Path]:
+    """The config's stores and the re-sharded stores a resume made beside them."""
+    return [store_dir, *sorted(store_dir.parent.glob(f"{store_dir.name}-resharded-*"))]
+
+
+def _non_empty(path: Path) -> bool:
+    if path.is_dir():
+        return any(path.iterdir())
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@dataclass(frozen=True)
+class EarlierRun:
+    """What an earlier run left in a run directory and its stores."""
+
+    run_dir: Path
+    checkpoints: list[str]  # folder names, complete or not, oldest first
+    complete: list[str]  # the complete, verified ones among them
+    files: list[Path]  # run.dir entries other than checkpoints/
+    stores: list[Path]  # non-empty store folders
+
+    @property
+    def paths(self) -> list[Path]:
+        found = [*self.files, *self.stores]
+        if self.checkpoints:
+            found.append(checkpoints_dir(self.run_dir))
+        return found
+
+    def bytes(self) -> int:
+        return sum(_tree_bytes(p) for p in self.paths)
+
+    def describe(self) -> str:
+        if self.complete:
+            n = len(self.complete)
+            what = f"{n} checkpoint{'s' if n != 1 else ''} (latest {self.complete[-1]})"
+        elif self.checkpoints:
+            what = "no complete checkpoint"
+        else:
+            what = "no checkpoint"
+        if self.stores:
+            what += ", table stores in " + ", ".join(str(s) for s in self.stores)
+        return what
+
+
+def find_earlier_run(run_dir: str | Path, store_dir: str | Path) -> EarlierRun | None:
+    """What an earlier run left in ``run_dir`` and ``store_dir``; None when nothing."""
+    run_dir, store_dir = Path(run_dir), Path(store_dir)
+    ckdir = checkpoints_dir(run_dir)
+    names = sorted(e for e in os.listdir(ckdir) if _NAME.match(e)) if ckdir.is_dir() else []
+    files = [
+        run_dir / f
+        for f in _RUN_FILES
+        if f != "config.yaml" and _non_empty(run_dir / f)  # config.yaml alone: nothing trained
+    ]
+    stores = [s for s in _store_dirs(store_dir) if _non_empty(s)]
+    if not (names or files or stores):
+        return None
+    if (run_dir / "config.yaml").is_file():
+        files.append(run_dir / "config.yaml")
+    complete = [c.name for c in list_checkpoints(run_dir)]
+    return EarlierRun(run_dir, names, complete, files, stores)
+
+
+def published_commits(store_dir: str | Path) -> list[str]:
+    """Names of the published-version commits in any rank store under ``store_dir``."""
+    found: set[str] = set()
+    for s in _store_dirs(Path(store_dir)):
+        for commits in s.glob("*/rank-*/commits"):
+            good, _ = scan_manifests(commits)
+            found.update(m.name for m in good if m.name.startswith(_VERSION_PREFIX))
+    return sorted(found)
+
+
+def refuse_published(run_dir: str | Path, store_dir: str | Path, source: str) -> None:
+    """:class:`RunExistsError` when ``run_dir`` is a retraining folder or the stores hold
+    published versions: ``train`` would otherwise remove or rewrite what they refer to."""
+    run_dir = Path(run_dir)
+    registry = [f for f in _REGISTRY_FILES if (run_dir / f).exists()]
+    if registry:
+        raise RunExistsError(
+            f"{source}: {run_dir} is a retraining folder (it holds {registry[0]}, the registry "
+            "of published versions); daskhps train never writes there: run `daskhps retrain "
+            f"{source}` to train and publish, or set run.dir to another folder"
+        )
+    versions = published_commits(store_dir)
+    if versions:
+        raise RunExistsError(
+            f"{source}: the stores in {store_dir} hold published versions ({', '.join(versions)})"
+            "; daskhps train never writes there: run `daskhps retrain` to train and publish, or "
+            "set table.tiers.store_dir to another folder"
+        )
+
+
+def check_writable(folder: str | Path, key: str, source: str) -> None:
+    """:class:`ConfigError` naming ``key`` unless ``folder`` is, or can be made, a writable
+    folder."""
+    p = Path(folder).absolute()
+    probe = p
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    resolved = probe.resolve()
+    if any(resolved.is_relative_to(v) for v in (Path("/proc"), Path("/sys"), Path("/dev"))):
+        problem = f"{resolved} is a kernel file system"
+    elif not probe.is_dir():
+        problem = f"{probe} is not a folder"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        problem = f"{probe} is not writable by this user"
+    else:
+        return
+    raise ConfigError(
+        f"{source}: {key}: cannot write to {p}: {problem}; set {key} to a writable folder on "
+        "local disk"
+    )
+
+
+@dataclass
+class MovedAside:
+    """An earlier run moved aside while a new run replaces it (see the module docstring)."""
+
+    folder: Path  # run.dir/.previous-run
+    moves: list[tuple[Path, Path]] = field(default_factory=list)  # (original, aside)
+
+    def restore(self) -> None:
+        """Put the earlier run back: what the new run wrote in its place is removed first."""
+        for original, aside in reversed(self.moves):
+            if not aside.exists():
+                continue  # never moved (a kill between the record and the rename)
+            if original.exists() or original.is_symlink():
+                _remove(original)
+            os.replace(aside, original)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        log.warning("the new run failed before its first checkpoint: the earlier run is back")
+
+    def discard(self) -> None:
+        """Delete the earlier run: the new run has a complete checkpoint."""
+        for _, aside in self.moves:
+            if aside.exists():
+                _remove(aside)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        log.info("deleted the earlier run that --overwrite replaced")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _aside_path(folder: Path, run_dir: Path, original: Path) -> Path:
+    """Inside ``folder`` when ``original`` lives in run.dir; else beside ``original``, so the
+    rename stays on its file system (stores are often on another disk)."""
+    if original.parent == run_dir:
+        return folder / original.name
+    return original.parent / f".{original.name}{ASIDE}"
+
+
+def move_aside(earlier: EarlierRun, needed_bytes: int | None, source: str) -> MovedAside:
+    """Move ``earlier``'s files aside; :class:`RunExistsError` when the disk cannot hold both
+    runs until the new run's first checkpoint (``needed_bytes``: the new run's estimate; None:
+    as much as the earlier run takes)."""
+    paths = earlier.paths
+    where, free = free_bytes(earlier.run_dir)
+    need = needed_bytes if needed_bytes is not None else sum(_tree_bytes(p) for p in paths)
+    if need > free:
+        raise RunExistsError(
+            f"{source}: --overwrite keeps the earlier run in {earlier.run_dir} until the new "
+            f"run's first checkpoint, and the disk cannot hold both: about {need >> 20} MiB "
+            f"needed, {free >> 20} MiB free on {where}; free disk space, or delete the earlier "
+            "run yourself"
+        )
+    folder = earlier.run_dir / ASIDE
+    folder.mkdir(parents=True, exist_ok=True)
+    moved = MovedAside(folder, [(p, _aside_path(folder, earlier.run_dir, p)) for p in paths])
+    for _, aside in moved.moves:
+        if aside.exists():
+            _remove(aside)  # a stale copy of an earlier, settled overwrite
+    _write_record(moved)  # before the first rename: a kill part-way is settled next time
+    for original, aside in moved.moves:
+        os.replace(original, aside)
+    return moved
+
+
+def _write_record(moved: MovedAside) -> None:
+    tmp = moved.folder / (_RECORD + ".tmp")
+    tmp.write_text(json.dumps([[str(a), str(b)] for a, b in moved.moves], indent=1))
+    os.replace(tmp, moved.folder / _RECORD)
+
+
+def _read_record(run_dir: Path) -> MovedAside | None:
+    folder = run_dir / ASIDE
+    try:
+        pairs = json.loads((folder / _RECORD).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{folder / _RECORD} is unreadable ({e}): an earlier --overwrite was interrupted; "
+            f"the earlier run's files are in {folder}: move them back by hand or delete them"
+        ) from e
+    return MovedAside(folder, [(Path(a), Path(b)) for a, b in pairs])
+
+
+def settle_interrupted(run_dir: str | Path) -> None:
+    """Finish an ``--overwrite`` that a kill interrupted: restore the earlier run when the new
+    run has no complete checkpoint, else delete it as the new run's first checkpoint should
+    have."""
+    moved = _read_record(Path(run_dir))
+    if moved is None:
+        return
+    if list_checkpoints(run_dir):
+        log.warning("finishing an interrupted --overwrite: deleting the run it replaced")
+        moved.discard()
+    else:
+        log.warning(
+            "an earlier --overwrite stopped before the new run's first checkpoint: restoring "
+            "the run it replaced"
+        )
+        moved.restore()
+
+
+def ensure_no_run_dir_clash(run_dir: Path, store_dir: Path) -> None:
+    """The stores must not be run.dir itself or hold it (an aside move would take both)."""
+    r, s = run_dir.absolute(), store_dir.absolute()
+    if r == s or r.is_relative_to(s):
+        raise ConfigError(
+            f"table.tiers.store_dir {store_dir} holds run.dir {run_dir}; give the stores their "
+            "own folder (the default is <run.dir>/stores)"
+        )
