@@ -221,7 +221,8 @@ class Trainer:
             self._aside = rundir.move_aside(start.earlier, start.need, cfg.source)
         try:
             for name in start.discard:
-                self.echo(f"discarding checkpoint {name}: the run resumes from an earlier one")
+                # a warning, quiet or not: it removes a checkpoint the user may look for
+                log.warning("discarding checkpoint %s: the run resumes from an earlier one", name)
                 remove_checkpoint(checkpoints_dir(self.run_dir) / name)
             (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
             if self._ckpt is not None:

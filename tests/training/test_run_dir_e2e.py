@@ -1,0 +1,186 @@
+"""Nothing a user does with ``daskhps train`` destroys a trained run: every bad input is refused
+with one line and leaves the run folder and its stores byte for byte as they were; a failed or
+killed ``--overwrite`` puts the earlier run back; ``--resume --checkpoint`` of an earlier
+checkpoint discards the later ones only with ``--overwrite``.
+
+One trained run (1 worker, 2 passes, real LocalCluster, ``python -m daskhps.cli`` in a
+subprocess) serves the whole module; the tests run in file order, those that change the run
+last.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
+from daskhps.training.killpoints import ENV
+from daskhps.training.rundir import ASIDE
+from tests._logs import generated_logs
+from tests.training.test_rundir import tree_digest
+
+pytestmark = pytest.mark.slow
+
+
+def _config(folder: Path, logs: Path, **changes: Any) -> Path:
+    d: dict[str, Any] = {
+        "run": {"name": "safe", "dir": str(folder / "run"), "seed": 1, "quiet": True},
+        "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}, "bad_rows": "fail"},
+        "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
+        "table": {
+            "dim": 4,
+            "optimizer": {"kind": "adagrad", "lr": 0.05},
+            "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
+        },
+        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
+        "dense_optimizer": {"kind": "adam", "lr": 0.01},
+        "checkpoint": {"every_passes": 1, "keep": 3},
+        "cluster": {
+            "n_workers": 1,
+            "threads_per_worker": 2,
+            "memory_limit": "1GiB",
+            "gpu": False,
+            "dashboard_address": None,
+        },
+    }
+    d.update(changes)
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _train(config: Path, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if kill_at is not None:
+        env[ENV] = kill_at
+    return subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", "train", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def _one_line_error(run: subprocess.CompletedProcess, *needles: str) -> None:
+    assert run.returncode != 0, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("daskhps train: error: "), run.stderr[-2000:]
+    for n in needles:
+        assert n in last, (n, last)
+
+
+def _dense(run_dir: Path) -> dict[str, torch.Tensor]:
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None
+    return ckpt.dense_state()
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # day 1: 1000 rows = 2 passes of 500; day 2: the holdout
+    return generated_logs(tmp_path_factory, days=2, rows_per_day=1000, parts_per_day=2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Path:
+    folder = tmp_path_factory.mktemp("trained")
+    config = _config(folder, logs)
+    run = _train(config)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [c.name for c in list_checkpoints(folder / "run")] == ["pass-000001", "pass-000002"]
+    return config
+
+
+def _digest(config: Path) -> str:
+    return tree_digest(config.parent / "run")  # checkpoints, metrics, report, stores
+
+
+@pytest.mark.parametrize(
+    ("sets", "args", "needles"),
+    [
+        ([], [], ["already holds a run", "--resume", "--overwrite"]),
+        (["data.train.paths=[/nonexistent/logs]"], ["--overwrite"], ["/nonexistent/logs"]),
+        (["data.holdout.day=2031-01-01"], ["--overwrite"], ["2031-01-01"]),
+        (["data.train.days=2030-01-01..2030-01-05"], ["--overwrite"], ["2030-01-01"]),
+        (["table.tiers.store_dir=/proc/daskhps-stores"], ["--overwrite"], ["store_dir"]),
+        (["cluster.gpu=true"], ["--overwrite"], ["cluster.gpu"]),
+        (["table.dim=8"], ["--resume"], ["table.dim"]),
+        ([], ["--resume", "--checkpoint", "pass-000009"], ["pass-000009", "pass-000002"]),
+        ([], ["--resume", "--checkpoint", "pass-000001"], ["pass-000002", "--overwrite"]),
+        ([], ["--checkpoint", "pass-000001"], ["--resume"]),
+    ],
+)
+def test_a_bad_input_is_one_line_and_changes_nothing(
+    trained: Path, sets: list[str], args: list[str], needles: list[str]
+) -> None:
+    before = _digest(trained)
+    overrides = [a for s in sets for a in ("--set", s)]
+    _one_line_error(_train(trained, *overrides, *args), *needles)
+    assert _digest(trained) == before
+
+
+def test_a_failure_before_the_first_checkpoint_puts_the_earlier_run_back(
+    trained: Path, logs: Path, tmp_path: Path
+) -> None:
+    """The new run's data has a malformed row under ``bad_rows: fail``: it fails on the
+    cluster, after the earlier run was moved aside."""
+    bad = tmp_path / "logs"
+    shutil.copytree(logs, bad)
+    part = sorted((bad / "day=2024-01-01").glob("part-*"))[0]
+    with part.open("a") as f:
+        f.write("not\ta\tclick\tlog\trow\n")
+    before = _digest(trained)
+    run = _train(trained, "--overwrite", "--set", f"data.train.paths=[{bad}]")
+    assert run.returncode != 0 and "line 501: expected 40 columns" in run.stderr, run.stderr[-2000:]
+    assert _digest(trained) == before
+    assert not (trained.parent / "run" / ASIDE).exists()
+
+
+def test_a_killed_overwrite_is_put_right_by_the_next_train(trained: Path) -> None:
+    before = _digest(trained)
+    run = _train(trained, "--overwrite", "--set", "run.seed=2", kill_at="mid_pass:0")
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    assert (trained.parent / "run" / ASIDE).is_dir()  # the earlier run, aside
+    # The next train of any kind settles it first: the new run left no checkpoint, so the
+    # earlier run comes back (and this plain train is then refused, as it holds a run).
+    _one_line_error(_train(trained), "already holds a run")
+    assert _digest(trained) == before
+
+
+def test_resuming_an_earlier_checkpoint_needs_overwrite_and_ends_the_same(trained: Path) -> None:
+    """From pass-000001 again: pass 2 is retrained to the same bits as the first time."""
+    run_dir = trained.parent / "run"
+    final = _dense(run_dir)
+    run = _train(trained, "--resume", "--checkpoint", "pass-000001", "--overwrite")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "discarding checkpoint pass-000002" in run.stderr
+    assert [c.name for c in list_checkpoints(run_dir)] == ["pass-000001", "pass-000002"]
+    again = _dense(run_dir)
+    assert final.keys() == again.keys()
+    assert all(torch.equal(final[k], again[k]) for k in final)
+
+
+def test_overwrite_replaces_the_run_once_the_new_one_has_a_checkpoint(trained: Path) -> None:
+    run_dir = trained.parent / "run"
+    old = _dense(run_dir)
+    run = _train(trained, "--overwrite", "--set", "run.seed=7")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not (run_dir / ASIDE).exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        ["checkpoints", "config.yaml", "metrics.jsonl", "report", "stores", "summary.json"]
+    )
+    new = _dense(run_dir)
+    assert any(not torch.equal(old[k], new[k]) for k in old)  # seed 7's model, not seed 1's
+    assert "seed: 7" in (run_dir / "config.yaml").read_text()
