@@ -24,6 +24,7 @@ from daskhps.sharding import ShardMap
 from daskhps.table import open_store
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.checkpoint import Checkpoint
+from daskhps.training.rundir import published_commits
 
 __all__ = [
     "ACCEPTED",
@@ -104,6 +105,12 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     """
     spec = ckpt.table_spec
     new_map = ShardMap(ckpt.num_shards, num_workers)
+    versions = published_commits(out_dir)
+    if versions:  # the re-shard below replaces the stores there: never a published version's
+        raise ResumeError(
+            f"cannot re-shard {ckpt.name} into {out_dir}: its stores hold published versions "
+            f"({', '.join(versions)}); resume on {ckpt.num_workers} workers instead"
+        )
     deadline = time.monotonic() + 30.0
     for old in sorted((out_dir / spec.name).glob("rank-*")):  # an earlier, killed re-shard's
         _wait_unlocked(old, f"re-sharded store {old.name}", deadline, 30.0)

@@ -195,3 +195,24 @@ def test_pruning_drops_only_the_runs_own_old_commits() -> None:
     # commits after the oldest kept checkpoint's stay (a torn one, replaced when its pass is
     # committed again)
     assert droppable_commits(names[:3], "pass-000002", "pass-") == 1
+
+
+def test_reshard_never_replaces_stores_holding_a_published_version(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    spec = cfg.table_spec()
+    keys = torch.arange(100, dtype=torch.int64)
+    with EmbeddingTable.open(
+        spec, tmp_path / "stores" / spec.name / "rank-0", device_rows=200
+    ) as t:
+        t.stage(keys)
+        t.commit(checkpoint_name(1))
+    ckpt = _checkpoint(tmp_path, cfg, workers=1)
+    out = tmp_path / "resharded"
+    with EmbeddingTable.open(spec, out / spec.name / "rank-0", device_rows=200) as t:
+        t.stage(keys[:10])
+        t.commit("version-v000001")
+    before = sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*") if p.is_file())
+    with pytest.raises(ResumeError, match=r"published versions \(version-v000001\)"):
+        reshard(ckpt, 2, out)
+    after = sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*") if p.is_file())
+    assert after == before

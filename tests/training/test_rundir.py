@@ -193,6 +193,6 @@ def test_unwritable_folders_are_named(tmp_path: Path, path: str, problem: str) -
 
 
 def test_stores_may_not_hold_the_run_dir(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="holds run.dir"):
+    with pytest.raises(ConfigError, match=r"holds run\.dir"):
         rundir.ensure_no_run_dir_clash(tmp_path / "a" / "run", tmp_path / "a")
     rundir.ensure_no_run_dir_clash(tmp_path / "run", tmp_path / "run" / "stores")
