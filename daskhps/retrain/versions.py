@@ -26,7 +26,7 @@ from typing import Any, Literal
 from daskhps.retrain._atomic import write_atomic
 from daskhps.retrain.errors import RegistryError, VersionNotFoundError
 
-__all__ = ["Attempt", "Registry", "Version", "published_checkpoint"]
+__all__ = ["Attempt", "Registry", "Version", "published_checkpoint", "registry_folder"]
 
 FORMAT = 1
 Outcome = Literal["published", "rejected", "failed"]
@@ -237,14 +237,23 @@ def published_checkpoint(path: str | Path) -> Path | None:
     """The checkpoint folder of the version ``CURRENT`` names, when ``path`` is a retraining
     run directory (or its ``versions/`` folder); None when it is neither. For readers that
     take "a model" as a path (``daskhps predict --model runs/retrain``)."""
+    folder = registry_folder(path)
+    if folder is None:
+        return None
+    current = Registry(folder).current()
+    if current is None:
+        raise VersionNotFoundError(
+            f"{folder} holds no published version yet (no CURRENT); run "
+            "`daskhps retrain CONFIG` until one is published, or give a checkpoint"
+        )
+    return Path(current.checkpoint)
+
+
+def registry_folder(path: str | Path) -> Path | None:
+    """The folder of the version registry when ``path`` is a retraining run directory (or its
+    ``versions/`` folder); None otherwise."""
     p = Path(path)
     for folder in (p / "versions", p):
         if (folder / "registry.json").is_file():
-            current = Registry(folder).current()
-            if current is None:
-                raise VersionNotFoundError(
-                    f"{folder} holds no published version yet (no CURRENT); run "
-                    "`daskhps retrain CONFIG` until one is published, or give a checkpoint"
-                )
-            return Path(current.checkpoint)
+            return folder
     return None

@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 ASIDE = ".previous-run"  # inside run.dir: the earlier run's files while a new run replaces it
 _RECORD = "ASIDE.json"
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "report")
-_REGISTRY_FILES = ("registry.json", "CURRENT")  # daskhps/retrain/versions.py's
 _VERSION_PREFIX = "version-"  # the store commits of published versions
 
 
@@ -143,12 +142,13 @@ def published_commits(store_dir: str | Path) -> list[str]:
 def refuse_published(run_dir: str | Path, store_dir: str | Path, source: str) -> None:
     """:class:`RunExistsError` when ``run_dir`` is a retraining folder or the stores hold
     published versions: ``train`` would otherwise remove or rewrite what they refer to."""
-    run_dir = Path(run_dir)
-    registry = [f for f in _REGISTRY_FILES if (run_dir / f).exists()]
-    if registry:
+    from daskhps.retrain.versions import registry_folder
+
+    registry = registry_folder(run_dir)
+    if registry is not None:
         raise RunExistsError(
-            f"{source}: {run_dir} is a retraining folder (it holds {registry[0]}, the registry "
-            "of published versions); daskhps train never writes there: run `daskhps retrain "
+            f"{source}: {run_dir} is a retraining folder ({registry / 'registry.json'} lists "
+            "its published versions); daskhps train never writes there: run `daskhps retrain "
             f"{source}` to train and publish, or set run.dir to another folder"
         )
     versions = published_commits(store_dir)

@@ -5,7 +5,6 @@ folders that hold published versions."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from daskhps.errors import ConfigError, RunExistsError
+from daskhps.retrain.versions import Attempt, Registry
 from daskhps.table import OptimizerSpec, TableSpec, open_store
 from daskhps.training import rundir
 from daskhps.training.checkpoint import finish_checkpoint, start_checkpoint, write_payload
@@ -162,10 +162,10 @@ def test_not_enough_disk_for_both_runs_refuses_before_moving(tmp_path: Path) -> 
     assert tree_digest(run) == before
 
 
-def test_a_retraining_folder_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("registry", ["versions", "."])
+def test_a_retraining_folder_is_refused(tmp_path: Path, registry: str) -> None:
     run = tmp_path / "retrain"
-    run.mkdir()
-    (run / "registry.json").write_text(json.dumps({"format": 1, "versions": []}))
+    Registry(run / registry).record(Attempt("a1", None, ("2024-01-01",), "2024-01-02", "rejected"))
     with pytest.raises(RunExistsError, match=r"retraining folder.*daskhps retrain"):
         rundir.refuse_published(run, run / "stores", "retrain.yaml")
 
