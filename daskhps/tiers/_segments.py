@@ -66,7 +66,7 @@ def chunk_digests(data: np.ndarray, chunk_rows: int) -> list[str]:
     rows = _rows_per_chunk(chunk_rows, data.shape[0])
     flat = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
     row_bytes = math.prod(data.shape[1:]) * data.dtype.itemsize
-    raw = memoryview(flat.reshape(-1)).cast("B")
+    raw = flat.reshape(-1).view(np.uint8).data  # a flat byte view of the array, no copy
     out = []
     for start in range(0, data.shape[0], rows):  # a Python step per chunk, not per row
         part = raw[start * row_bytes : (start + rows) * row_bytes]
