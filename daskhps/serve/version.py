@@ -130,15 +130,16 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
         ckpt = load_checkpoint(published_checkpoint(p) or p)
     elif (p / MANIFEST).is_file():
         raise CheckpointError(
-            f"checkpoint {checkpoint!r} names a checkpoint of a run directory, but {p} is one "
-            f"checkpoint already: give the run directory ({p.parent.parent}) with it, or "
-            "leave the checkpoint name out"
+            f"a checkpoint name ({checkpoint!r}, --checkpoint) picks one of a run directory's "
+            f"checkpoints, but {p} is a checkpoint folder: give its run directory "
+            f"({p.parent.parent}) with the name, or leave the name out"
         )
     elif any((f / "registry.json").is_file() for f in (p / "versions", p)):
         raise CheckpointError(
-            f"checkpoint {checkpoint!r} names a checkpoint of a training run directory, but {p} "
-            "is a retraining run (it serves its current published version): give a "
-            "training run directory, or a version's folder, or leave the checkpoint name out"
+            f"a checkpoint name ({checkpoint!r}, --checkpoint) picks one of a training run "
+            f"directory's checkpoints, but {p} is a retraining run (it serves its current "
+            "published version): give a training run directory or a version's folder with "
+            "the name, or leave the name out"
         )
     else:
         ckpt = find_checkpoint(p, checkpoint)
