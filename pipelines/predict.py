@@ -1,8 +1,9 @@
 """The batch-scoring job: a model version and click logs in, parquet predictions out.
 
-``daskhps predict --model VERSION_OR_PATH --data GLOB --out DIR`` calls :func:`run`; Python
-code may call it, or :func:`daskhps.serve.predict.predict`, directly. The model is a checkpoint
-folder or a run directory (its latest complete checkpoint).
+``daskhps predict --model VERSION_OR_PATH [--checkpoint NAME] --data GLOB --out DIR`` calls
+:func:`run`; Python code may call it, or :func:`daskhps.serve.predict.predict`, directly. The
+model is a checkpoint folder or a run directory (its latest complete checkpoint, or the one
+``--checkpoint`` names).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ def run(
     batch_size: int = 4096,
     overwrite: bool = False,
     as_json: bool = False,
+    checkpoint: str | None = None,
 ) -> int:
-    """Score ``data`` with ``model`` into ``out``; returns the process exit code."""
+    """Score ``data`` with ``model`` (with a run directory: its checkpoint named
+    ``checkpoint``, default the latest) into ``out``; returns the process exit code."""
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    servable = load_servable(model)
+    servable = load_servable(model, checkpoint)
     result: PredictResult = predict(
         servable,
         data,

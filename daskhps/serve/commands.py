@@ -18,6 +18,13 @@ def _model_argument(p: argparse.ArgumentParser) -> None:
         help="a checkpoint folder (<run dir>/checkpoints/pass-NNNNNN) or a run directory "
         "(its latest complete checkpoint)",
     )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="NAME",
+        help="with a run directory as --model: use its checkpoint NAME (e.g. pass-000003) "
+        "instead of the latest; `daskhps inspect RUN_DIR` lists them",
+    )
 
 
 def add_predict_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +62,7 @@ def run_predict(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             overwrite=args.overwrite,
             as_json=args.json,
+            checkpoint=args.checkpoint,
         )
     )
 
@@ -69,7 +77,9 @@ def run_export(args: argparse.Namespace) -> int:
     from daskhps.serve import load_servable
     from daskhps.serve.export import export_model
 
-    res = export_model(load_servable(args.model), args.out, overwrite=args.overwrite)
+    res = export_model(
+        load_servable(args.model, args.checkpoint), args.out, overwrite=args.overwrite
+    )
     print(
         f"exported {res.keys:,} keys x {res.sparse_dim} floats and the TorchScript model to "
         f"{res.out} ({res.bytes / 2**20:.1f} MiB)"

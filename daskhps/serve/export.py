@@ -35,7 +35,7 @@ import torch
 
 from daskhps import __version__
 from daskhps.errors import StoreExistsError
-from daskhps.serve.stores import ShardedStores
+from daskhps.serve.stores import ShardedStores, check_stores
 from daskhps.serve.version import Servable
 
 __all__ = ["EMBEDDINGS", "KEYS", "META", "MODEL", "ExportResult", "export_model"]
@@ -99,6 +99,7 @@ def export_model(
     schema = cfg.data.schema
     nd, nf = len(schema.dense_names), len(schema.categorical_names)
     spec = servable.table.spec
+    check_stores(servable.table, servable.name)
     stores = ShardedStores(servable.table)
     try:
         outp.mkdir(parents=True, exist_ok=True)

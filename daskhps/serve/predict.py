@@ -34,8 +34,9 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.parse import read_shard
 from daskhps.data.source import resolve_files
 from daskhps.distributed import start_cluster
-from daskhps.errors import DaskHPSError, DataError, StoreExistsError, StoreNotFoundError
+from daskhps.errors import DaskHPSError, DataError, StoreExistsError
 from daskhps.serve.score import CacheSizes, Scorer
+from daskhps.serve.stores import check_stores
 from daskhps.serve.version import Servable
 
 __all__ = ["PredictResult", "predict"]
@@ -162,20 +163,6 @@ def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
     return {"rows": n, "report": report}
 
 
-def _check_stores(servable: Servable) -> None:
-    """Fail before starting any work when a rank store is missing (the workers check the
-    rest as they open them: loading every key index here would cost as much as theirs)."""
-    table = servable.table
-    for rank in range(table.num_workers):
-        path = table.store_path(rank)
-        if not (path / "zarr.json").is_file():
-            raise StoreNotFoundError(
-                f"model {servable.name!r}: no store at {path} (rank {rank} of "
-                f"{table.describe()}); the stores were moved or deleted, or are not "
-                "reachable from here: give a model whose stores exist"
-            )
-
-
 def _prepare_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise StoreExistsError(f"predict output {out} is a file; give a folder")
@@ -218,7 +205,7 @@ def predict(
     t0 = time.perf_counter()
     files = resolve_files(data)
     outp = Path(out)
-    _check_stores(servable)
+    check_stores(servable.table, servable.name)
     _prepare_out(outp, overwrite)
     cfg = servable.config
     job = _Job(

@@ -13,16 +13,51 @@ from __future__ import annotations
 
 import torch
 
-from daskhps.errors import StoreMismatchError
+from daskhps.errors import StoreCorruptedError, StoreMismatchError, StoreNotFoundError
 from daskhps.serve.version import TableVersion
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
 from daskhps.table.table import open_store
 from daskhps.tiers.base import check_keys
+from daskhps.tiers.store_check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
 
-__all__ = ["ShardedStores", "initial_rows"]
+__all__ = ["ShardedStores", "check_stores", "initial_rows"]
+
+
+def check_stores(version: TableVersion, model: str) -> None:
+    """Fail before any work starts when a rank store of ``version`` is missing, lacks the
+    commit, or has a file that its metadata says should be longer or exist (one ``stat``
+    per file, no row read); a cluster's workers would otherwise find it one by one.
+
+    Raises
+    ------
+    StoreNotFoundError
+        A rank store does not exist.
+    StoreCorruptedError
+        Any other problem; the message names the first file and how many more there are.
+    """
+    for rank in range(version.num_workers):
+        path = version.store_path(rank)
+        if not (path / "zarr.json").is_file():
+            raise StoreNotFoundError(
+                f"model {model!r}: no store at {path} (rank {rank} of {version.describe()}); "
+                "the stores were moved or deleted, or are not reachable from here: give a "
+                "model whose stores exist"
+            )
+    checker = StoreChecker()
+    damage = []
+    for rank in range(version.num_workers):
+        found = checker.check(version.store_path(rank), version.commit)
+        damage += [f"rank {rank}: {d}" for d in found.damage]
+    if damage:
+        more = f" (and {len(damage) - 1} more problem(s))" if len(damage) > 1 else ""
+        raise StoreCorruptedError(
+            f"model {model!r}: cannot read {version.describe()}: {damage[0]}{more}; use an "
+            "intact checkpoint (--checkpoint NAME; `daskhps inspect RUN_DIR` says which are "
+            "intact) or restore the stores from a backup"
+        )
 
 
 def initial_rows(spec: TableSpec, keys: torch.Tensor) -> torch.Tensor:

@@ -111,20 +111,38 @@ class Servable:
         return cls(str(ckpt.name), cfg, ckpt.dense_state(), table)
 
 
-def load_servable(path: str | Path) -> Servable:
+def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     """The model at ``path``: a checkpoint folder, a published version's folder, a training
-    run directory (its latest complete checkpoint), or a retraining run directory (the
-    version its registry names current).
+    run directory (its latest complete checkpoint, or the one named ``checkpoint``, e.g.
+    ``pass-000003``), or a retraining run directory (the version its registry names current).
 
     Raises
     ------
     CheckpointError
-        When ``path`` holds no complete checkpoint (torn, damaged, or none at all).
+        When ``path`` holds no complete checkpoint (torn, damaged, or none at all), or the
+        checkpoint named is missing or damaged (the message lists the valid ones).
     """
     from daskhps.retrain.versions import published_checkpoint
-    from daskhps.training.checkpoint import load_checkpoint
+    from daskhps.training.checkpoint import MANIFEST, find_checkpoint, load_checkpoint
 
-    ckpt = load_checkpoint(published_checkpoint(path) or path)
+    p = Path(path)
+    if checkpoint is None:
+        ckpt = load_checkpoint(published_checkpoint(p) or p)
+    elif (p / MANIFEST).is_file():
+        raise CheckpointError(
+            f"a checkpoint name ({checkpoint!r}, --checkpoint) picks one of a run directory's "
+            f"checkpoints, but {p} is a checkpoint folder: give its run directory "
+            f"({p.parent.parent}) with the name, or leave the name out"
+        )
+    elif any((f / "registry.json").is_file() for f in (p / "versions", p)):
+        raise CheckpointError(
+            f"a checkpoint name ({checkpoint!r}, --checkpoint) picks one of a training run "
+            f"directory's checkpoints, but {p} is a retraining run (it serves its current "
+            "published version): give a training run directory or a version's folder with "
+            "the name, or leave the name out"
+        )
+    else:
+        ckpt = find_checkpoint(p, checkpoint)
     try:
         return Servable.from_checkpoint(ckpt)
     except DaskHPSError:

@@ -6,10 +6,17 @@ v3 stores them). :class:`RawArray` checks that from the array's ``zarr.json`` an
 chunk files directly (``np.fromfile`` / ``np.memmap``): zarr-python costs milliseconds per
 call, far too much for scattered row reads. An array whose metadata says anything else (a
 compressor added by another tool, big endian, sharding) is still read, through zarr-python.
+
+Each array written here records the sha256 of every chunk file in its ``zarr.json``
+(``attributes["sha256"]``, one hex digest per chunk, in chunk order), computed from the bytes
+in memory as they are written: ``daskhps inspect --verify`` recomputes them from disk. Arrays
+written before daskhps recorded checksums have no such attribute and are read the same way;
+only their sizes can be checked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -24,7 +31,15 @@ from zarr.storage import LocalStore
 
 from daskhps.errors import StoreCorruptedError
 
-__all__ = ["RawArray", "fsync_dir", "fsync_tree", "write_array", "write_group"]
+__all__ = [
+    "RawArray",
+    "chunk_digests",
+    "file_sha256",
+    "fsync_dir",
+    "fsync_tree",
+    "write_array",
+    "write_group",
+]
 
 _RAW_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}]
 
@@ -39,9 +54,43 @@ def write_group(directory: Path, attributes: dict[str, Any] | None = None) -> No
     os.replace(tmp, directory / "zarr.json")
 
 
+def _rows_per_chunk(chunk_rows: int, n: int) -> int:
+    return max(1, min(chunk_rows, n))
+
+
+def chunk_digests(data: np.ndarray, chunk_rows: int) -> list[str]:
+    """The sha256 of each chunk file :func:`write_array` writes for ``data``: the chunk's rows
+    as little-endian bytes, the last one padded with zeros (the fill value) to a full chunk.
+    Hashes the array in memory, in place (one pass over its bytes, no copy on little-endian
+    machines)."""
+    rows = _rows_per_chunk(chunk_rows, data.shape[0])
+    flat = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+    row_bytes = math.prod(data.shape[1:]) * data.dtype.itemsize
+    raw = flat.reshape(-1).view(np.uint8).data  # a flat byte view of the array, no copy
+    out = []
+    for start in range(0, data.shape[0], rows):  # a Python step per chunk, not per row
+        part = raw[start * row_bytes : (start + rows) * row_bytes]
+        h = hashlib.sha256(part)
+        pad = rows * row_bytes - len(part)
+        if pad:
+            h.update(bytes(pad))
+        out.append(h.hexdigest())
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in blocks of 1 MiB."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_array(directory: Path, data: np.ndarray, chunk_rows: int) -> RawArray:
-    """Write ``data`` as a new uncompressed zarr v3 array; chunks span whole rows."""
-    rows = max(1, min(chunk_rows, data.shape[0]))
+    """Write ``data`` as a new uncompressed zarr v3 array; chunks span whole rows. Its
+    metadata records the sha256 of each chunk file (:func:`chunk_digests`)."""
+    rows = _rows_per_chunk(chunk_rows, data.shape[0])
     zarr.create_array(
         LocalStore(directory),
         data=data,
@@ -53,6 +102,7 @@ def write_array(directory: Path, data: np.ndarray, chunk_rows: int) -> RawArray:
         # Without this zarr skips chunks equal to the fill value and the files go missing,
         # which we could not tell apart from a damaged store.
         config={"write_empty_chunks": True},
+        attributes={"sha256": chunk_digests(data, chunk_rows)},
     )
     return RawArray.load(directory, data.dtype)
 
@@ -90,6 +140,9 @@ class RawArray:
         From the metadata; chunks always span every column.
     raw:
         True when chunk files are raw little-endian values that can be memory-mapped.
+    sha256:
+        The sha256 of each chunk file as recorded when the array was written; None for
+        arrays written before daskhps recorded them, or re-coded by another tool.
     """
 
     path: Path
@@ -98,6 +151,7 @@ class RawArray:
     dtype: np.dtype
     raw: bool
     separator: str = "/"
+    sha256: tuple[str, ...] | None = None
 
     @classmethod
     def load(cls, path: Path, dtype: np.dtype | type) -> RawArray:
@@ -131,7 +185,18 @@ class RawArray:
             and enc.get("name") == "default"
             and separator in ("/", ".")
         )
-        return cls(path, shape, chunks[0], dt, raw=bool(raw), separator=separator)
+        digests = (meta.get("attributes") or {}).get("sha256")
+        if not raw or not isinstance(digests, list):
+            digests = None  # written before checksums, or re-coded: its files are not ours
+        elif len(digests) != math.ceil(shape[0] / chunks[0]) or not all(
+            isinstance(d, str) for d in digests
+        ):
+            raise StoreCorruptedError(
+                f"array metadata {meta_path} records {len(digests)} chunk checksums for "
+                f"{math.ceil(shape[0] / chunks[0])} chunks"
+            )
+        sha = tuple(digests) if digests is not None else None
+        return cls(path, shape, chunks[0], dt, raw=bool(raw), separator=separator, sha256=sha)
 
     @property
     def n_chunks(self) -> int:
@@ -149,21 +214,56 @@ class RawArray:
         parts = ["c", str(i)] + ["0"] * (len(self.shape) - 1)
         return self.path.joinpath(*parts) if self.separator == "/" else self.path / ".".join(parts)
 
-    def check_files(self) -> None:
-        """Raise :class:`StoreCorruptedError` naming the first chunk file that is missing or
-        not exactly one chunk long (truncated by a crash or a full disk)."""
+    def size_problems(self) -> list[str]:
+        """One line per chunk file that is missing or not exactly one chunk long (truncated
+        by a crash or a full disk, or grown by something else); empty when all are sound.
+        Costs one ``stat`` per chunk file."""
         if not self.raw:
-            return
+            return []
+        out = []
         for i in range(self.n_chunks):
             f = self.chunk_file(i)
             try:
                 size = f.stat().st_size
-            except FileNotFoundError as e:
-                raise StoreCorruptedError(f"chunk file {f} is missing") from e
+            except FileNotFoundError:
+                out.append(f"chunk file {f} is missing")
+                continue
             if size != self.chunk_bytes:
-                raise StoreCorruptedError(
-                    f"chunk file {f} has {size} bytes, expected {self.chunk_bytes} (truncated)"
+                what = "truncated" if size < self.chunk_bytes else "too long"
+                out.append(f"chunk file {f} has {size} bytes, expected {self.chunk_bytes} ({what})")
+        return out
+
+    def check_files(self) -> None:
+        """Raise :class:`StoreCorruptedError` naming the first chunk file that is missing or
+        not exactly one chunk long."""
+        problems = self.size_problems()
+        if problems:
+            raise StoreCorruptedError(problems[0])
+
+    def digest_problems(self) -> list[str]:
+        """One line per chunk file whose sha256 differs from the one recorded when it was
+        written (reads every byte). Files :meth:`size_problems` reports, and arrays without
+        recorded checksums (:attr:`sha256` is None), are skipped."""
+        if self.sha256 is None:
+            return []
+        out = []
+        for i, want in enumerate(self.sha256):
+            f = self.chunk_file(i)
+            try:
+                if f.stat().st_size != self.chunk_bytes:
+                    continue
+                got = file_sha256(f)
+            except FileNotFoundError:
+                continue  # a size problem
+            except OSError as e:
+                out.append(f"chunk file {f} cannot be read ({e})")
+                continue
+            if got != want:
+                out.append(
+                    f"chunk file {f} does not match the sha256 recorded when it was written "
+                    "(same size, different bytes)"
                 )
+        return out
 
     def memmap(self, i: int) -> np.ndarray:
         """Chunk ``i`` as a read-only memory map of shape :attr:`chunk_shape`."""

@@ -443,7 +443,13 @@ class ZarrStore(Tier):
     def _earlier_hint(self, seq: int) -> str:
         earlier = [m.name for m in self._manifests if m.seq < seq]
         if earlier:
-            return f"open an earlier commit with commit=<name> (earlier commits: {earlier})"
+            # Said for both audiences: the Python API opens a commit by name, the commands
+            # pick the checkpoint of that name.
+            return (
+                f"earlier commits, which may be intact: {earlier}; use one of those (on the "
+                "command line: --checkpoint NAME; `daskhps inspect RUN_DIR` says which "
+                "checkpoints are intact) or restore the store from a backup"
+            )
         return "no earlier commit exists; restore the store from a backup"
 
     def _damaged_list(self) -> list[str]:

@@ -12,13 +12,15 @@
 The table's rows are not copied: every shard store ``<stores_dir>/<table>/rank-<r>`` holds a
 commit point named like the checkpoint (``commit``), and a store's commit costs only the rows
 written since its previous one. A folder without ``MANIFEST.json``, or whose files do not
-match the sizes and sha256 sums it records, is never loaded.
+match the sizes and sha256 sums it records, is never loaded; :func:`scan_checkpoints` says
+which were skipped and why, and :func:`latest_checkpoint` logs each as a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,7 +34,8 @@ import torch
 from daskhps import __version__
 from daskhps.errors import CheckpointError
 from daskhps.table.table import open_store
-from daskhps.tiers._segments import fsync_dir
+from daskhps.tiers._segments import file_sha256, fsync_dir
+from daskhps.tiers.store_check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
 
 if TYPE_CHECKING:
@@ -45,6 +48,8 @@ __all__ = [
     "MANIFEST",
     "STATE",
     "Checkpoint",
+    "Skipped",
+    "check_checkpoint",
     "checkpoint_name",
     "checkpoints_dir",
     "find_checkpoint",
@@ -53,9 +58,13 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "remove_checkpoint",
+    "scan_checkpoints",
     "start_checkpoint",
+    "store_damage",
     "write_payload",
 ]
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 MANIFEST = "MANIFEST.json"
@@ -184,76 +193,162 @@ class Checkpoint:
 
 # -- reading ------------------------------------------------------------------------------
 
+SkipKind = Literal["incomplete", "unreadable", "newer", "damaged"]
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+
+@dataclass(frozen=True)
+class Skipped:
+    """A folder of ``checkpoints/`` that is never loaded, and why.
+
+    Attributes
+    ----------
+    kind:
+        ``"incomplete"``: no ``MANIFEST.json`` (its writing never finished, e.g. a killed
+        run); ``"unreadable"``: the manifest does not parse or lacks fields; ``"newer"``: it
+        was written by a newer daskhps; ``"damaged"``: a file is missing or its size or
+        sha256 differs from what the manifest records.
+    reason:
+        What is wrong, naming each file (``dense.pt is 1234 bytes, the manifest says ...``).
+    """
+
+    path: Path
+    kind: SkipKind
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.name}: {self.reason} ({self.kind}; never loaded)"
+
+
+def _file_problems(folder: Path, files: dict[str, Any]) -> list[str]:
+    """One line per file of the manifest that is missing or differs from it."""
+    out = []
+    for fname, info in files.items():
+        p = folder / fname
+        if not p.is_file():
+            out.append(f"{fname} is missing")
+            continue
+        size = p.stat().st_size
+        if size != info["size"]:
+            out.append(f"{fname} is {size} bytes, the manifest says {info['size']}")
+        elif file_sha256(p) != info["sha256"]:
+            out.append(
+                f"{fname} does not match the sha256 in the manifest (same size, {size} bytes, "
+                "different bytes)"
+            )
+    return out
+
+
+def check_checkpoint(folder: str | os.PathLike[str]) -> Checkpoint | Skipped:
+    """The checkpoint in ``folder`` (every file verified), or why it is never loaded."""
+    folder = Path(folder)
+    mpath = folder / MANIFEST
+    if not mpath.is_file():
+        return Skipped(folder, "incomplete", f"no {MANIFEST}: its writing never finished")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        return Skipped(folder, "unreadable", f"{MANIFEST} does not parse ({e})")
+    missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        return Skipped(folder, "unreadable", f"{MANIFEST} lacks {missing}")
+    if not isinstance(manifest["format"], int) or manifest["format"] > FORMAT:
+        return Skipped(
+            folder,
+            "newer",
+            f"checkpoint format {manifest['format']!r} is newer than this daskhps reads "
+            f"({FORMAT}; written by daskhps {manifest.get('daskhps_version')}); upgrade",
+        )
+    files = manifest["files"]
+    if not isinstance(files, dict) or not all(
+        isinstance(v, dict) and {"size", "sha256"} <= set(v) for v in files.values()
+    ):
+        return Skipped(folder, "unreadable", f"{MANIFEST}: 'files' lacks sizes or sha256 sums")
+    problems = _file_problems(folder, files)
+    if problems:
+        return Skipped(folder, "damaged", "; ".join(problems))
+    return Checkpoint(folder, manifest)
 
 
 def _verify(folder: Path) -> Checkpoint:
     """The checkpoint in ``folder``, or :class:`CheckpointError` saying what is wrong."""
-    mpath = folder / MANIFEST
-    if not mpath.is_file():
-        raise CheckpointError(
-            f"{folder} has no {MANIFEST}: it is not a checkpoint, or one whose writing never "
-            "finished (such a folder is never loaded); use an earlier checkpoint"
-        )
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{mpath} is unreadable ({e}); use an earlier checkpoint") from e
-    missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
-    if missing:
-        raise CheckpointError(f"{mpath} lacks {missing}; use an earlier checkpoint")
-    if not isinstance(manifest["format"], int) or manifest["format"] > FORMAT:
-        raise CheckpointError(
-            f"{mpath}: checkpoint format {manifest['format']!r} is newer than this daskhps "
-            f"reads ({FORMAT}; written by daskhps {manifest.get('daskhps_version')}); upgrade"
-        )
-    for fname, info in manifest["files"].items():
-        p = folder / fname
-        if not p.is_file() or p.stat().st_size != info["size"] or _sha256(p) != info["sha256"]:
-            raise CheckpointError(
-                f"checkpoint {folder}: {fname} is missing or does not match {MANIFEST} (size "
-                f"or sha256 differ): the checkpoint is damaged; use an earlier one"
-            )
-    return Checkpoint(folder, manifest)
+    found = check_checkpoint(folder)
+    if isinstance(found, Checkpoint):
+        return found
+    if found.kind == "newer":
+        raise CheckpointError(f"{folder / MANIFEST}: {found.reason}")
+    raise CheckpointError(
+        f"checkpoint {folder} cannot be used: {found.reason} ({found.kind}); use an earlier "
+        "checkpoint (`daskhps inspect` on its run directory lists them)"
+    )
+
+
+def scan_checkpoints(run_dir: str | os.PathLike[str]) -> tuple[list[Checkpoint], list[Skipped]]:
+    """Every ``pass-NNNNNN`` folder of a run: the complete, verified checkpoints (oldest
+    first) and, separately, the ones never loaded with the reason (by name)."""
+    folder = checkpoints_dir(run_dir)
+    if not folder.is_dir():
+        return [], []
+    good: list[Checkpoint] = []
+    skipped: list[Skipped] = []
+    for entry in sorted(os.listdir(folder)):
+        if _NAME.match(entry) and (folder / entry).is_dir():
+            found = check_checkpoint(folder / entry)
+            if isinstance(found, Checkpoint):
+                good.append(found)
+            else:
+                skipped.append(found)
+    return sorted(good, key=lambda c: c.passes_done), skipped
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Checkpoint]:
-    """The complete, verified checkpoints of a run, oldest first (torn ones are skipped)."""
-    folder = checkpoints_dir(run_dir)
-    if not folder.is_dir():
-        return []
-    out = []
-    for entry in sorted(os.listdir(folder)):
-        if _NAME.match(entry) and (folder / entry / MANIFEST).is_file():
-            try:
-                out.append(_verify(folder / entry))
-            except CheckpointError:
-                continue  # damaged: never loaded, an earlier one serves
-    return sorted(out, key=lambda c: c.passes_done)
+    """The complete, verified checkpoints of a run, oldest first; the others are skipped
+    (:func:`scan_checkpoints` says which and why)."""
+    return scan_checkpoints(run_dir)[0]
 
 
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Checkpoint | None:
-    found = list_checkpoints(run_dir)
+    """The newest complete checkpoint of a run, or None. Logs a warning naming each folder
+    it skipped and why: a damaged newest checkpoint must not pass unnoticed."""
+    found, skipped = scan_checkpoints(run_dir)
+    for s in skipped:
+        log.warning("skipping %s", s)
     return found[-1] if found else None
 
 
 def find_checkpoint(run_dir: str | os.PathLike[str], name: str) -> Checkpoint:
-    """Checkpoint ``name`` (e.g. ``pass-000003``) of the run in ``run_dir``, verified;
-    :class:`CheckpointError` naming the complete ones when it is missing or damaged."""
-    folder = checkpoints_dir(run_dir) / name
-    if not folder.is_dir():
-        found = [c.name for c in list_checkpoints(run_dir)]
+    """The checkpoint ``name`` (``pass-000003``, or just ``3``) of a run directory.
+
+    Raises
+    ------
+    CheckpointError
+        One line naming the checkpoint and why it cannot be used (no such folder, or
+        incomplete, unreadable or damaged, with the reason) and listing the valid ones.
+    """
+    run = Path(run_dir)
+    wanted = checkpoint_name(int(name)) if name.isdigit() else name
+    found, skipped = scan_checkpoints(run)
+    valid = ", ".join(c.name for c in found) or "none"
+    for c in found:
+        if c.name == wanted:
+            return c
+    for s in skipped:
+        if s.name == wanted:
+            raise CheckpointError(
+                f"checkpoint {wanted} of {run} cannot be used: {s.reason} ({s.kind}); valid "
+                f"checkpoints: {valid}"
+            )
+    if not checkpoints_dir(run).is_dir():
         raise CheckpointError(
-            f"{run_dir} has no checkpoint {name!r}; its complete checkpoints: "
-            + (", ".join(found) if found else "none")
+            f"{run} is not a run directory (no checkpoints/ folder), so it has no checkpoint "
+            f"{wanted}; give the run directory (run.dir of its config)"
         )
-    return _verify(folder)
+    raise CheckpointError(
+        f"run directory {run} has no checkpoint {wanted!r}; valid checkpoints: {valid}"
+    )
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -275,6 +370,20 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         f"{p} is neither a checkpoint (no {MANIFEST}) nor a run directory (no checkpoints/); "
         "give <run.dir> or <run.dir>/checkpoints/pass-NNNNNN"
     )
+
+
+def store_damage(ckpt: Checkpoint, *, verify: bool = False) -> list[str]:
+    """Problems of the stores a checkpoint reads (every rank's commit ``ckpt.commit``), one
+    line each naming the rank and the file; empty when sound. Checks file sizes against the
+    stores' metadata (cheap: a ``stat`` per file); ``verify`` also recomputes the sha256
+    recorded for each chunk file (reads every byte). For callers about to open the stores
+    (a resume, a scoring job) that want to stop early with the checkpoint named."""
+    checker = StoreChecker(verify=verify)
+    out = []
+    for rank in range(ckpt.num_workers):
+        found = checker.check(ckpt.store_path(rank), ckpt.commit)
+        out += [f"rank {rank}: {d}" for d in found.damage]
+    return out
 
 
 # -- writing (the trainer's side; crash-safe order: payload, store commits, manifest) ------

@@ -1,5 +1,11 @@
 """What checkpoints hold, for ``daskhps inspect PATH``: passes, days, rows per tier and shard,
-sizes, metrics, versions. Reads only: stores are opened read-only at each checkpoint's commit.
+sizes, metrics, versions, and whether anything is damaged. Reads only: stores are opened
+read-only at each checkpoint's commit.
+
+Every checkpoint's files are checked against its manifest (size and sha256), and every segment
+and index snapshot its stores' commits read against the stores' own metadata (sizes; with
+``verify`` also the sha256 recorded when each chunk file was written). Folders that are never
+loaded are listed with the reason (:class:`~daskhps.training.checkpoint.Skipped`).
 """
 
 from __future__ import annotations
@@ -9,16 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError, DaskHPSError
+from daskhps.tiers.store_check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import (
     MANIFEST,
     Checkpoint,
+    Skipped,
+    check_checkpoint,
     checkpoints_dir,
-    list_checkpoints,
     load_checkpoint,
+    scan_checkpoints,
 )
 
 __all__ = ["describe", "describe_checkpoint", "render"]
+
+# Skipped kinds that mean damage (a killed write leaves an incomplete folder by design, and a
+# newer daskhps's checkpoint is sound, only not readable here).
+_DAMAGE = ("unreadable", "damaged")
 
 
 def _store_rows(ckpt: Checkpoint, rank: int) -> int | None:
@@ -34,15 +47,29 @@ def _store_rows(ckpt: Checkpoint, rank: int) -> int | None:
         ) as store:
             return len(store)
     except (DaskHPSError, OSError):
-        return None  # stores moved or deleted: the manifest still says what was there
+        return None  # stores moved, deleted or damaged: the manifest still says what was there
 
 
-def describe_checkpoint(ckpt: Checkpoint) -> dict[str, Any]:
-    """One checkpoint as plain values (what ``inspect --json`` prints)."""
+def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -> dict[str, Any]:
+    """One checkpoint as plain values (what ``inspect --json`` prints), with the damage
+    ``checker`` (default: sizes only) finds in the stores it reads."""
+    checker = checker or StoreChecker()
     m = ckpt.manifest
     shards = []
     for s in m.get("shards") or [{"rank": r} for r in range(ckpt.num_workers)]:
-        shards.append({**s, "store_rows": _store_rows(ckpt, int(s["rank"]))})
+        rank = int(s["rank"])
+        found = checker.check(ckpt.store_path(rank), ckpt.commit)
+        shards.append(
+            {
+                **s,
+                # A damaged store is not opened: the damage says more than the error would.
+                "store_rows": _store_rows(ckpt, rank) if found.ok else None,
+                "segments": found.segments,
+                "snapshots": found.snapshots,
+                "without_checksum": found.without_checksum,
+                "damage": found.damage,
+            }
+        )
     table = m["table"]
     return {
         "path": str(ckpt.path),
@@ -72,27 +99,59 @@ def describe_checkpoint(ckpt: Checkpoint) -> dict[str, Any]:
         "shards": shards,
         "rows": sum(s["store_rows"] or 0 for s in shards),
         "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),
+        "segments": sum(s["segments"] for s in shards),
+        "snapshots": sum(s["snapshots"] for s in shards),
+        "without_checksum": sum(s["without_checksum"] for s in shards),
+        "verified": checker.verify,
+        "damage": [f"rank {s['rank']}: {d}" for s in shards for d in s["damage"]],
     }
 
 
-def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+def _skipped(s: Skipped) -> dict[str, Any]:
+    return {"name": s.name, "path": str(s.path), "kind": s.kind, "reason": s.reason}
+
+
+def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
     """A checkpoint folder (that one) or a run directory (every checkpoint, oldest first,
-    and the folders of unfinished ones, which are never loaded)."""
+    and the folders never loaded, with the reason). ``verify`` recomputes the sha256 of every
+    store chunk file that has one recorded (reads every byte); by default sizes are checked.
+
+    ``damaged`` is true when any checkpoint's files or stores are damaged (what makes
+    ``daskhps inspect`` exit non-zero); ``damage`` lists each problem on one line.
+    """
     p = Path(path)
+    checker = StoreChecker(verify=verify)
     folder = checkpoints_dir(p)
     if folder.is_dir() and not (p / MANIFEST).exists():
-        found = list_checkpoints(p)
-        complete = {c.path.name for c in found}
-        torn = sorted(e.name for e in folder.iterdir() if e.is_dir() and e.name not in complete)
-        if not found and not torn:
+        found, skipped = scan_checkpoints(p)
+        if not found and not skipped:
             raise CheckpointError(f"{folder} holds no checkpoint")
-        described = [describe_checkpoint(c) for c in found]
+        described = [describe_checkpoint(c, checker) for c in found]
         prev = 0
         for d in described:  # how much each checkpoint added to the stores
             d["store_bytes_added"] = d["store_bytes"] - prev
             prev = d["store_bytes"]
-        return {"run_dir": str(p), "checkpoints": described, "incomplete": torn}
-    return {"run_dir": None, "checkpoints": [describe_checkpoint(load_checkpoint(p))]}
+        run_dir: str | None = str(p)
+    else:
+        # One checkpoint folder: a damaged or incomplete one is described, not refused.
+        in_run = p.is_dir() and p.parent.name == "checkpoints"
+        one = check_checkpoint(p) if (p / MANIFEST).exists() or in_run else load_checkpoint(p)
+        if isinstance(one, Skipped) and one.kind == "newer":
+            load_checkpoint(p)  # raises the upgrade message: nothing here to describe
+        found, skipped = ([one], []) if isinstance(one, Checkpoint) else ([], [one])
+        described = [describe_checkpoint(c, checker) for c in found]
+        run_dir = None
+    damage = [f"{d['name']}: {line}" for d in described for line in d["damage"]]
+    damage += [f"{s.name}: {s.reason}" for s in skipped if s.kind in _DAMAGE]
+    return {
+        "run_dir": run_dir,
+        "checkpoints": described,
+        "skipped": [_skipped(s) for s in skipped],
+        "incomplete": [s.name for s in skipped if s.kind == "incomplete"],
+        "verified": verify,
+        "damaged": bool(damage),
+        "damage": damage,
+    }
 
 
 def _size(n: float) -> str:
@@ -103,11 +162,25 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _checked(c: dict[str, Any]) -> str:
+    text = f"  checked {c['segments']} store segment(s)"
+    if c["snapshots"]:
+        text += f" and {c['snapshots']} index snapshot(s)"
+    text += ": sizes and sha256" if c["verified"] else ": sizes (sha256 too with --verify)"
+    if c["without_checksum"]:
+        text += (
+            f"; {c['without_checksum']} of them have no checksum (written before daskhps "
+            "recorded them)" + (": sizes only" if c["verified"] else "")
+        )
+    return text
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable lines of :func:`describe`'s result."""
     lines = []
     if info.get("run_dir"):
-        lines.append(f"run {info['run_dir']}: {len(info['checkpoints'])} checkpoint(s)")
+        skipped = f", {len(info['skipped'])} never loaded" if info.get("skipped") else ""
+        lines.append(f"run {info['run_dir']}: {len(info['checkpoints'])} checkpoint(s){skipped}")
     for c in info["checkpoints"]:
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in c["metrics"].items() if k != "examples")
         days = c["days"]
@@ -124,17 +197,36 @@ def render(info: dict[str, Any]) -> str:
             + (f"; written in {c['seconds']:.2f} s" if c.get("seconds") is not None else ""),
         ]
         added = c.get("store_bytes_added")
+        unread = any(s["store_rows"] is None for s in c["shards"])
+        rows = "rows unknown" if unread else f"{c['rows']:,} rows"
         lines.append(
-            f"  stores {c['stores_dir']} at commit {c['commit']}: {c['rows']:,} rows, "
+            f"  stores {c['stores_dir']} at commit {c['commit']}: {rows}, "
             f"{_size(c['store_bytes'])} on disk"
             + (f" ({_size(added)} added)" if added is not None else "")
         )
         for s in c["shards"]:
-            store = "missing" if s["store_rows"] is None else f"{s['store_rows']:,}"
+            if s["store_rows"] is not None:
+                store = f"{s['store_rows']:,} rows"
+            else:
+                store = "damaged" if s["damage"] else "unreadable"
             lines.append(
-                f"    rank {s['rank']}: store {store} rows, device {s.get('device_rows', '?')}"
+                f"    rank {s['rank']}: store {store}, device {s.get('device_rows', '?')}"
                 f", host {s.get('host_rows', '?')} rows resident when taken"
             )
-    for name in info.get("incomplete", []):
-        lines.append(f"{name}: incomplete (no valid {MANIFEST}; never loaded)")
+        lines.append(_checked(c))
+        lines += [f"  DAMAGED {d}" for d in c["damage"]]
+    for s in info.get("skipped", []):
+        lines.append(f"{s['name']}: {s['kind']}, never loaded: {s['reason']}")
+    files = [s["name"] for s in info.get("skipped", []) if s["kind"] in _DAMAGE]
+    stores = [c["name"] for c in info["checkpoints"] if c["damage"]]
+    if files:
+        lines.append(
+            f"damaged checkpoint files: {', '.join(files)}: never loaded (resume and predict "
+            "take the newest intact checkpoint)"
+        )
+    if stores:
+        lines.append(
+            f"damaged stores: {', '.join(stores)}: resuming or scoring from these fails; pick "
+            "an intact checkpoint (--checkpoint NAME) or restore the stores from a backup"
+        )
     return "\n".join(lines)

@@ -58,6 +58,7 @@ from daskhps.training.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     remove_checkpoint,
+    store_damage,
 )
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.examples import route_examples
@@ -272,6 +273,8 @@ class Trainer:
                 )
         else:
             self._ckpt = self.warm_start
+            if self.warm_start is not None:
+                _refuse_damaged_stores(self.warm_start)
             if earlier is not None and not overwrite:
                 raise RunExistsError(
                     f"{cfg.source}: {self.run_dir} already holds a run ({earlier.describe()}); "
@@ -347,6 +350,7 @@ class Trainer:
                     "run.dir)"
                 )
             ckpt = found
+        _refuse_damaged_stores(ckpt)
         changes = resuming.check_resume(ckpt, self.config)
         accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
         self.echo(
@@ -661,6 +665,21 @@ class Trainer:
                 else None
             ),
         }
+
+
+def _refuse_damaged_stores(ckpt: Checkpoint) -> None:
+    """Stop before any worker starts when the stores ``ckpt`` reads are damaged (sizes only:
+    a ``stat`` per file), naming the first problem and what to do."""
+    damage = store_damage(ckpt)
+    if damage:
+        more = (
+            f" (and {len(damage) - 1} more; daskhps inspect lists them)" if len(damage) > 1 else ""
+        )
+        raise ResumeError(
+            f"cannot train from checkpoint {ckpt.name} of {ckpt.path.parent.parent}: its stores "
+            f"are damaged: {damage[0]}{more}; restore the files from a backup, or continue from "
+            "an earlier intact checkpoint with --resume --checkpoint NAME --overwrite"
+        )
 
 
 _DAY = re.compile(r"day=(\d{4}-\d{2}-\d{2})")

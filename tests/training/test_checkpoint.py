@@ -111,10 +111,81 @@ def test_list_skips_torn_and_damaged_checkpoints(tmp_path: Path) -> None:
     assert [c.passes_done for c in list_checkpoints(tmp_path)] == [1]
     assert latest_checkpoint(tmp_path).passes_done == 1  # type: ignore[union-attr]
     assert load_checkpoint(tmp_path).passes_done == 1
-    with pytest.raises(CheckpointError, match=r"dense.pt is missing or does not match"):
+    with pytest.raises(CheckpointError, match=r"dense.pt does not match the sha256"):
         load_checkpoint(dense.parent)
     with pytest.raises(CheckpointError, match=r"no MANIFEST.json"):
         load_checkpoint(tmp_path / "checkpoints" / checkpoint_name(3))
+
+
+def _damage_each_way(run_dir: Path) -> dict[str, tuple[str, str]]:
+    """Checkpoints 1 and 6 intact; 2 to 5 each damaged one way: {name: (kind, reason)}."""
+    for n in range(1, 7):
+        _write(run_dir, n)
+    folder = run_dir / "checkpoints"
+    (folder / checkpoint_name(2) / ck.MANIFEST).unlink()  # killed before its manifest
+    (folder / checkpoint_name(3) / ck.MANIFEST).write_text('{"format": 1, "name": ')
+    dense = folder / checkpoint_name(4) / ck.DENSE
+    size = dense.stat().st_size
+    dense.write_bytes(dense.read_bytes()[:1234])  # truncated
+    (folder / checkpoint_name(5) / ck.STATE).unlink()
+    flipped = folder / checkpoint_name(6) / ck.DENSE
+    data = bytearray(flipped.read_bytes())
+    data[100] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    return {
+        "pass-000002": ("incomplete", "no MANIFEST.json: its writing never finished"),
+        "pass-000003": ("unreadable", "MANIFEST.json does not parse"),
+        "pass-000004": ("damaged", f"dense.pt is 1234 bytes, the manifest says {size}"),
+        "pass-000005": ("damaged", "state.json is missing"),
+        "pass-000006": (
+            "damaged",
+            f"dense.pt does not match the sha256 in the manifest (same "
+            f"size, {size} bytes, different bytes)",
+        ),
+    }
+
+
+def test_every_skipped_checkpoint_is_named_with_its_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    want = _damage_each_way(tmp_path)
+    found, skipped = ck.scan_checkpoints(tmp_path)
+    assert [c.name for c in found] == ["pass-000001"]
+    got = {s.name: (s.kind, s.reason) for s in skipped}
+    assert got.keys() == want.keys()
+    for name, (kind, reason) in want.items():
+        assert got[name][0] == kind and got[name][1].startswith(reason), (name, got[name])
+    # the paths resume and predict take (the latest checkpoint) warn about each, by name
+    with caplog.at_level("WARNING", logger="daskhps.training.checkpoint"):
+        assert load_checkpoint(tmp_path).name == "pass-000001"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == len(want)
+    assert (
+        f"skipping checkpoint pass-000004: {want['pass-000004'][1]} (damaged; never loaded)"
+        in lines
+    )
+    assert all(line.startswith("skipping checkpoint pass-0000") for line in lines)
+
+
+def test_find_checkpoint_names_the_problem_and_the_valid_ones(tmp_path: Path) -> None:
+    want = _damage_each_way(tmp_path)
+    assert ck.find_checkpoint(tmp_path, "pass-000001").name == "pass-000001"
+    assert ck.find_checkpoint(tmp_path, "1").name == "pass-000001"
+    with pytest.raises(CheckpointError) as info:
+        ck.find_checkpoint(tmp_path, "pass-000004")
+    assert str(info.value) == (
+        f"checkpoint pass-000004 of {tmp_path} cannot be used: {want['pass-000004'][1]} "
+        "(damaged); valid checkpoints: pass-000001"
+    )
+    with pytest.raises(CheckpointError, match=r"pass-000002 .*no MANIFEST.json.*\(incomplete\)"):
+        ck.find_checkpoint(tmp_path, "2")
+    with pytest.raises(CheckpointError) as info:
+        ck.find_checkpoint(tmp_path, "pass-000009")
+    assert str(info.value) == (
+        f"run directory {tmp_path} has no checkpoint 'pass-000009'; valid checkpoints: pass-000001"
+    )
+    with pytest.raises(CheckpointError, match="not a run directory"):
+        ck.find_checkpoint(tmp_path / "checkpoints", "pass-000001")
 
 
 def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
@@ -195,12 +266,21 @@ def test_inspect_lists_checkpoints_and_unfinished_folders(
     info = describe(tmp_path)
     assert [c["passes_done"] for c in info["checkpoints"]] == [1, 2]
     assert info["incomplete"] == ["pass-000003"]
+    assert info["skipped"][0]["kind"] == "incomplete"
     first = info["checkpoints"][0]
     assert first["table"] == {"name": "embeddings", "dim": 4, "optimizer": "adagrad"}
-    assert first["shards"][0]["store_rows"] is None  # no stores here: reported, not raised
+    # no stores here: reported as damage (such a checkpoint cannot be used), not raised
+    assert first["shards"][0]["store_rows"] is None
+    stores = tmp_path / "stores" / "embeddings"
+    assert first["damage"] == [
+        f"rank {r}: no store at {stores}/rank-{r} (moved, deleted, or on another machine)"
+        for r in (0, 1)
+    ]
+    assert info["damaged"] and len(info["damage"]) == 4  # 2 checkpoints x 2 ranks
     text = render(info)
-    assert "pass-000003: incomplete" in text and "store missing rows" in text
-    assert main(["inspect", str(tmp_path / "checkpoints" / "pass-000002"), "--json"]) == 0
+    assert "pass-000003: incomplete, never loaded: no MANIFEST.json" in text
+    assert "rank 0: store damaged" in text and "DAMAGED rank 1: no store at" in text
+    assert main(["inspect", str(tmp_path / "checkpoints" / "pass-000002"), "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["checkpoints"][0]["step"] == 20
     assert main(["inspect", str(tmp_path / "nothing")]) == 1
     err = capsys.readouterr().err

@@ -1,0 +1,177 @@
+"""Check a zarr store's files against its own metadata without opening it.
+
+What ``daskhps inspect`` reports for each checkpoint and ``daskhps predict`` checks before it
+starts a cluster. For one commit of a store: its commit manifest, every segment it reads rows
+from and its index snapshot. Each array's ``zarr.json`` says how many chunk files it has and
+how long each is, so a missing or truncated file is found with one ``stat`` per file; with
+``verify`` the sha256 recorded for each chunk file when it was written is recomputed from disk
+(every byte read), which also finds a changed byte. Arrays written before daskhps recorded
+checksums are counted (:attr:`StoreCheck.without_checksum`) and checked by size only.
+
+Opening the store (:class:`~daskhps.tiers.zarr_store.ZarrStore`) stops at the first problem;
+this lists all of them, and never writes or locks anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daskhps.errors import StoreCorruptedError
+from daskhps.tiers._manifest import Manifest, scan_manifests
+from daskhps.tiers._segments import RawArray
+
+__all__ = ["StoreCheck", "StoreChecker"]
+
+
+@dataclass
+class StoreCheck:
+    """What checking one commit of one store found.
+
+    Attributes
+    ----------
+    path, commit:
+        The store and the commit checked (None: its latest).
+    segments:
+        Segments the commit reads rows from (all of them checked).
+    snapshots:
+        Index snapshots the commit loads (0 or 1; checked too).
+    without_checksum:
+        Segments and index snapshots among those written before daskhps recorded sha256
+        checksums: only their sizes can be checked.
+    verified:
+        Whether the sha256 of every chunk file that has one was recomputed.
+    damage:
+        One line per problem, each naming the file; empty when the commit is sound.
+    """
+
+    path: Path
+    commit: str | None
+    segments: int = 0
+    snapshots: int = 0
+    without_checksum: int = 0
+    verified: bool = False
+    damage: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "commit": self.commit,
+            "segments": self.segments,
+            "snapshots": self.snapshots,
+            "without_checksum": self.without_checksum,
+            "verified": self.verified,
+            "damage": list(self.damage),
+        }
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The result of checking one segment or index snapshot."""
+
+    damage: tuple[str, ...]
+    checksummed: bool
+
+
+class StoreChecker:
+    """Checks commits of stores; remembers each segment's result, so the segments that the
+    commits of one store share (most of them, between successive checkpoints) are read
+    once."""
+
+    def __init__(self, *, verify: bool = False) -> None:
+        self.verify = verify
+        self._parts: dict[Path, _Part] = {}
+
+    def check(self, path: str | Path, commit: str | None = None) -> StoreCheck:
+        """Check ``commit`` (default: the latest) of the store at ``path``."""
+        p = Path(path)
+        out = StoreCheck(p, commit, verified=self.verify)
+        width = self._root(p, out)
+        if width is None:
+            return out
+        m = self._manifest(p, commit, out)
+        if m is None:
+            return out
+        out.segments = len(m.segments)
+        parts = [(p / "segments" / f"{sid:010d}", "segment") for sid in m.segments]
+        if m.snapshot is not None:
+            out.snapshots = 1
+            parts.append((p / "index" / f"{m.snapshot:010d}", "index snapshot"))
+        for folder, kind in parts:
+            part = self._parts.get(folder)
+            if part is None:
+                part = self._parts[folder] = self._check_part(folder, kind, width)
+            out.damage.extend(part.damage)
+            out.without_checksum += not part.checksummed
+        return out
+
+    def _root(self, p: Path, out: StoreCheck) -> int | None:
+        meta = p / "zarr.json"
+        if not p.is_dir():
+            out.damage.append(f"no store at {p} (moved, deleted, or on another machine)")
+            return None
+        try:
+            return int(json.loads(meta.read_text())["attributes"]["daskhps"]["width"])
+        except FileNotFoundError:
+            out.damage.append(f"store metadata {meta} is missing")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            out.damage.append(f"store metadata {meta} is unreadable ({e!r})")
+        return None
+
+    @staticmethod
+    def _manifest(p: Path, commit: str | None, out: StoreCheck) -> Manifest | None:
+        good, bad = scan_manifests(p / "commits")
+        damaged = [f"{path} ({why})" for path, why in bad.values()]
+        if commit is None:
+            newest_bad = max(bad, default=0)
+            if newest_bad > max((m.seq for m in good), default=0):
+                path, why = bad[newest_bad]
+                out.damage.append(f"the newest commit manifest {path} is damaged ({why})")
+                return None
+            if not good:
+                out.damage.append(f"store {p} has no commit")
+            return good[-1] if good else None
+        for m in reversed(good):
+            if m.name == commit:
+                return m
+        out.damage.append(
+            f"store {p} has no commit {commit!r} (its commits: {[m.name for m in good]}"
+            + (f"; damaged commit manifests: {damaged}" if damaged else "")
+            + ")"
+        )
+        return None
+
+    def _check_part(self, folder: Path, kind: str, width: int) -> _Part:
+        if not folder.is_dir():
+            return _Part((f"{kind} folder {folder} is missing",), True)
+        names = ("keys", "rows") if kind == "segment" else ("keys", "locs")
+        dtypes = (np.int64, np.float32) if kind == "segment" else (np.int64, np.int64)
+        damage: list[str] = []
+        arrays = []
+        for name, dtype in zip(names, dtypes, strict=True):
+            try:
+                arrays.append(RawArray.load(folder / name, dtype))
+            except StoreCorruptedError as e:
+                damage.append(str(e))
+        if damage:
+            return _Part(tuple(damage), True)
+        a, b = arrays
+        want = (a.shape[0], width) if kind == "segment" else a.shape
+        if len(a.shape) != 1 or b.shape != want:
+            damage.append(
+                f"{kind} {folder} holds {names[0]} {a.shape} and {names[1]} {b.shape}, "
+                f"expected [n] and {list(want)}"
+            )
+        for arr in arrays:
+            damage += arr.size_problems()
+            if self.verify:
+                damage += arr.digest_problems()
+        return _Part(tuple(damage), all(arr.sha256 is not None for arr in arrays))

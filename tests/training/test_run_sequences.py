@@ -1,0 +1,323 @@
+"""Random sequences of what users do to a training folder and a retraining folder never lose a
+model that a documented rule keeps.
+
+A hypothesis state machine drives the real command line (``python -m daskhps.cli``, a
+LocalCluster of one worker, zarr stores on disk) through ``train``, ``train --resume`` (one
+more epoch each time), ``train --overwrite``, failed trains with each bad input of
+``docs/checkpoints.md``, ``train`` aimed at the retraining folder, ``retrain`` as new days
+arrive, and ``predict``. After every step:
+
+- every checkpoint of the training folder that no rule removed (``checkpoint.keep`` drops the
+  oldest; ``--overwrite`` replaces the run) still loads and predicts the same probabilities,
+  bit for bit, as when it was first seen, and the folder holds exactly those checkpoints;
+- every published version of the retraining folder does the same, and ``CURRENT`` still names
+  the newest published one.
+
+Each example costs a few minutes of training, so CI draws few examples, derandomized;
+``DASKHPS_SEQUENCE_EXAMPLES=N`` draws more.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from daskhps.data.badrows import BadRowPolicy
+from daskhps.data.parse import read_shard
+from daskhps.data.schema import criteo_schema
+from daskhps.data.source import SUCCESS
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.retrain import ExitCode, Registry
+from daskhps.serve.score import CacheSizes, Scorer
+from daskhps.serve.version import Servable, load_servable
+from daskhps.training.checkpoint import list_checkpoints
+from tests.training.test_rundir import tree_digest
+
+pytestmark = pytest.mark.slow
+
+DAYS = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04"]
+KEEP = 2  # checkpoint.keep of the training folder
+SMALL = CacheSizes(device_rows=4096, host_bytes=1 << 20)
+
+_POOL: dict[str, Path] = {}
+
+
+def _pool(root: Path) -> Path:
+    """Four generated days, made once per session and copied into each example's folders."""
+    if "days" not in _POOL:
+        out = root / "pool"
+        generate(
+            GeneratorConfig(days=4, rows_per_day=800, parts_per_day=2, seed=11, vocab_scale=0.01),
+            str(out),
+        )
+        _POOL["days"] = out
+    return _POOL["days"]
+
+
+def _base(run_dir: Path, logs: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "run": {"name": run_dir.name, "dir": str(run_dir), "seed": 1, "quiet": True},
+        "data": {"train": {"paths": [str(logs)]}, "bad_rows": "fail"},
+        "passes": {"epochs": 1, "examples_per_pass": 400, "global_batch_size": 100},
+        "table": {
+            "dim": 4,
+            "optimizer": {"kind": "adagrad", "lr": 0.05},
+            "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}},
+        },
+        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
+        "dense_optimizer": {"kind": "adam", "lr": 0.01},
+        "cluster": {
+            "n_workers": 1,
+            "threads_per_worker": 2,
+            "memory_limit": "1GiB",
+            "gpu": False,
+            "dashboard_address": None,
+        },
+        **extra,
+    }
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "DASKHPS_KILL_AT"},
+    )
+
+
+def _predict(servable: Servable, frame: pd.DataFrame) -> np.ndarray:
+    scorer = Scorer(servable, SMALL)
+    try:
+        return scorer.score(frame)
+    finally:
+        scorer.close()
+
+
+class RunFolders(RuleBasedStateMachine):
+    """A training folder T and a retraining folder R, and what each must still serve."""
+
+    root: Path
+
+    @initialize()
+    def setup(self) -> None:
+        n = len(os.listdir(self.root))
+        self.dir = self.root / f"example-{n}"
+        pool = _pool(self.root)
+        self.logs = self.dir / "train-logs"  # two days: train on one, evaluate on the other
+        for day in DAYS[:2]:
+            shutil.copytree(pool / f"day={day}", self.logs / f"day={day}")
+        self.new_days = [pool / f"day={d}" for d in DAYS]  # arrive in R one by one
+        self.rlogs = self.dir / "retrain-logs"
+        self.rlogs.mkdir(parents=True)
+        self.epochs = 1
+        self.train_cfg = self._write(
+            "train.yaml",
+            _base(self.dir / "T", self.logs, checkpoint={"every_passes": 1, "keep": KEEP}),
+        )
+        self.train_cfg_data = yaml.safe_load(self.train_cfg.read_text())
+        self.retrain_cfg = self._write(
+            "retrain.yaml",
+            _base(
+                self.dir / "R",
+                self.rlogs,
+                eval={"every_pass": False},
+                retrain={"max_auc_drop": 0.5, "max_logloss_rise": 0.5},
+            )
+            | {"data": {"train": {"paths": [str(self.rlogs)], "require_complete": True}}},
+        )
+        frame, _ = read_shard(
+            str(sorted((pool / f"day={DAYS[1]}").glob("part-*"))[0]),
+            self._schema(),
+            BadRowPolicy("skip"),
+        )
+        self.frame = frame.iloc[:300]
+        self.expected: dict[str, np.ndarray] = {}  # T's checkpoints: name -> probabilities
+        self.versions: dict[str, np.ndarray] = {}  # R's published versions
+        self.arrived = 0
+        # T starts with a trained run: most rules are about not losing it
+        self._train_ok()
+
+    def _write(self, name: str, d: dict[str, Any]) -> Path:
+        path = self.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(d))
+        return path
+
+    def _schema(self) -> Any:
+        return criteo_schema()
+
+    # -- what must hold ------------------------------------------------------------------
+
+    def _record_new(self, *, replaced: bool) -> None:
+        """After a successful train: the folder holds the ``KEEP`` newest checkpoints; a
+        checkpoint seen before predicts as it did (``replaced``: none seen before survive)."""
+        if replaced:
+            self.expected.clear()
+        found = list_checkpoints(self.dir / "T")
+        assert len(found) <= KEEP
+        names = [c.name for c in found]
+        assert names == sorted(names)
+        kept_before = [n for n in self.expected if n not in names]
+        newest = max(self.expected, default="")
+        assert all(n < names[0] for n in kept_before), ("a kept checkpoint vanished", names)
+        self.expected = {n: p for n, p in self.expected.items() if n in names}
+        for c in found:
+            if c.name not in self.expected:
+                assert c.name > newest or replaced
+                self.expected[c.name] = _predict(Servable.from_checkpoint(c), self.frame)
+
+    def _train_ok(self, *args: str, replaced: bool = False) -> None:
+        run = _cli("train", str(self.train_cfg), *args)
+        assert run.returncode == 0, run.stderr[-3000:]
+        self._record_new(replaced=replaced)
+
+    @invariant()
+    def training_checkpoints_predict_the_same(self) -> None:
+        if not hasattr(self, "expected"):
+            return
+        found = {c.name: c for c in list_checkpoints(self.dir / "T")}
+        assert sorted(found) == sorted(self.expected)
+        for name, probs in self.expected.items():
+            got = _predict(Servable.from_checkpoint(found[name]), self.frame)
+            assert np.array_equal(got, probs), name
+
+    @invariant()
+    def published_versions_predict_the_same(self) -> None:
+        if not hasattr(self, "versions") or not self.versions:
+            return
+        registry = Registry(self.dir / "R" / "versions")
+        published = {v.name: v for v in registry.versions()}
+        assert set(self.versions) <= set(published)
+        current = registry.current()
+        assert current is not None and current.name == max(self.versions)
+        for name, probs in self.versions.items():
+            got = _predict(load_servable(published[name].checkpoint), self.frame)
+            assert np.array_equal(got, probs), name
+
+    # -- the steps -----------------------------------------------------------------------
+
+    @rule()
+    def train_again_is_refused(self) -> None:
+        before = tree_digest(self.dir / "T")
+        run = _cli("train", str(self.train_cfg))
+        assert run.returncode == 1 and "already holds a run" in run.stderr, run.stderr[-2000:]
+        assert tree_digest(self.dir / "T") == before
+
+    @rule()
+    def resume_one_more_epoch(self) -> None:
+        self.epochs += 1
+        self._train_ok("--resume", "--set", f"passes.epochs={self.epochs}")
+
+    @rule(seed=st.integers(2, 5))
+    def overwrite(self, seed: int) -> None:
+        self.epochs = 1
+        self._train_ok("--overwrite", "--set", f"run.seed={seed}", replaced=True)
+
+    @rule(
+        bad=st.sampled_from(
+            [
+                ("--overwrite", "--set", "data.train.paths=[/nonexistent/logs]"),
+                ("--overwrite", "--set", "data.holdout.day=2031-01-01"),
+                ("--overwrite", "--set", "data.train.days=2030-01-01..2030-01-02"),
+                ("--overwrite", "--set", "table.tiers.store_dir=/proc/daskhps"),
+                ("--overwrite", "--set", "cluster.gpu=true"),
+                ("--resume", "--set", "table.dim=8"),
+                ("--resume", "--checkpoint", "pass-000099"),
+                ("--overwrite", "--set", "BADROWS"),
+            ]
+        )
+    )
+    def a_bad_train_changes_nothing(self, bad: tuple[str, ...]) -> None:
+        args = list(bad)
+        if args[-1] == "BADROWS":  # a malformed row: fails on the cluster, after the move
+            broken = self.dir / "broken-logs"
+            if not broken.exists():
+                shutil.copytree(self.logs, broken)
+                part = sorted((broken / f"day={DAYS[0]}").glob("part-*"))[0]
+                with part.open("a") as f:
+                    f.write("not\ta\trow\n")
+            args[-1] = f"data.train.paths=[{broken}]"
+        before = tree_digest(self.dir / "T")
+        run = _cli("train", str(self.train_cfg), "--set", f"passes.epochs={self.epochs}", *args)
+        assert run.returncode != 0, run.stderr[-2000:]
+        assert tree_digest(self.dir / "T") == before
+
+    @rule()
+    def train_into_the_retraining_folder_is_refused(self) -> None:
+        published = self.dir / "R" / "versions"
+        before = tree_digest(self.dir / "R") if published.exists() else None
+        run = _cli("train", str(self.retrain_cfg), "--overwrite")
+        if before is not None:
+            assert run.returncode == 1 and "daskhps retrain" in run.stderr, run.stderr[-2000:]
+            assert tree_digest(self.dir / "R") == before
+        else:  # nothing there yet: it trains like any new run; keep R for retraining
+            assert run.returncode == 0, run.stderr[-2000:]
+            shutil.rmtree(self.dir / "R")
+
+    @precondition(lambda self: self.arrived < len(DAYS))
+    @rule()
+    def a_new_day_arrives(self) -> None:
+        src = self.new_days[self.arrived]
+        shutil.copytree(src, self.rlogs / src.name)
+        (self.rlogs / src.name / SUCCESS).write_text("")
+        self.arrived += 1
+
+    @precondition(lambda self: self.arrived >= 2)
+    @rule()
+    def retrain(self) -> None:
+        run = _cli("retrain", str(self.retrain_cfg))
+        assert run.returncode in (ExitCode.PUBLISHED, ExitCode.NOTHING_NEW), run.stderr[-3000:]
+        if run.returncode == ExitCode.PUBLISHED:
+            current = Registry(self.dir / "R" / "versions").current()
+            assert current is not None and current.name not in self.versions
+            self.versions[current.name] = _predict(load_servable(current.checkpoint), self.frame)
+
+    @rule()
+    def predict_the_latest(self) -> None:
+        out = self.dir / "preds"
+        day = sorted((self.new_days[1]).glob("part-*"))[0]
+        run = _cli(
+            "predict",
+            "--model",
+            str(self.dir / "T"),
+            "--data",
+            str(day),
+            "--out",
+            str(out),
+            "--overwrite",
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        got = pd.read_parquet(out).sort_values("row")["probability"].to_numpy()[:300]
+        latest = max(self.expected)
+        np.testing.assert_allclose(got, self.expected[latest], rtol=0, atol=1e-6)
+
+
+_EXAMPLES = int(os.environ.get("DASKHPS_SEQUENCE_EXAMPLES", "2"))
+
+
+def test_run_folders_survive_any_sequence(tmp_path: Path) -> None:
+    RunFolders.root = tmp_path
+    RunFolders.TestCase.settings = settings(
+        max_examples=_EXAMPLES,
+        stateful_step_count=6,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    RunFolders.TestCase().runTest()
