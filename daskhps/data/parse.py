@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import hash_column, missing_key
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
+from daskhps.data.textfile import read_text_bytes
 from daskhps.errors import DataError
 from daskhps.monitor import stage_span
 
@@ -34,6 +35,7 @@ __all__ = ["empty_frame", "parse_table", "read_shard"]
 
 log = logging.getLogger(__name__)
 
+_NOT_UTF8 = "not UTF-8 text (a damaged or differently encoded line)"
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 KEY_LIST = pd.ArrowDtype(pa.list_(pa.int64()))
 
@@ -45,6 +47,8 @@ class _Raw:
     table: pa.Table
     lines: np.ndarray | None  # line number (text) or row number (parquet) of each table row
     invalid: list[tuple[int, str]]  # (line, what) of rows the reader dropped
+    undecodable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # lines
+    truncated: str | None = None  # why the file's data ends early
 
 
 def empty_frame(schema: Schema) -> pd.DataFrame:
@@ -89,14 +93,21 @@ def _read_text(path: str, schema: Schema) -> _Raw:
         null_values=[""],
         quoted_strings_can_be_null=True,
     )
-    with pa.input_stream(path, compression="detect") as stream:
-        table = pacsv.read_csv(stream, read, parse, convert)
+    text = read_text_bytes(path)  # lines that are not UTF-8 come back as ASCII, and listed
+    if text.truncated is not None and text.data.size == 0:
+        # Not one complete line before the damage: nothing for the CSV reader.
+        return _Raw(_empty_text_table(used), np.zeros(0, np.int64), [], truncated=text.truncated)
+    table = pacsv.read_csv(pa.BufferReader(text.data), read, parse, convert)
     first = 2 if schema.header else 1
     total = table.num_rows + len(invalid)
     lines = np.arange(first, first + total, dtype=np.int64)
     if invalid:
         lines = np.delete(lines, np.array([n for n, _ in invalid]) - first)
-    return _Raw(table, lines, invalid)
+    return _Raw(table, lines, invalid, text.undecodable, text.truncated)
+
+
+def _empty_text_table(columns: tuple[str, ...]) -> pa.Table:
+    return pa.table({c: pa.array([], pa.string()) for c in columns})
 
 
 def _read_parquet(path: str, schema: Schema) -> _Raw:
@@ -174,11 +185,17 @@ def parse_table(
     reason = np.full(n, "", dtype=object)
     dense_bad_cols: list[tuple[str, np.ndarray]] = []
 
+    # A line that was not UTF-8 is dropped whatever else it holds: its fields are garbage.
+    undecodable = (
+        np.isin(raw.lines, raw.undecodable)
+        if len(raw.undecodable) and raw.lines is not None
+        else np.zeros(n, dtype=bool)
+    )
     present = np.zeros(n, dtype=bool)
     for c in schema.used_columns:
         present |= np.asarray(pc.is_valid(table[c]))
-    blank = ~present  # a blank line: one empty field where many were expected
-    label_bad = ~_label_ok(table[schema.label]) & ~blank
+    blank = ~present & ~undecodable  # a blank line: one empty field where many were expected
+    label_bad = ~_label_ok(table[schema.label]) & ~blank & ~undecodable
     dense_vals: dict[str, np.ndarray] = {}
     dense_bad = np.zeros(n, dtype=bool)
     for f in schema.dense:
@@ -191,19 +208,36 @@ def parse_table(
     reason[dense_bad] = Reason.DENSE_NOT_NUMERIC
     reason[label_bad] = Reason.LABEL_INVALID
     reason[blank] = Reason.WRONG_COLUMN_COUNT
-    bad = blank | label_bad | dense_bad
+    reason[undecodable] = Reason.UNDECODABLE
+    bad = blank | label_bad | dense_bad | undecodable
 
     counts: dict[tuple[str, str], int] = {}
-    if raw.invalid:
-        counts[(path, Reason.WRONG_COLUMN_COUNT)] = len(raw.invalid)
-    for r in (Reason.WRONG_COLUMN_COUNT, Reason.LABEL_INVALID, Reason.DENSE_NOT_NUMERIC):
+    # Rows the CSV reader rejected for their field count: undecodable first, as above.
+    dropped = np.array([line for line, _ in raw.invalid], dtype=np.int64)
+    dropped_undecodable = int(np.isin(dropped, raw.undecodable).sum()) if len(dropped) else 0
+    if dropped_undecodable:
+        counts[(path, Reason.UNDECODABLE)] = dropped_undecodable
+    if len(dropped) > dropped_undecodable:
+        counts[(path, Reason.WRONG_COLUMN_COUNT)] = len(dropped) - dropped_undecodable
+    for r in (
+        Reason.UNDECODABLE,
+        Reason.WRONG_COLUMN_COUNT,
+        Reason.LABEL_INVALID,
+        Reason.DENSE_NOT_NUMERIC,
+    ):
         k = int(np.count_nonzero(reason == r))
         if k:
             counts[(path, r)] = counts.get((path, r), 0) + k
 
-    nbad = sum(counts.values())
-    if nbad and policy.fail:
+    nbad = sum(counts.values())  # rows
+    if raw.truncated is not None:
+        counts[(path, Reason.TRUNCATED_FILE)] = 1  # one per file: its tail is unknown
+    if (nbad or raw.truncated is not None) and policy.fail:
         raise DataError(_first_problem(raw, schema, path, reason, dense_bad_cols))
+    if raw.truncated is not None:
+        log.warning(
+            "%s: %s; kept the %d complete lines before it", path, raw.truncated, n + len(dropped)
+        )
     total = n + len(raw.invalid)
     if nbad and total and nbad / total > policy.max_fraction:
         raise DataError(
@@ -247,13 +281,21 @@ def _first_problem(
 ) -> str:
     """The message for the earliest bad line: file, line, what was wrong."""
     where = "row" if schema.format == "parquet" else "line"
-    cands: list[tuple[int, str]] = list(raw.invalid)
+    undecodable = set(raw.undecodable.tolist())
+    cands: list[tuple[int, str]] = [c for c in raw.invalid if c[0] not in undecodable]
+    cands += [(line, _NOT_UTF8) for line in raw.undecodable[:1].tolist()]
+    if raw.truncated is not None:
+        last = int(raw.lines[-1]) if raw.lines is not None and len(raw.lines) else 0
+        end = max([last, *(line for line, _ in raw.invalid)]) + 1
+        cands.append((end, f"{raw.truncated}; the lines before it are complete"))
     idx = np.flatnonzero(reason != "")
     if len(idx):
         i = int(idx[0])
         line = int(raw.lines[i]) if raw.lines is not None else i + 1
         r = reason[i]
-        if r == Reason.WRONG_COLUMN_COUNT:
+        if r == Reason.UNDECODABLE:
+            what = _NOT_UTF8
+        elif r == Reason.WRONG_COLUMN_COUNT:
             what = "blank line"
         elif r == Reason.LABEL_INVALID:
             what = f"label {raw.table[schema.label][i].as_py()!r} is not 0 or 1"
@@ -273,7 +315,9 @@ def read_shard(
     """Read, validate, transform and hash one file (plain or gzip text, or parquet).
 
     Empty and unreadable shards and missing columns are shard-level bad input: counted
-    under ``skip``, a :class:`DataError` naming the file under ``fail``.
+    under ``skip``, a :class:`DataError` naming the file under ``fail``. A line that is not
+    UTF-8 is a bad row (``undecodable``); a ``.gz`` file whose data ends early keeps its
+    complete lines and counts once as ``truncated_file``.
     """
     policy = policy or BadRowPolicy()
     try:
@@ -289,7 +333,7 @@ def read_shard(
         else:
             kind, what = Reason.UNREADABLE_SHARD, f"cannot read the file ({msg})"
         return _shard_problem(path, schema, policy, kind, what, e)
-    if raw.table.num_rows == 0 and not raw.invalid:
+    if raw.table.num_rows == 0 and not raw.invalid and raw.truncated is None:
         return _shard_problem(path, schema, policy, Reason.EMPTY_SHARD, "no rows", None)
     return parse_table(raw, schema, path, policy)
 
