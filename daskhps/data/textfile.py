@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TextBytes", "invalid_utf8", "read_text_bytes"]
+__all__ = ["TextBytes", "blank_lines", "invalid_utf8", "read_text_bytes"]
 
 _CHUNK = 1 << 20  # compressed bytes read at a time
 _NEWLINE = 0x0A
@@ -138,3 +138,15 @@ def read_text_bytes(path: str) -> TextBytes:
     fixed = b.copy()
     fixed[high[mark[np.searchsorted(newlines, high, side="left")]]] = _QUESTION
     return TextBytes(pa.py_buffer(fixed), bad_lines + 1, truncated)
+
+
+def blank_lines(data: pa.Buffer) -> np.ndarray:
+    """1-based numbers of the empty lines (nothing, or a lone carriage return) of ``data``."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(b == _NEWLINE)
+    starts = np.concatenate([[0], ends + 1])[: len(ends)]
+    width = ends - starts
+    cr = np.zeros(len(ends), dtype=bool)
+    one = width == 1
+    cr[one] = b[starts[one]] == 0x0D
+    return np.flatnonzero((width == 0) | cr) + 1

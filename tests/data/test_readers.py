@@ -24,7 +24,7 @@ from daskhps.data import (
     read_shard,
     resolve_files,
 )
-from daskhps.errors import DataError
+from daskhps.errors import ConfigError, DataError
 
 SCHEMA = Schema.from_dict(
     {
@@ -198,6 +198,60 @@ def test_a_truncated_gzip_file_keeps_its_complete_lines(tmp_path: Path) -> None:
     r = tmp_path / "crc.tsv.gz"
     r.write_bytes(bytes(damaged))
     assert read_shard(str(r), SCHEMA)[1].by_reason() == {"unreadable_shard": 1}
+
+
+def _without_label(lines: list[str]) -> list[str]:
+    return [ln.split("\t", 1)[1] if "\t" in ln else ln for ln in lines]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_auto_reads_a_text_log_with_or_without_its_label_column(tmp_path: Path, gz: bool) -> None:
+    good = [ln for i, ln in enumerate(LINES, 1) if i in GOOD_LINES]
+    ext = ".tsv.gz" if gz else ".tsv"
+    labelled = _write(tmp_path / f"l{ext}", good, gz)
+    # a blank line and a line of another width first: the first line of 5 or 4 fields decides
+    unlabelled = _write(tmp_path / f"u{ext}", ["", "1\t2", *_without_label(good)], gz)
+    a, ra = read_shard(str(labelled), SCHEMA, labels="auto")
+    b, rb = read_shard(str(unlabelled), SCHEMA, labels="auto")
+    assert ra.by_reason() == {} and rb.by_reason() == {"wrong_column_count": 2}
+    assert a["label"].tolist() == [1.0, 0.0, 0.0] and b["label"].isna().all()
+    pd.testing.assert_frame_equal(a.drop(columns="label"), b.drop(columns="label"))
+    # 'absent' reads the same; 'present' (training) finds every unlabelled row too short
+    c, _ = read_shard(str(unlabelled), SCHEMA, labels="absent")
+    pd.testing.assert_frame_equal(b, c)
+    _, rp = read_shard(str(unlabelled), SCHEMA)
+    assert rp.by_reason() == {"wrong_column_count": 5}
+    _, rl = read_shard(str(labelled), SCHEMA, labels="absent")
+    assert rl.by_reason() == {"wrong_column_count": 3}
+    with pytest.raises(ConfigError, match="labels 'maybe': choose one of auto, present, absent"):
+        read_shard(str(labelled), SCHEMA, labels="maybe")
+
+
+def test_auto_reads_header_and_parquet_logs_without_the_label(tmp_path: Path) -> None:
+    schema = Schema.from_dict(
+        {
+            "name": "h",
+            "format": "csv",
+            "header": True,
+            "label": "click",
+            "dense": ["x"],
+            "categorical": ["ad"],
+        }
+    )
+    (tmp_path / "l.csv").write_text("ad,click,x\na1,1,2\na2,0,3\n")
+    (tmp_path / "u.csv").write_text("x,ad\n2,a1\n3,a2\n")
+    a, _ = read_shard(str(tmp_path / "l.csv"), schema, labels="auto")
+    b, rb = read_shard(str(tmp_path / "u.csv"), schema, labels="auto")
+    assert rb.by_reason() == {} and b["label"].isna().all()
+    pd.testing.assert_frame_equal(a.drop(columns="label"), b.drop(columns="label"))
+    assert read_shard(str(tmp_path / "u.csv"), schema)[1].by_reason() == {"schema_mismatch": 1}
+    pschema = Schema.from_dict({**schema.to_dict(), "format": "parquet", "header": False})
+    pq.write_table(pa.table({"x": [2.0, 3.0], "ad": ["a1", "a2"]}), tmp_path / "u.parquet")
+    c, rc = read_shard(str(tmp_path / "u.parquet"), pschema, labels="auto")
+    assert rc.by_reason() == {} and c["label"].isna().all()
+    pd.testing.assert_frame_equal(b, c)
+    d, _ = read_shard(str(tmp_path / "l.csv"), schema, labels="absent")  # label not read
+    pd.testing.assert_frame_equal(b, d)
 
 
 def test_paths_that_match_nothing(tmp_path: Path) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from daskhps.data.textfile import invalid_utf8, read_text_bytes
+from daskhps.data.textfile import blank_lines, invalid_utf8, read_text_bytes
 
 # Bytes around every boundary of Unicode Table 3-7, plus ASCII, tab and newline.
 TRICKY = np.frombuffer(
@@ -64,3 +65,8 @@ def test_bad_lines_come_back_as_ascii_with_their_numbers(tmp_path: Path) -> None
     text = read_text_bytes(str(p))
     assert text.undecodable.tolist() == [2, 4] and text.truncated is None
     assert text.data.to_pybytes() == "a\u00e9\nb??\nc\u20ac\n?d\n".encode()
+
+
+def test_blank_lines_are_empty_or_a_lone_carriage_return() -> None:
+    data = pa.py_buffer(b"\na\tb\n\r\n\t\n\n\r\nlast")
+    assert blank_lines(data).tolist() == [1, 3, 5, 6]
