@@ -32,6 +32,7 @@ def run(
     host_bytes: int = 256 << 20,
     batch_size: int = 4096,
     overwrite: bool = False,
+    labels: str = "auto",
     as_json: bool = False,
     checkpoint: str | None = None,
 ) -> int:
@@ -48,16 +49,23 @@ def run(
         sizes=CacheSizes(device_rows=device_rows, host_bytes=host_bytes),
         batch_size=batch_size,
         overwrite=overwrite,
+        labels=labels,
         echo=None if as_json else print,
     )
     if as_json:
         print(json.dumps({"out": str(result.out), **result.to_dict()}, indent=2))
         return 0
     skipped = sum(result.skipped.values())
+    unlabelled = len(result.unlabelled)
     print(
-        f"scored {result.rows:,} rows of {len(result.files)} files with {result.model} "
-        f"(commit {result.commit}) in {result.seconds:.1f} s"
-        + (f"; skipped {skipped:,} bad rows ({result.skipped})" if skipped else "")
+        f"scored {result.rows:,} rows of {len(result.files)} files"
+        + (f" ({unlabelled} without a label column)" if unlabelled else "")
+        + f" with {result.model} (commit {result.commit}) in {result.seconds:.1f} s"
+        + (f"; skipped (bad input): {_counts(result.skipped)}" if skipped else "")
     )
     print(f"predictions: {result.out}/part-*.parquet (file, row, probability)")
     return 0
+
+
+def _counts(by_reason: dict[str, int]) -> str:
+    return ", ".join(f"{reason}={n:,}" for reason, n in by_reason.items())

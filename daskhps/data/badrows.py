@@ -25,20 +25,25 @@ log = logging.getLogger(__name__)
 
 class Reason:
     """Why a row (or a whole shard) was dropped. Rows with several problems count once, under
-    the first reason in this order."""
+    the first reason in this order. ``truncated_file`` counts once per file whose data ends
+    early (its complete lines are kept); the last three count once per file dropped whole."""
 
+    UNDECODABLE = "undecodable"  # a line that is not UTF-8 text
     WRONG_COLUMN_COUNT = "wrong_column_count"
     LABEL_INVALID = "label_invalid"
     DENSE_NOT_NUMERIC = "dense_not_numeric"
+    TRUNCATED_FILE = "truncated_file"
     EMPTY_SHARD = "empty_shard"
     UNREADABLE_SHARD = "unreadable_shard"
     SCHEMA_MISMATCH = "schema_mismatch"
 
 
 REASONS = (
+    Reason.UNDECODABLE,
     Reason.WRONG_COLUMN_COUNT,
     Reason.LABEL_INVALID,
     Reason.DENSE_NOT_NUMERIC,
+    Reason.TRUNCATED_FILE,
     Reason.EMPTY_SHARD,
     Reason.UNREADABLE_SHARD,
     Reason.SCHEMA_MISMATCH,
@@ -83,7 +88,8 @@ class BadRowPolicy:
 class BadRowReport:
     """Counts of dropped rows keyed by ``(shard, reason)``, plus rows read per shard.
 
-    Whole-shard problems (empty, unreadable, schema mismatch) count one per shard.
+    Whole-shard problems (empty, unreadable, schema mismatch) and a truncated file count one
+    per shard.
     Reports add up with ``+`` so per-partition reports reduce to one per pass.
     """
 

@@ -8,14 +8,15 @@ One shard becomes::
     label  I1 ... I13   C1 ... C26
     f32    f32    f32   i64    i64      <- one row per good input line, in file order
 
-and a :class:`BadRowReport` of what was dropped.
+and a :class:`BadRowReport` of what was dropped. A file read without its label column (see
+:mod:`daskhps.data.labels`) has a NaN ``label``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -26,7 +27,9 @@ import pyarrow.parquet as pq
 
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import hash_column, missing_key
+from daskhps.data.labels import check_label_mode, parquet_has_label, text_has_label
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
+from daskhps.data.textfile import blank_lines, read_text_bytes
 from daskhps.errors import DataError
 from daskhps.monitor import stage_span
 
@@ -34,6 +37,7 @@ __all__ = ["empty_frame", "parse_table", "read_shard"]
 
 log = logging.getLogger(__name__)
 
+_NOT_UTF8 = "not UTF-8 text (a damaged or differently encoded line)"
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 KEY_LIST = pd.ArrowDtype(pa.list_(pa.int64()))
 
@@ -45,6 +49,12 @@ class _Raw:
     table: pa.Table
     lines: np.ndarray | None  # line number (text) or row number (parquet) of each table row
     invalid: list[tuple[int, str]]  # (line, what) of rows the reader dropped
+    undecodable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # lines
+    truncated: str | None = None  # why the file's data ends early
+    labelled: bool = True  # False: the file has no label column (rows get a NaN label)
+    # Line numbers of blank lines. None: a row without any value is one (with a label column,
+    # a real row has at least its label); without one, a row may legitimately be all missing.
+    blank_lines: np.ndarray | None = None
 
 
 def empty_frame(schema: Schema) -> pd.DataFrame:
@@ -57,7 +67,7 @@ def empty_frame(schema: Schema) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
-def _read_text(path: str, schema: Schema) -> _Raw:
+def _read_text(path: str, schema: Schema, labels: str) -> _Raw:
     invalid: list[tuple[int, str]] = []
 
     def on_invalid(row: pacsv.InvalidRow) -> str:
@@ -69,10 +79,13 @@ def _read_text(path: str, schema: Schema) -> _Raw:
         )
         return "skip"
 
-    used = schema.used_columns
+    text = read_text_bytes(path)  # lines that are not UTF-8 come back as ASCII, and listed
+    labelled = text_has_label(text.data, schema, labels)
+    used = _used_columns(schema, labelled)
+    columns = [c for c in schema.columns if labelled or c != schema.label]
     read = pacsv.ReadOptions(
         use_threads=False,  # row numbers of invalid rows are only known single-threaded
-        column_names=None if schema.header else list(schema.columns),
+        column_names=None if schema.header else columns,
         autogenerate_column_names=False,
         block_size=1 << 20,  # small blocks stay in cache: faster than large ones here
     )
@@ -89,19 +102,34 @@ def _read_text(path: str, schema: Schema) -> _Raw:
         null_values=[""],
         quoted_strings_can_be_null=True,
     )
-    with pa.input_stream(path, compression="detect") as stream:
-        table = pacsv.read_csv(stream, read, parse, convert)
+    if text.truncated is not None and text.data.size == 0:
+        # Not one complete line before the damage: nothing for the CSV reader.
+        empty = _empty_text_table(used)
+        return _Raw(empty, np.zeros(0, np.int64), [], truncated=text.truncated, labelled=labelled)
+    table = pacsv.read_csv(pa.BufferReader(text.data), read, parse, convert)
     first = 2 if schema.header else 1
     total = table.num_rows + len(invalid)
     lines = np.arange(first, first + total, dtype=np.int64)
     if invalid:
         lines = np.delete(lines, np.array([n for n, _ in invalid]) - first)
-    return _Raw(table, lines, invalid)
+    blank = None if labelled else blank_lines(text.data)
+    return _Raw(table, lines, invalid, text.undecodable, text.truncated, labelled, blank)
 
 
-def _read_parquet(path: str, schema: Schema) -> _Raw:
-    table = pq.read_table(path, columns=list(schema.used_columns))
-    return _Raw(table, np.arange(1, table.num_rows + 1, dtype=np.int64), [])
+def _used_columns(schema: Schema, labelled: bool) -> tuple[str, ...]:
+    return schema.used_columns if labelled else schema.feature_columns
+
+
+def _empty_text_table(columns: tuple[str, ...]) -> pa.Table:
+    return pa.table({c: pa.array([], pa.string()) for c in columns})
+
+
+def _read_parquet(path: str, schema: Schema, labels: str) -> _Raw:
+    labelled = parquet_has_label(path, schema, labels)
+    table = pq.read_table(path, columns=list(_used_columns(schema, labelled)))
+    lines = np.arange(1, table.num_rows + 1, dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    return _Raw(table, lines, [], labelled=labelled, blank_lines=None if labelled else none)
 
 
 def _numeric(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,6 +161,18 @@ def _label_ok(col: pa.ChunkedArray) -> np.ndarray:
         col = pc.cast(col, pa.float64())
         return np.asarray(pc.fill_null(pc.is_in(col, pa.array([0.0, 1.0])), False))
     return np.asarray(pc.fill_null(pc.is_in(col, pa.array(["0", "1"])), False))
+
+
+def _label_out(raw: _Raw, schema: Schema, good: np.ndarray) -> np.ndarray:
+    """float32 labels of the good rows; NaN for a file read without its label column."""
+    if not raw.labelled:
+        return np.full(int(good.sum()), np.nan, dtype=np.float32)
+    lab = raw.table[schema.label]
+    if pa.types.is_string(lab.type) or pa.types.is_large_string(lab.type):
+        values = pc.equal(lab, "1").to_numpy(zero_copy_only=False)
+    else:
+        values = pc.cast(lab, pa.float64()).to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float32)[good]
 
 
 def _dense_out(values: np.ndarray, f: DenseField) -> np.ndarray:
@@ -174,11 +214,21 @@ def parse_table(
     reason = np.full(n, "", dtype=object)
     dense_bad_cols: list[tuple[str, np.ndarray]] = []
 
+    # A line that was not UTF-8 is dropped whatever else it holds: its fields are garbage.
+    undecodable = (
+        np.isin(raw.lines, raw.undecodable)
+        if len(raw.undecodable) and raw.lines is not None
+        else np.zeros(n, dtype=bool)
+    )
     present = np.zeros(n, dtype=bool)
-    for c in schema.used_columns:
+    for c in _used_columns(schema, raw.labelled):
         present |= np.asarray(pc.is_valid(table[c]))
-    blank = ~present  # a blank line: one empty field where many were expected
-    label_bad = ~_label_ok(table[schema.label]) & ~blank
+    blank = ~present & ~undecodable  # a blank line: one empty field where many were expected
+    if raw.blank_lines is not None and raw.lines is not None and blank.any():
+        blank &= np.isin(raw.lines, raw.blank_lines)
+    label_bad = np.zeros(n, dtype=bool)
+    if raw.labelled:
+        label_bad = ~_label_ok(table[schema.label]) & ~blank & ~undecodable
     dense_vals: dict[str, np.ndarray] = {}
     dense_bad = np.zeros(n, dtype=bool)
     for f in schema.dense:
@@ -191,19 +241,36 @@ def parse_table(
     reason[dense_bad] = Reason.DENSE_NOT_NUMERIC
     reason[label_bad] = Reason.LABEL_INVALID
     reason[blank] = Reason.WRONG_COLUMN_COUNT
-    bad = blank | label_bad | dense_bad
+    reason[undecodable] = Reason.UNDECODABLE
+    bad = blank | label_bad | dense_bad | undecodable
 
     counts: dict[tuple[str, str], int] = {}
-    if raw.invalid:
-        counts[(path, Reason.WRONG_COLUMN_COUNT)] = len(raw.invalid)
-    for r in (Reason.WRONG_COLUMN_COUNT, Reason.LABEL_INVALID, Reason.DENSE_NOT_NUMERIC):
+    # Rows the CSV reader rejected for their field count: undecodable first, as above.
+    dropped = np.array([line for line, _ in raw.invalid], dtype=np.int64)
+    dropped_undecodable = int(np.isin(dropped, raw.undecodable).sum()) if len(dropped) else 0
+    if dropped_undecodable:
+        counts[(path, Reason.UNDECODABLE)] = dropped_undecodable
+    if len(dropped) > dropped_undecodable:
+        counts[(path, Reason.WRONG_COLUMN_COUNT)] = len(dropped) - dropped_undecodable
+    for r in (
+        Reason.UNDECODABLE,
+        Reason.WRONG_COLUMN_COUNT,
+        Reason.LABEL_INVALID,
+        Reason.DENSE_NOT_NUMERIC,
+    ):
         k = int(np.count_nonzero(reason == r))
         if k:
             counts[(path, r)] = counts.get((path, r), 0) + k
 
-    nbad = sum(counts.values())
-    if nbad and policy.fail:
+    nbad = sum(counts.values())  # rows
+    if raw.truncated is not None:
+        counts[(path, Reason.TRUNCATED_FILE)] = 1  # one per file: its tail is unknown
+    if (nbad or raw.truncated is not None) and policy.fail:
         raise DataError(_first_problem(raw, schema, path, reason, dense_bad_cols))
+    if raw.truncated is not None:
+        log.warning(
+            "%s: %s; kept the %d complete lines before it", path, raw.truncated, n + len(dropped)
+        )
     total = n + len(raw.invalid)
     if nbad and total and nbad / total > policy.max_fraction:
         raise DataError(
@@ -213,12 +280,7 @@ def parse_table(
 
     good = ~bad
     out: dict[str, object] = {}
-    lab = table[schema.label]
-    if pa.types.is_string(lab.type) or pa.types.is_large_string(lab.type):
-        out[LABEL] = np.asarray(pc.equal(lab, "1").to_numpy(zero_copy_only=False))[good]
-    else:
-        out[LABEL] = np.asarray(pc.cast(lab, pa.float64()).to_numpy(zero_copy_only=False))[good]
-    out[LABEL] = np.asarray(out[LABEL], dtype=np.float32)
+    out[LABEL] = _label_out(raw, schema, good)
     for f in schema.dense:
         out[f.name] = _dense_out(dense_vals[f.name][good], f)
     keep = pa.array(good) if not good.all() else None
@@ -247,13 +309,21 @@ def _first_problem(
 ) -> str:
     """The message for the earliest bad line: file, line, what was wrong."""
     where = "row" if schema.format == "parquet" else "line"
-    cands: list[tuple[int, str]] = list(raw.invalid)
+    undecodable = set(raw.undecodable.tolist())
+    cands: list[tuple[int, str]] = [c for c in raw.invalid if c[0] not in undecodable]
+    cands += [(line, _NOT_UTF8) for line in raw.undecodable[:1].tolist()]
+    if raw.truncated is not None:
+        last = int(raw.lines[-1]) if raw.lines is not None and len(raw.lines) else 0
+        end = max([last, *(line for line, _ in raw.invalid)]) + 1
+        cands.append((end, f"{raw.truncated}; the lines before it are complete"))
     idx = np.flatnonzero(reason != "")
     if len(idx):
         i = int(idx[0])
         line = int(raw.lines[i]) if raw.lines is not None else i + 1
         r = reason[i]
-        if r == Reason.WRONG_COLUMN_COUNT:
+        if r == Reason.UNDECODABLE:
+            what = _NOT_UTF8
+        elif r == Reason.WRONG_COLUMN_COUNT:
             what = "blank line"
         elif r == Reason.LABEL_INVALID:
             what = f"label {raw.table[schema.label][i].as_py()!r} is not 0 or 1"
@@ -268,17 +338,25 @@ def _first_problem(
 
 
 def read_shard(
-    path: str, schema: Schema, policy: BadRowPolicy | None = None
+    path: str, schema: Schema, policy: BadRowPolicy | None = None, labels: str = "present"
 ) -> tuple[pd.DataFrame, BadRowReport]:
     """Read, validate, transform and hash one file (plain or gzip text, or parquet).
 
     Empty and unreadable shards and missing columns are shard-level bad input: counted
-    under ``skip``, a :class:`DataError` naming the file under ``fail``.
+    under ``skip``, a :class:`DataError` naming the file under ``fail``. A line that is not
+    UTF-8 is a bad row (``undecodable``); a ``.gz`` file whose data ends early keeps its
+    complete lines and counts once as ``truncated_file``.
+
+    ``labels`` (``present``, ``absent`` or ``auto``, see :mod:`daskhps.data.labels`): whether
+    the file has the label column; rows read without one get a NaN ``label``.
     """
     policy = policy or BadRowPolicy()
+    check_label_mode(labels)
     try:
         raw = (
-            _read_parquet(path, schema) if schema.format == "parquet" else _read_text(path, schema)
+            _read_parquet(path, schema, labels)
+            if schema.format == "parquet"
+            else _read_text(path, schema, labels)
         )
     except (OSError, pa.ArrowException, KeyError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -289,7 +367,7 @@ def read_shard(
         else:
             kind, what = Reason.UNREADABLE_SHARD, f"cannot read the file ({msg})"
         return _shard_problem(path, schema, policy, kind, what, e)
-    if raw.table.num_rows == 0 and not raw.invalid:
+    if raw.table.num_rows == 0 and not raw.invalid and raw.truncated is None:
         return _shard_problem(path, schema, policy, Reason.EMPTY_SHARD, "no rows", None)
     return parse_table(raw, schema, path, policy)
 

@@ -167,6 +167,11 @@ class Schema:
         return (self.label, *self.dense_names, *self.categorical_names)
 
     @property
+    def feature_columns(self) -> tuple[str, ...]:
+        """The file columns of the features: what a log without the label column holds."""
+        return (*self.dense_names, *self.categorical_names)
+
+    @property
     def output_columns(self) -> tuple[str, ...]:
         """Columns of a parsed frame, in order."""
         return (LABEL, *self.dense_names, *self.categorical_names)

@@ -44,6 +44,14 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
         "--host-mb", type=int, default=256, help="host-memory cache per worker, MiB (0: none)"
     )
     p.add_argument("--batch-size", type=positive_int, default=4096, help="rows per batch")
+    p.add_argument(
+        "--labels",
+        choices=("auto", "present", "absent"),
+        default="auto",
+        help="whether the logs hold the label column: auto (default) decides per file, from "
+        "its header, its parquet columns or its first lines' field count (one fewer than the "
+        "schema's columns: no label); the label is never used",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace earlier predictions in --out")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -61,6 +69,7 @@ def run_predict(args: argparse.Namespace) -> int:
             host_bytes=max(args.host_mb, 0) << 20,
             batch_size=args.batch_size,
             overwrite=args.overwrite,
+            labels=args.labels,
             as_json=args.json,
             checkpoint=args.checkpoint,
         )

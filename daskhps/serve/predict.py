@@ -5,12 +5,15 @@
     <out>/
       part-00000.parquet     file (string) | row (int64) | probability (float32)
       part-00001.parquet     ... one per input file, in sorted path order
-      _predict.json          model, commit, files, rows, skipped rows by reason, seconds
+      _predict.json          model, commit, files, rows, skipped rows by reason, files read
+                             without a label column, seconds
       _SUCCESS               written last: the output is complete
 
 A part is written as a hidden ``.part-*.tmp`` file and renamed (``pd.read_parquet(out)`` reads
 the folder as one dataset); a failed job removes its parts and leaves no ``_SUCCESS``. See
-:mod:`daskhps.serve.score` for how a file is scored and what a row id is.
+:mod:`daskhps.serve.score` for how a file is scored and what a row id is. Files with or
+without the label column are scored alike (``labels``, decided per file by default); the label
+is never used.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
+from daskhps.data.labels import check_label_mode
 from daskhps.data.parse import read_shard
+from daskhps.data.schema import LABEL
 from daskhps.data.source import resolve_files
 from daskhps.distributed import start_cluster
 from daskhps.errors import DaskHPSError, DataError, StoreExistsError
@@ -48,6 +53,8 @@ SUMMARY = "_predict.json"  # "_": parquet readers of the folder skip it
 # A file the model's schema cannot read at all is an error, not a skipped shard: scoring it
 # would silently leave its rows out.
 _FATAL = (Reason.SCHEMA_MISMATCH, Reason.UNREADABLE_SHARD)
+# A file may have no row to score without any row failing to parse.
+_NO_ROWS = (Reason.EMPTY_SHARD, Reason.TRUNCATED_FILE)
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class _Job:
     batch_size: int
     out: str
     policy: BadRowPolicy
+    labels: str  # "auto", "present" or "absent": see daskhps.data.labels
 
 
 @dataclass
@@ -74,6 +82,7 @@ class PredictResult:
     skipped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     lookup: dict[str, int] = field(default_factory=dict)
+    unlabelled: list[str] = field(default_factory=list)  # files read without a label column
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +91,7 @@ class PredictResult:
             "files": self.files,
             "rows": self.rows,
             "skipped_rows": self.skipped,
+            "files_without_labels": self.unlabelled,
             "seconds": self.seconds,
             "rows_per_s": self.rows / self.seconds if self.seconds else None,
             "lookup_rows_from": self.lookup,
@@ -130,20 +140,25 @@ def _score_file(index: int, path: str, job: _Job) -> dict[str, Any]:
 
 def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
     schema = job.servable.config.data.schema
-    frame, report = read_shard(path, schema, job.policy)
+    frame, report = read_shard(path, schema, job.policy, job.labels)
     if any(reason in _FATAL for _, reason in report.counts):
         try:  # the parser's own message names the file and the columns
-            read_shard(path, schema, BadRowPolicy("fail"))
+            read_shard(path, schema, BadRowPolicy("fail"), job.labels)
         except DataError as e:
             raise DataError(
                 f"cannot score {path} with model {job.servable.name!r}: {e}; score logs of "
                 f"the schema the model was trained on ({schema.name})"
             ) from None
-    if len(frame) == 0 and any(r != Reason.EMPTY_SHARD for _, r in report.counts):
+    if len(frame) == 0 and any(r not in _NO_ROWS for _, r in report.counts):
+        hint = (
+            ""
+            if job.labels == "auto"
+            else f" and labels={job.labels!r} (--labels auto decides per file)"
+        )
         raise DataError(
             f"cannot score {path} with model {job.servable.name!r}: none of its rows parses "
-            f"with the model's schema {schema.name} ({report.by_reason()}); score logs of the "
-            "schema the model was trained on"
+            f"with the model's schema {schema.name}{hint} ({report.by_reason()}); score logs "
+            "of the schema the model was trained on"
         )
     prob = _scorer(job).score(frame)
     n = len(prob)
@@ -160,7 +175,9 @@ def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
     tmp = dest.with_name(f".{dest.name}.tmp")  # hidden from readers of the folder
     pq.write_table(table, tmp)
     os.replace(tmp, dest)
-    return {"rows": n, "report": report}
+    # A file read without its label column gives NaN labels (a labelled row is 0 or 1).
+    unlabelled = n > 0 and bool(np.isnan(frame[LABEL].to_numpy()).all())
+    return {"rows": n, "report": report, "unlabelled": unlabelled}
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -188,12 +205,15 @@ def predict(
     sizes: CacheSizes | None = None,
     batch_size: int = 4096,
     overwrite: bool = False,
+    labels: str = "auto",
     echo: Callable[[str], None] | None = None,
 ) -> PredictResult:
     """Score every file of ``data`` (paths, folders or globs) with ``servable``.
 
     Runs on ``client`` if given, else on a cluster from the model's config (a LocalCluster,
     or the scheduler at ``address``). ``sizes`` are each worker's serving caches.
+    ``labels``: whether the files hold the label column, ``auto`` (decided per file),
+    ``present`` or ``absent`` (see :mod:`daskhps.data.labels`); a label is never used.
 
     Raises
     ------
@@ -203,6 +223,7 @@ def predict(
         ``out`` already holds predictions and ``overwrite`` is false.
     """
     t0 = time.perf_counter()
+    check_label_mode(labels)
     files = resolve_files(data)
     outp = Path(out)
     check_stores(servable.table, servable.name)
@@ -215,6 +236,7 @@ def predict(
         batch_size=batch_size,
         out=str(outp),
         policy=cfg.data.source.bad_rows,
+        labels=labels,
     )
     if client is not None:
         results, lookup = _run(client, job, files)
@@ -242,6 +264,7 @@ def predict(
         skipped=report.by_reason(),
         seconds=time.perf_counter() - t0,
         lookup=lookup,
+        unlabelled=[f for f, r in zip(files, results, strict=True) if r["unlabelled"]],
     )
     (outp / SUMMARY).write_text(json.dumps(result.to_dict(), indent=2))
     (outp / SUCCESS).write_text("")

@@ -15,7 +15,7 @@ rows, sorted by rank, are cut into the worker's share of every global batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import torch
 
 from daskhps.data.hashing import missing_key
+from daskhps.data.keylists import key_list_columns, pack_key_lists, packed_meta, unpack_key_lists
 from daskhps.data.schema import LABEL, Schema
 from daskhps.errors import DataError
 
@@ -57,6 +58,7 @@ def _tag(
     n: int,
     batch_size: int,
     num_workers: int,
+    lists: Mapping[str, pa.DataType],
     partition_info: Any = None,
 ) -> pd.DataFrame:
     lo, hi, first_pos = bounds[partition_info["number"]]
@@ -66,11 +68,11 @@ def _tag(
     out = df.copy()
     out[RANK] = rank
     out[WORKER] = worker_of_rank(rank, n, batch_size, num_workers)
-    return out
+    return pack_key_lists(out, lists)
 
 
-def _sort(df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values(RANK).reset_index(drop=True)
+def _sort(df: pd.DataFrame, lists: Mapping[str, pa.DataType]) -> pd.DataFrame:
+    return unpack_key_lists(df.sort_values(RANK).reset_index(drop=True), lists)
 
 
 def route_examples(
@@ -106,9 +108,24 @@ def route_examples(
         rank_of[np.asarray(order, dtype=np.int64) - start] = np.arange(n, dtype=np.int64)
     sub = frame.partitions[first:last]
     meta = frame._meta.assign(**{RANK: np.int64(0), WORKER: np.int64(0)}).iloc[:0]
-    tagged = sub.map_partitions(_tag, bounds, start, rank_of, n, batch_size, num_workers, meta=meta)
+    # Multi-hot columns cross the shuffle packed as bytes: p2p cannot rebuild Arrow list
+    # dtypes on the receiving worker (see daskhps.data.keylists).
+    lists = key_list_columns(meta)
+    tagged = sub.map_partitions(
+        _tag,
+        bounds,
+        start,
+        rank_of,
+        n,
+        batch_size,
+        num_workers,
+        lists,
+        meta=packed_meta(meta, lists),
+    )
     routed = tagged.set_index(WORKER, divisions=list(range(num_workers + 1)))
-    return routed.map_partitions(_sort, meta=meta.drop(columns=[WORKER]).reset_index(drop=True))
+    return routed.map_partitions(
+        _sort, lists, meta=meta.drop(columns=[WORKER]).reset_index(drop=True)
+    )
 
 
 def _list_column(col: pd.Series, name: str) -> tuple[np.ndarray, np.ndarray]:

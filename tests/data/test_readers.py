@@ -24,7 +24,7 @@ from daskhps.data import (
     read_shard,
     resolve_files,
 )
-from daskhps.errors import DataError
+from daskhps.errors import ConfigError, DataError
 
 SCHEMA = Schema.from_dict(
     {
@@ -128,6 +128,130 @@ def test_empty_and_unreadable_shards(
     assert len(frame) == 0 and report.by_reason() == {reason: 1}
     with pytest.raises(DataError, match=f"{p.name}: {message}"):
         read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+
+
+def _bytes_lines(lines: list[bytes], gz: bool = False) -> bytes:
+    data = b"\n".join(lines) + b"\n"
+    return gzip.compress(data) if gz else data
+
+
+GOOD = [ln.encode() for i, ln in enumerate(LINES, 1) if i in GOOD_LINES]
+# Not UTF-8: a latin-1 value (right field count), and binary junk (wrong field count).
+LATIN1 = "1\t5\t\tcaf\xe9\taa".encode("latin-1")
+JUNK = b"\x89PNG\xff\xfe junk \x00\x01"
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_line_that_is_not_utf8_is_one_bad_row(
+    tmp_path: Path, gz: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """It used to drop the whole file (unreadable_shard), printing tracebacks and raw bytes."""
+    lines = [GOOD[0], LATIN1, GOOD[1], JUNK, GOOD[2], "0\t1\t2\tcaf\u00e9\tb".encode()]
+    p = tmp_path / ("u.tsv.gz" if gz else "u.tsv")
+    p.write_bytes(_bytes_lines(lines, gz))
+    frame, report = read_shard(str(p), SCHEMA)
+    assert report.by_shard() == {str(p): {"undecodable": 2}}
+    assert report.rows_read == len(frame) == 4
+    # the good rows are those of the file without the bad lines; UTF-8 text is kept as is
+    ref, _ = read_shard(
+        str(_write(tmp_path / "ref.tsv", [ln.decode() for ln in lines[::2]])), SCHEMA
+    )
+    pd.testing.assert_frame_equal(frame.iloc[[0, 1, 2]].reset_index(drop=True), ref.iloc[:3])
+    assert frame["C1"].iloc[3] == hash_column(["caf\u00e9"], "C1")[0]
+    with pytest.raises(DataError) as e:
+        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+    assert str(e.value).startswith(f"{p}: line 2: not UTF-8 text")
+    assert "\n" not in str(e.value)
+    out, err = capfd.readouterr()
+    assert out == "" and "Traceback" not in err and "PNG" not in err, err
+
+
+def test_undecodable_rows_count_towards_max_fraction(tmp_path: Path) -> None:
+    p = tmp_path / "m.tsv"
+    p.write_bytes(_bytes_lines([GOOD[0], LATIN1, JUNK, LATIN1]))
+    with pytest.raises(DataError, match="3 of 4 rows are bad \\(undecodable=3\\)"):
+        read_shard(str(p), SCHEMA, BadRowPolicy("skip", max_fraction=0.5))
+
+
+def test_a_truncated_gzip_file_keeps_its_complete_lines(tmp_path: Path) -> None:
+    rows = [f"{i % 2}\t{i}\t{i}\tk{i}\tv{i}".encode() for i in range(3000)]
+    whole = _bytes_lines(rows, gz=True)
+    p = tmp_path / "t.tsv.gz"
+    p.write_bytes(whole[: len(whole) // 2])
+    frame, report = read_shard(str(p), SCHEMA)
+    assert report.by_reason() == {"truncated_file": 1}
+    kept = report.rows_read
+    assert 0 < kept < 3000 and len(frame) == kept
+    # exactly the first rows of the file, none of them cut
+    assert frame["C1"].tolist() == hash_column([f"k{i}" for i in range(kept)], "C1").tolist()
+    assert frame["C2"].tolist() == hash_column([f"v{i}" for i in range(kept)], "C2").tolist()
+    with pytest.raises(DataError) as e:
+        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+    assert str(e.value).startswith(f"{p}: line {kept + 1}: the gzip data ends early")
+    # a gzip file of several members is whole; damaged data (a failed check) is unreadable
+    q = tmp_path / "two.tsv.gz"
+    q.write_bytes(whole + _bytes_lines(rows[:5], gz=True))
+    assert read_shard(str(q), SCHEMA)[1].by_shard() == {}
+    assert read_shard(str(q), SCHEMA)[1].rows_read == 3005
+    damaged = bytearray(whole)
+    damaged[-8] ^= 0xFF  # the CRC
+    r = tmp_path / "crc.tsv.gz"
+    r.write_bytes(bytes(damaged))
+    assert read_shard(str(r), SCHEMA)[1].by_reason() == {"unreadable_shard": 1}
+
+
+def _without_label(lines: list[str]) -> list[str]:
+    return [ln.split("\t", 1)[1] if "\t" in ln else ln for ln in lines]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_auto_reads_a_text_log_with_or_without_its_label_column(tmp_path: Path, gz: bool) -> None:
+    good = [ln for i, ln in enumerate(LINES, 1) if i in GOOD_LINES]
+    ext = ".tsv.gz" if gz else ".tsv"
+    labelled = _write(tmp_path / f"l{ext}", good, gz)
+    # a blank line and a line of another width first: the first line of 5 or 4 fields decides
+    unlabelled = _write(tmp_path / f"u{ext}", ["", "1\t2", *_without_label(good)], gz)
+    a, ra = read_shard(str(labelled), SCHEMA, labels="auto")
+    b, rb = read_shard(str(unlabelled), SCHEMA, labels="auto")
+    assert ra.by_reason() == {} and rb.by_reason() == {"wrong_column_count": 2}
+    assert a["label"].tolist() == [1.0, 0.0, 0.0] and b["label"].isna().all()
+    pd.testing.assert_frame_equal(a.drop(columns="label"), b.drop(columns="label"))
+    # 'absent' reads the same; 'present' (training) finds every unlabelled row too short
+    c, _ = read_shard(str(unlabelled), SCHEMA, labels="absent")
+    pd.testing.assert_frame_equal(b, c)
+    _, rp = read_shard(str(unlabelled), SCHEMA)
+    assert rp.by_reason() == {"wrong_column_count": 5}
+    _, rl = read_shard(str(labelled), SCHEMA, labels="absent")
+    assert rl.by_reason() == {"wrong_column_count": 3}
+    with pytest.raises(ConfigError, match="labels 'maybe': choose one of auto, present, absent"):
+        read_shard(str(labelled), SCHEMA, labels="maybe")
+
+
+def test_auto_reads_header_and_parquet_logs_without_the_label(tmp_path: Path) -> None:
+    schema = Schema.from_dict(
+        {
+            "name": "h",
+            "format": "csv",
+            "header": True,
+            "label": "click",
+            "dense": ["x"],
+            "categorical": ["ad"],
+        }
+    )
+    (tmp_path / "l.csv").write_text("ad,click,x\na1,1,2\na2,0,3\n")
+    (tmp_path / "u.csv").write_text("x,ad\n2,a1\n3,a2\n")
+    a, _ = read_shard(str(tmp_path / "l.csv"), schema, labels="auto")
+    b, rb = read_shard(str(tmp_path / "u.csv"), schema, labels="auto")
+    assert rb.by_reason() == {} and b["label"].isna().all()
+    pd.testing.assert_frame_equal(a.drop(columns="label"), b.drop(columns="label"))
+    assert read_shard(str(tmp_path / "u.csv"), schema)[1].by_reason() == {"schema_mismatch": 1}
+    pschema = Schema.from_dict({**schema.to_dict(), "format": "parquet", "header": False})
+    pq.write_table(pa.table({"x": [2.0, 3.0], "ad": ["a1", "a2"]}), tmp_path / "u.parquet")
+    c, rc = read_shard(str(tmp_path / "u.parquet"), pschema, labels="auto")
+    assert rc.by_reason() == {} and c["label"].isna().all()
+    pd.testing.assert_frame_equal(b, c)
+    d, _ = read_shard(str(tmp_path / "l.csv"), schema, labels="absent")  # label not read
+    pd.testing.assert_frame_equal(b, d)
 
 
 def test_paths_that_match_nothing(tmp_path: Path) -> None:

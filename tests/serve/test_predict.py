@@ -6,8 +6,10 @@ and each row looked up with ``EmbeddingTable.peek`` in its rank store, in one ba
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.distributed import start_cluster
+from daskhps.errors import DataError
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.serve import Servable, ServingLookup, ShardedStores, load_servable
@@ -203,6 +206,81 @@ def _cli_cases(
         (copy / MANIFEST).write_text(json.dumps({**manifest, key: value}))
         data = ["--data", run["holdout"][0], "--overwrite"]
         fails([*args, "--model", str(copy), *data], *words)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    """One small cluster for the predict jobs below (a job without one starts its own)."""
+    with start_cluster(
+        n_workers=1, threads_per_worker=2, memory_limit="1GiB", dashboard_address=None
+    ) as handle:
+        yield handle.client
+
+
+def test_predict_scores_logs_without_the_label_column(run: dict[str, Any], client: Any) -> None:
+    """Criteo's test format: the training format less its first column, the label. It used
+    to fail ('none of its rows parses ... wrong_column_count')."""
+    s, tmp = run["servable"], run["tmp"] / "unlabelled"
+    tmp.mkdir()
+    src = Path(run["holdout"][0])
+    lines = src.read_bytes().splitlines(keepends=True)
+    labelled, unlabelled = tmp / "a-labelled.tsv", tmp / "b-test.tsv"
+    labelled.write_bytes(b"".join(lines))
+    unlabelled.write_bytes(b"".join(ln.split(b"\t", 1)[1] for ln in lines))
+    assert unlabelled.read_text().splitlines()[0].count("\t") == 38  # 39 columns
+    out = tmp / "pred"
+    res = predict(s, [str(tmp)], out, client=client)
+    got = _read_out(out)
+    p_lab = got.loc[got["file"] == str(labelled), "probability"].to_numpy()
+    p_unl = got.loc[got["file"] == str(unlabelled), "probability"].to_numpy()
+    assert len(p_unl) == len(p_lab) == len(lines) and res.rows == 2 * len(lines)
+    assert np.array_equal(p_unl, p_lab)
+    assert np.abs(p_unl - run["reference"][: len(lines)]).max() < 1e-6
+    assert res.unlabelled == [str(unlabelled)] and res.skipped == {}
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["files_without_labels"] == [str(unlabelled)]
+    # told the logs are labelled, it says which file, and what to pass instead
+    with pytest.raises(DataError) as e:
+        predict(s, [str(unlabelled)], out, client=client, overwrite=True, labels="present")
+    msg = str(e.value)
+    assert str(unlabelled) in msg and "--labels auto" in msg and "\n" not in msg
+    # --labels absent scores them alike
+    res = predict(s, [str(unlabelled)], out, client=client, overwrite=True, labels="absent")
+    assert np.array_equal(_read_out(out)["probability"].to_numpy(), p_unl)
+
+
+def test_predict_skips_undecodable_lines_and_keeps_a_truncated_files_rows(
+    run: dict[str, Any], client: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One line that is not UTF-8 aborted the whole job ('CSV parse error: Row #...');
+    a truncated .gz file was lost whole."""
+    s, tmp = run["servable"], run["tmp"] / "damaged"
+    tmp.mkdir()
+    src = Path(run["holdout"][0])
+    lines = src.read_bytes().splitlines(keepends=True)
+    bad = [
+        *lines[:2],
+        b"\x89PNG\xff\xfe junk \x00\x01\n",
+        lines[2],
+        lines[3].replace(b"\t", b"\t\xe9", 1),
+        *lines[4:],
+    ]
+    (tmp / "a.tsv").write_bytes(b"".join(bad))
+    whole = gzip.compress(b"".join(lines))
+    (tmp / "b.tsv.gz").write_bytes(whole[: len(whole) // 2])
+    capfd.readouterr()
+    out = tmp / "pred"
+    res = predict(s, [str(tmp)], out, client=client)
+    assert res.skipped == {"undecodable": 2, "truncated_file": 1}
+    got = _read_out(out)
+    a = got.loc[got["file"] == str(tmp / "a.tsv"), "probability"].to_numpy()
+    keep = [i for i in range(len(lines)) if i != 3]  # line 4 got a latin-1 byte
+    assert np.abs(a - run["reference"][keep]).max() < 1e-6
+    b = got.loc[got["file"] == str(tmp / "b.tsv.gz"), "probability"].to_numpy()
+    assert 0 < len(b) < len(lines)
+    assert np.abs(b - run["reference"][: len(b)]).max() < 1e-6
+    _, err = capfd.readouterr()
+    assert "Traceback" not in err and "PNG" not in err, err
 
 
 def test_export_reproduces_predictions_outside_daskhps(

@@ -222,17 +222,13 @@ def _write_ads_log(root: Path, rows_per_day: int = 240) -> None:
         )
 
 
-@pytest.mark.slow
-def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
+def _ads_config(tmp_path: Path, logs: Path, n_workers: int, name: str = "mh") -> Any:
     from daskhps.config import RunConfig
-    from daskhps.training.trainer import Trainer
 
-    logs = tmp_path / "logs"
-    _write_ads_log(logs)
     schema = load_schema(ROOT / "configs/schemas/ads_multi_hot.yaml")
-    cfg = RunConfig.from_dict(
+    return RunConfig.from_dict(
         {
-            "run": {"name": "mh", "dir": str(tmp_path / "run"), "seed": 1, "quiet": True},
+            "run": {"name": name, "dir": str(tmp_path / name), "seed": 1, "quiet": True},
             "data": {
                 "train": {"paths": [str(logs)]},
                 "schema": schema.to_dict(),
@@ -247,7 +243,7 @@ def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
             "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
             "dense_optimizer": {"kind": "adam", "lr": 0.01},
             "cluster": {
-                "n_workers": 1,
+                "n_workers": n_workers,
                 "threads_per_worker": 1,
                 "memory_limit": "1GiB",
                 "gpu": False,
@@ -256,18 +252,89 @@ def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
         },
         source="test",
     )
+
+
+def _stored_keys(cfg: Any) -> set[int]:
+    """Every key committed to the table's stores, over all ranks."""
+    spec = cfg.table_spec()
+    out: set[int] = set()
+    for rank in range(cfg.cluster.n_workers):
+        path = Path(cfg.table.tiers.store_dir) / spec.name / f"rank-{rank}"
+        with EmbeddingTable.open(spec, path, device_rows=16, mode="r") as table:
+            out |= set(table.store.keys().tolist())
+    return out
+
+
+@pytest.mark.slow
+def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
+    from daskhps.training.trainer import Trainer
+
+    logs = tmp_path / "logs"
+    _write_ads_log(logs)
+    cfg = _ads_config(tmp_path, logs, n_workers=1)
     result = Trainer(cfg, progress=False).run()
     assert len(result.passes) == 2
     losses = [x for p in result.passes for x in p["batch_losses"]]
     assert len(losses) == 6 and all(np.isfinite(losses))
     assert all(0.0 <= p["eval"]["auc"] <= 1.0 for p in result.passes)
     # the interest keys (and the field's missing key) were trained and committed
-    spec = cfg.table_spec()
-    path = Path(cfg.table.tiers.store_dir) / spec.name / "rank-0"
-    with EmbeddingTable.open(spec, path, device_rows=16, mode="r") as table:
-        stored = set(table.store.keys().tolist())
+    stored = _stored_keys(cfg)
     interests = hash_column(["sport", "cars", "food", "music", "travel", "tech"], "interests")
     assert set(interests.tolist()) | {missing_key("interests")} <= stored
+
+
+def test_route_examples_carries_multi_hot_lists_across_two_workers() -> None:
+    """Dask's p2p shuffle rebuilt each column's dtype from its name, which fails for Arrow list
+    columns ("data type 'list<item: int64>[pyarrow]' not understood"): every multi-hot log
+    trained on more than one worker crashed while routing its examples."""
+    import dask
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+
+    from daskhps.training.examples import route_examples
+
+    df = _frame("arrow").drop(columns=[RANK])
+    frame = dd.from_pandas(pd.concat([df, df], ignore_index=True), npartitions=3, sort=False)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster),
+        dask.config.set({"dataframe.shuffle.method": "p2p"}),
+    ):
+        routed = route_examples(frame, [4, 4, 4], 0, 12, batch_size=4, num_workers=2)
+        parts = [routed.get_partition(w).compute() for w in range(2)]
+    assert [len(p) for p in parts] == [6, 6]  # 2 of each batch of 4 per worker
+    whole = pd.concat([df, df], ignore_index=True)
+    for part in parts:
+        assert part["tags"].dtype == whole["tags"].dtype
+        rows = whole.iloc[part[RANK].to_numpy()]
+        for name in ("tags", "more"):
+            assert _cells(part[name]) == _cells(rows[name])
+
+
+def _cells(col: pd.Series) -> list[list[int] | None]:
+    return [None if v is None or v is pd.NA else [int(k) for k in v] for v in col.tolist()]
+
+
+@pytest.mark.slow
+def test_two_workers_train_a_multi_hot_log_like_one(tmp_path: Path) -> None:
+    """The shipped multi-hot schema on two workers (its default): same passes, same keys
+    committed (split over two rank stores) and a learning curve close to one worker's."""
+    from daskhps.training.trainer import Trainer
+
+    logs = tmp_path / "logs"
+    _write_ads_log(logs)
+    one = _ads_config(tmp_path, logs, n_workers=1, name="one")
+    two = _ads_config(tmp_path, logs, n_workers=2, name="two")
+    r1 = Trainer(one, progress=False).run()
+    r2 = Trainer(two, progress=False).run()
+    assert len(r2.passes) == len(r1.passes) == 2
+    l1 = [x for p in r1.passes for x in p["batch_losses"]]
+    l2 = [x for p in r2.passes for x in p["batch_losses"]]
+    assert len(l2) == len(l1) == 6 and all(np.isfinite(l2))
+    np.testing.assert_allclose(l2, l1, rtol=1e-3)
+    assert _stored_keys(two) == _stored_keys(one)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["index_add", "grouped"])
