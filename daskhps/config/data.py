@@ -133,12 +133,11 @@ def _schema(spec: Any, ctx: Ctx) -> Schema:
             return Schema.from_dict(spec, ctx.source)
     if not isinstance(spec, str):
         raise ctx.error(p, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}")
-    # A schema file is looked up beside the config file first, then from the current folder.
-    here = Path(ctx.source).parent / spec
+    # A schema file is looked up beside the config file first, then from the current folder;
+    # a builtin name stays the builtin unless it looks like a file (load_schema).
+    base = Path(ctx.source).parent if ctx.source.endswith((".yaml", ".yml")) else None
     with ctx.section(p):
-        return load_schema(
-            here if ctx.source.endswith((".yaml", ".yml")) and here.exists() else spec
-        )
+        return load_schema(spec, base)
 
 
 @dataclass(frozen=True)
