@@ -430,8 +430,10 @@ class Trainer:
                     if pipelined and has_next
                     else None
                 )
+                # Passes are numbered from 1 over the whole schedule, wherever a user reads them:
+                # the bar, metrics.jsonl, the report, the dashboard, the checkpoint names.
                 bar.set_description(f"pass {i + 1}/{len(schedule)}")
-                announce_pass(client, addresses, spec.index)  # the dashboard's pass column
+                announce_pass(client, addresses, i + 1)  # the dashboard's pass column
                 if batches is not None:
                     batches.start_pass()
                 rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
@@ -439,7 +441,7 @@ class Trainer:
                     upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
                 # skipped rows are counted when their file is first read: in the first epoch
                 skipped = bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
-                rec.update(epoch=epoch, bad_rows_skipped=skipped)
+                rec.update(epoch=epoch + 1, bad_rows_skipped=skipped)
                 step += spec.num_batches
                 if batches is not None:
                     batches.end_pass(spec.num_batches)
@@ -449,7 +451,7 @@ class Trainer:
                 result.passes.append(rec)
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
-                pos = Position(i + 1, len(schedule), epoch, spec.index, step)
+                pos = Position(i + 1, len(schedule), epoch + 1, spec.index + 1, step)
                 if checkpointer.due(pos):
                     checkpointer.take(pos, rec)
         finally:
@@ -551,7 +553,8 @@ class Trainer:
         loss_sum = sum(o["loss_sum"] for o in outs)
         reports = prepared.reports
         rec: dict[str, Any] = {
-            "pass": spec.index,
+            "pass": prepared.position + 1,  # in the run's schedule, from 1 (passes done after it)
+            "pass_in_epoch": spec.index + 1,  # in the epoch's plan, from 1
             "examples": spec.num_examples,
             "examples_per_s": spec.num_examples / train_s if train_s else 0.0,
             "train_loss": loss_sum / spec.num_examples,

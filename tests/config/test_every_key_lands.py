@@ -355,7 +355,7 @@ def evaluation(b: Built) -> dict[str, Any]:
 
 def checkpoints_due(b: Built) -> list[tuple[int, str]]:
     c = b.checkpointer
-    return [(n, c.kind(n)) for n in range(1, 9) if c.due(Position(n, 8, 0, n - 1, n))]
+    return [(n, c.kind(n)) for n in range(1, 9) if c.due(Position(n, 8, 1, n, n))]
 
 
 def checkpoints_kept(b: Built) -> list[str]:

@@ -117,9 +117,9 @@ def test_changed_input_is_refused(tmp_path: Path) -> None:
 
 def test_metrics_after_the_checkpoint_are_dropped(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"pass": i}) + "\n" for i in range(4)))
-    assert restore_metrics(path, 2) == [{"pass": 0}, {"pass": 1}]
-    assert path.read_text().splitlines() == ['{"pass": 0}', '{"pass": 1}']
+    path.write_text("".join(json.dumps({"pass": n}) + "\n" for n in range(1, 5)))
+    assert restore_metrics(path, 2) == [{"pass": 1}, {"pass": 2}]  # passes 1 and 2 done
+    assert path.read_text().splitlines() == ['{"pass": 1}', '{"pass": 2}']
 
 
 @pytest.mark.parametrize("old,new", [(1, 3), (3, 2)])
@@ -170,13 +170,14 @@ def test_kill_point_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(killpoints.ENV, raising=False)
     killpoints.check_env()
     assert not killpoints.armed_at("stage", 0)
-    monkeypatch.setenv(killpoints.ENV, "checkpoint_commit:2")
+    monkeypatch.setenv(killpoints.ENV, "checkpoint_commit:3")  # pass 3: schedule position 2
     assert killpoints.armed_at("checkpoint_commit", 2)
+    assert not killpoints.armed_at("checkpoint_commit", 3)
     assert not killpoints.armed_at("checkpoint_commit", 1)
     assert not killpoints.armed_at("stage", 2)
     monkeypatch.setenv(killpoints.ENV, "mid_pass")  # no pass: the first time
     assert killpoints.armed_at("mid_pass", 0) and killpoints.armed_at("mid_pass", 5)
-    for bad in ("staging", "stage:x"):
+    for bad in ("staging", "stage:x", "stage:0"):
         monkeypatch.setenv(killpoints.ENV, bad)
         with pytest.raises(ConfigError, match=rf"DASKHPS_KILL_AT={bad!r}.*one of stage, mid_pass"):
             killpoints.check_env()
