@@ -7,12 +7,16 @@
                         -> logits[B]; probability = sigmoid(logit)
       keys.npy          int64[n]     every key stored at the version's commit, rank by rank
       embeddings.npy    float32[n, S]  the model's columns of each key's row (no optimizer state)
-      export.json       model, commit, layout (fields in order, dims), how to treat unseen keys
+      export.json       model, commit, layout (fields in order, dims), and everything needed
+                        to go from a raw log row to the inputs: the schema, each dense field's
+                        clip/transform/fill, the key hash (hps64, constants, per-field salts),
+                        and the initial value of a key the dump lacks
 
 ``sparse[b, f]`` is the row of the key of field ``f`` of example ``b`` (multi-hot fields: the
 sum or mean of their rows, as the field's pooling says). Keys are daskhps's ``hps64`` hashes of
 (field, value). A key missing from the dump was never trained: daskhps gives it its initial
-value ``init_embedding(key, seed, dim, scale)`` (``export.json`` records the parameters).
+value ``init_embedding(key, seed, dim, scale)``. ``export.json`` writes each of these out
+(definitions and constants), so a serving stack can be written from it alone (docs/serving.md).
 
 Tracing, not scripting: the built-in models validate their inputs with Python f-strings and
 daskhps errors, which ``torch.jit.script`` rejects; their forward has no data-dependent control
@@ -34,9 +38,13 @@ import numpy as np
 import torch
 
 from daskhps import __version__
+from daskhps.data.hashing import field_salt, hash_spec, missing_key
+from daskhps.data.parse import DENSE_RULE, dense_spec
+from daskhps.data.schema import Schema
 from daskhps.errors import StoreExistsError
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import Servable
+from daskhps.table.init import init_spec
 
 __all__ = ["EMBEDDINGS", "KEYS", "META", "MODEL", "ExportResult", "export_model"]
 
@@ -77,6 +85,32 @@ def _quiet_jit() -> Iterator[None]:
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         yield
+
+
+def _features(schema: Schema) -> dict[str, Any]:
+    """From a raw log row to the model's inputs: how to read it, transform the dense fields
+    and hash the categorical ones (64-bit values as hex strings, as in ``key_hash``)."""
+    return {
+        "schema": schema.to_dict(),  # format, columns in order, delimiter, label
+        "dense_rule": DENSE_RULE,
+        "dense": [dense_spec(f) for f in schema.dense],
+        "categorical_rule": [
+            "one key per field: key(field, cell) of key_hash; an empty cell is missing",
+            "multi-hot (a separator): split the cell on it, drop empty tokens, one key per "
+            "token; no token at all: [missing_key]; the field's input row is the sum or mean "
+            "(pooling) of its keys' rows",
+        ],
+        "categorical": [
+            {
+                "name": f.name,
+                "salt": f"0x{field_salt(f.name):016x}",
+                "missing_key": f"0x{missing_key(f.name):016x}",
+                "separator": f.separator,
+                "pooling": f.pooling,
+            }
+            for f in schema.categorical
+        ],
+    }
 
 
 def export_model(
@@ -136,11 +170,11 @@ def export_model(
         },
         "output": "logits[B]; probability = sigmoid(logit)",
         "keys": total,
+        "features": _features(schema),
+        "key_hash": hash_spec(),
         "unseen_keys": {
             "rule": "init_embedding(key, seed, dim, scale) of daskhps.table.init",
-            "seed": spec.seed,
-            "dim": spec.dim,
-            "scale": spec.scale,
+            **init_spec(spec.seed, spec.dim, spec.scale),
         },
         "files": {"model": MODEL, "keys": KEYS, "embeddings": EMBEDDINGS},
     }
