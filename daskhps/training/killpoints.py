@@ -1,9 +1,8 @@
 """Named kill points: the driver SIGKILLs itself at a chosen moment, for crash-resume tests.
 
 ``DASKHPS_KILL_AT=<point>[:<n>]`` names the point and, optionally, the pass: ``n`` is the
-pass's number in the run's schedule, counted from 1 over all epochs as everywhere else
-(metrics.jsonl, checkpoint names); without it the first time the point is reached. Inside,
-positions count from 0 (``position`` = ``n - 1``). Points, in the order one pass meets them::
+pass's 0-based position in the run's schedule (over all epochs); without it the first time
+the point is reached. Points, in the order one pass meets them::
 
     stage              the pass's keys were just staged on the workers (maybe while the
                        previous pass trains)
@@ -40,12 +39,12 @@ def _armed() -> tuple[str, int | None] | None:
     if not spec:
         return None
     point, _, n = spec.partition(":")
-    if point not in POINTS or (n and not (n.isdigit() and int(n) >= 1)):
+    if point not in POINTS or (n and not n.isdigit()):
         raise ConfigError(
             f"{ENV}={spec!r}: expected <point>[:<pass>] with point one of {', '.join(POINTS)} "
-            "and pass a number from 1 (the first pass is 1); unset it to run normally"
+            "and pass a whole number; unset it to run normally"
         )
-    return point, int(n) - 1 if n else None  # the schedule position of pass n
+    return point, int(n) if n else None
 
 
 def check_env() -> None:
@@ -60,7 +59,7 @@ def armed_at(point: str, position: int) -> bool:
 
 
 def _die(point: str, position: int) -> None:
-    log.warning("%s: killing the driver at %s of pass %d", ENV, point, position + 1)
+    log.warning("%s: killing the driver at %s of pass %d", ENV, point, position)
     logging.shutdown()
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -164,15 +164,15 @@ def test_killed_at_every_point_then_resumed_ends_bit_identical(
     ref, ref_ckpt, ref_rows = reference
     config = _write_config(tmp_path, logs)
     run_dir = tmp_path / "run"
-    _killed(config, "after_checkpoint:1")
+    _killed(config, "after_checkpoint:0")
     assert _latest(run_dir) == 1
-    _killed(config, "stage:3", "--resume")  # pass 3 staged while pass 2 trains
+    _killed(config, "stage:2", "--resume")  # pass 2 staged while pass 1 trains
     assert _latest(run_dir) == 1
-    _killed(config, "mid_pass:2", "--resume")
+    _killed(config, "mid_pass:1", "--resume")
     assert _latest(run_dir) == 1
-    _killed(config, "checkpoint_dense:2", "--resume")
+    _killed(config, "checkpoint_dense:1", "--resume")
     assert (_torn(run_dir, 2) / "dense.pt").exists() and _latest(run_dir) == 1
-    _killed(config, "checkpoint_commit:3", "--resume")  # pass 3's is a base (compaction)
+    _killed(config, "checkpoint_commit:2", "--resume")  # pass 3's is a base (compaction)
     _torn(run_dir, 3)
     assert _latest(run_dir) == 2
 
@@ -209,7 +209,7 @@ def test_resume_checks_the_config_then_reshards_to_two_workers(
     assert nothing.returncode == 1
     assert "holds no complete checkpoint" in nothing.stderr and "Traceback" not in nothing.stderr
 
-    _killed(config, "after_checkpoint:1")  # one pass done on one worker
+    _killed(config, "after_checkpoint:0")  # one pass done on one worker
     refused = _cli(config, "--resume", "--set", "table.dim=8", "--set", "dense_optimizer.kind=sgd")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     line = refused.stderr.strip().splitlines()[-1]
