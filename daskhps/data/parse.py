@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +30,7 @@ from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
 from daskhps.errors import DataError
 from daskhps.monitor import stage_span
 
-__all__ = ["dense_spec", "empty_frame", "parse_table", "read_shard"]
+__all__ = ["empty_frame", "parse_table", "read_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -144,26 +143,6 @@ def _dense_out(values: np.ndarray, f: DenseField) -> np.ndarray:
         values = np.log1p(values)
     values[missing] = f.fill
     return values.astype(np.float32)
-
-
-def dense_spec(f: DenseField) -> dict[str, Any]:
-    """What :func:`_dense_out` does to field ``f``, for an implementation outside daskhps."""
-    return {
-        "name": f.name,
-        "clip_min": f.clip_min,
-        "clip_max": f.clip_max,
-        "transform": f.transform,
-        "fill": f.fill,
-    }
-
-
-DENSE_RULE = [
-    "x = the cell as a float (a cell that is not a number makes the whole row bad: dropped)",
-    "x = min(max(x, clip_min), clip_max); a null bound is no bound",
-    "x = log1p(x) when transform is log1p; identity: unchanged",
-    "an empty (missing) cell gives fill instead: fill is the model's input, not transformed",
-    "the model reads float32",
-]
 
 
 def _multi_hot(col: pa.ChunkedArray, f: CategoricalField) -> pd.Series:

@@ -38,10 +38,9 @@ import numpy as np
 import torch
 
 from daskhps import __version__
-from daskhps.data.hashing import field_salt, hash_spec, missing_key
-from daskhps.data.parse import DENSE_RULE, dense_spec
-from daskhps.data.schema import Schema
+from daskhps.data.hashing import hash_spec
 from daskhps.errors import StoreExistsError
+from daskhps.serve.features import features
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import Servable
 from daskhps.table.init import init_spec
@@ -85,32 +84,6 @@ def _quiet_jit() -> Iterator[None]:
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         yield
-
-
-def _features(schema: Schema) -> dict[str, Any]:
-    """From a raw log row to the model's inputs: how to read it, transform the dense fields
-    and hash the categorical ones (64-bit values as hex strings, as in ``key_hash``)."""
-    return {
-        "schema": schema.to_dict(),  # format, columns in order, delimiter, label
-        "dense_rule": DENSE_RULE,
-        "dense": [dense_spec(f) for f in schema.dense],
-        "categorical_rule": [
-            "one key per field: key(field, cell) of key_hash; an empty cell is missing",
-            "multi-hot (a separator): split the cell on it, drop empty tokens, one key per "
-            "token; no token at all: [missing_key]; the field's input row is the sum or mean "
-            "(pooling) of its keys' rows",
-        ],
-        "categorical": [
-            {
-                "name": f.name,
-                "salt": f"0x{field_salt(f.name):016x}",
-                "missing_key": f"0x{missing_key(f.name):016x}",
-                "separator": f.separator,
-                "pooling": f.pooling,
-            }
-            for f in schema.categorical
-        ],
-    }
 
 
 def export_model(
@@ -170,7 +143,7 @@ def export_model(
         },
         "output": "logits[B]; probability = sigmoid(logit)",
         "keys": total,
-        "features": _features(schema),
+        "features": features(schema),
         "key_hash": hash_spec(),
         "unseen_keys": {
             "rule": "init_embedding(key, seed, dim, scale) of daskhps.table.init",

@@ -15,7 +15,7 @@ from daskhps.data.hashing import hash_spec
 from daskhps.data.parse import read_shard
 from daskhps.data.schema import DenseField, Schema, criteo_schema
 from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.serve.export import _features
+from daskhps.serve.features import features
 from daskhps.table.init import init_embedding, init_spec
 from tests.serve.standalone import Hps64, Inputs, dense_value, initial_rows
 
@@ -30,7 +30,7 @@ def part(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _meta(schema: Schema) -> dict:
     return {
-        "features": _features(schema),
+        "features": features(schema),
         "key_hash": hash_spec(),
         "inputs": {
             "dense": {"columns": list(schema.dense_names)},
@@ -61,7 +61,7 @@ def test_every_dense_option_is_described() -> None:
         DenseField("c", transform="log1p", clip_min=2.0, clip_max=10.0, fill=0.5),
     ]
     cells = ["-4", "0", "2.5", "7", "1e3", None]
-    spec = _features(Schema(name="s", label="y", dense=tuple(fields)))["dense"]
+    spec = features(Schema(name="s", label="y", dense=tuple(fields)))["dense"]
     for f, described in zip(fields, spec, strict=True):
         values = np.array([np.nan if c is None else float(c) for c in cells])
         want = _dense_out(values, f)
