@@ -16,7 +16,8 @@
 sum or mean of their rows, as the field's pooling says). Keys are daskhps's ``hps64`` hashes of
 (field, value). A key missing from the dump was never trained: daskhps gives it its initial
 value ``init_embedding(key, seed, dim, scale)``. ``export.json`` writes each of these out
-(definitions and constants), so a serving stack can be written from it alone (docs/serving.md).
+(definitions and constants; daskhps.data.describe), so a serving stack can be written from
+it alone (docs/serving.md).
 
 Tracing, not scripting: the built-in models validate their inputs with Python f-strings and
 daskhps errors, which ``torch.jit.script`` rejects; their forward has no data-dependent control
@@ -38,9 +39,9 @@ import numpy as np
 import torch
 
 from daskhps import __version__
+from daskhps.data.describe import features
 from daskhps.data.hashing import hash_spec
 from daskhps.errors import StoreExistsError
-from daskhps.serve.features import features
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import Servable
 from daskhps.table.init import init_spec

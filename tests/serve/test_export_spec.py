@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from daskhps.data.describe import features
 from daskhps.data.hashing import hash_spec
 from daskhps.data.parse import read_shard
 from daskhps.data.schema import DenseField, Schema, criteo_schema
 from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.serve.features import features
 from daskhps.table.init import init_embedding, init_spec
 from tests.serve.standalone import Hps64, Inputs, dense_value, initial_rows
 
