@@ -48,7 +48,7 @@ from daskhps.monitor import announce_pass
 from daskhps.monitor.progress import BatchProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
-from daskhps.table import StageReport
+from daskhps.table import StageReport, TableSpec
 from daskhps.training import resume as resuming
 from daskhps.training import worker
 from daskhps.training.checkpoint import Checkpoint, latest_checkpoint
@@ -189,11 +189,12 @@ class Trainer:
             "timeout_s": c.dist_timeout_s,
         }
 
-    def _shard_host(self, addresses: list[str]) -> ShardHost:
-        """The worker plugin that holds every rank's shard in ``self._stores`` (``table.*``)."""
+    def _shard_host(self, spec: TableSpec, addresses: list[str]) -> ShardHost:
+        """The worker plugin that holds every rank's shard of ``spec`` (the config's table) in
+        ``self._stores``, tiered as ``table.tiers`` says."""
         cfg = self.config
         return ShardHost(
-            [cfg.table_spec()],
+            [spec],
             self._stores,
             addresses,
             self._sizing(),
@@ -286,8 +287,9 @@ class Trainer:
                 self.echo(f"dashboard: {handle.dashboard_link}")
             addresses = list(handle.addresses)
             client = handle.client
+            spec = cfg.table_spec()
             self._stores = self._stores_dir(len(addresses))
-            host = self._shard_host(addresses)
+            host = self._shard_host(spec, addresses)
             group = init_comm(client, addresses, **self._comm_args())
             try:
                 open_shards(client, host)

@@ -106,7 +106,7 @@ class Built:
     @cached_property
     def host(self) -> Any:
         """The trainer's ShardHost, set up and opened on a stand-in for rank 0's worker."""
-        host = self.trainer._shard_host(ADDRESSES)
+        host = self.trainer._shard_host(self.cfg.table_spec(), ADDRESSES)  # as Trainer.run
         limit = self.trainer._cluster_args()["memory_limit"]
         worker = SimpleNamespace(
             address=ADDRESSES[0],
