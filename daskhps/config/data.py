@@ -63,7 +63,10 @@ class GenerateConfig:
 
         Raises :class:`ConfigError` when ``out`` holds logs generated with other settings:
         regenerating over them could leave stale parts behind, and deleting them is the user's
-        call.
+        call. Settings that differ in ``days`` alone are the same logs, longer or shorter:
+        each part is a function of (seed, day, part), so generating more days rewrites the
+        earlier ones as they were (how ``daskhps retrain`` gets a new day), and fewer days are
+        ready once their days are complete (readers take only the configured days).
         """
         meta = Path(self.out) / "generation.json"
         if not meta.exists():
@@ -74,6 +77,8 @@ class GenerateConfig:
             return False
         want = {k: getattr(self.generator, k) for k in GeneratorConfig._KEYS}
         differ = sorted(k for k in want if found.get(k) != want[k])
+        if differ == ["days"] and isinstance(found.get("days"), int):
+            differ = []  # the same logs with more or fewer days (see above)
         if differ:
             raise ConfigError(
                 f"data.generate.out: {self.out} holds logs generated with other settings "
@@ -133,12 +138,11 @@ def _schema(spec: Any, ctx: Ctx) -> Schema:
             return Schema.from_dict(spec, ctx.source)
     if not isinstance(spec, str):
         raise ctx.error(p, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}")
-    # A schema file is looked up beside the config file first, then from the current folder.
-    here = Path(ctx.source).parent / spec
+    # A schema file is looked up beside the config file first, then from the current folder;
+    # a builtin name stays the builtin unless it looks like a file (load_schema).
+    base = Path(ctx.source).parent if ctx.source.endswith((".yaml", ".yml")) else None
     with ctx.section(p):
-        return load_schema(
-            here if ctx.source.endswith((".yaml", ".yml")) and here.exists() else spec
-        )
+        return load_schema(spec, base)
 
 
 @dataclass(frozen=True)

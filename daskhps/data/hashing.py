@@ -38,6 +38,7 @@ __all__ = [
     "fmix64",
     "hash_bytes",
     "hash_column",
+    "hash_spec",
     "hash_values",
     "missing_key",
 ]
@@ -147,6 +148,42 @@ def missing_key(field: str) -> int:
     with np.errstate(over="ignore"):
         salt = np.array([field_salt(field)], dtype=np.uint64)
         return int((fmix64(salt ^ np.uint64(MISSING_TAG)) & _MASK_U)[0])
+
+
+def _hex(x: int | np.uint64) -> str:
+    return f"0x{int(x):016x}"
+
+
+def hash_spec() -> dict[str, Any]:
+    """The key function written out for an implementation outside daskhps (``export.json``):
+    the definition above, step by step, and its constants as 16-digit hex strings (64-bit
+    values do not survive JSON readers that hold numbers as doubles)."""
+    return {
+        "algorithm": "hps64",
+        "definition": [
+            "arithmetic on unsigned 64-bit integers, wrapping (mod 2**64); >> is a logical shift",
+            "bytes: the UTF-8 of the value as the log holds it (an integer: its decimal text)",
+            "words: bytes cut into 8-byte little-endian words, the last one zero-padded",
+            "h = seed XOR (len(bytes) * P1); for each word w in order: "
+            "h = rotl(h XOR (w * P2), 31) * P1",
+            "hps64(bytes, seed) = fmix64(h)",
+            "fmix64(x): x ^= x >> 30; x *= M1; x ^= x >> 27; x *= M2; x ^= x >> 31",
+            "salt(field) = hps64(UTF-8 of the field's name, SALT_SEED): the field enters a key "
+            "through its name (not its position), as the seed of the value's hash",
+            "key(field, value) = hps64(value, salt(field)) AND KEY_MASK",
+            "key(field, missing) = fmix64(salt(field) XOR MISSING_TAG) AND KEY_MASK "
+            "(an empty cell is missing)",
+        ],
+        "constants": {
+            "P1": _hex(P1),
+            "P2": _hex(P2),
+            "M1": _hex(_M1),
+            "M2": _hex(_M2),
+            "SALT_SEED": _hex(SALT_SEED),
+            "MISSING_TAG": _hex(MISSING_TAG),
+            "KEY_MASK": _hex(KEY_MASK),
+        },
+    }
 
 
 def _as_string_array(values: Any) -> pa.Array:

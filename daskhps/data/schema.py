@@ -34,6 +34,7 @@ __all__ = [
     "Schema",
     "criteo_schema",
     "load_schema",
+    "looks_like_file",
 ]
 
 LABEL = "label"
@@ -270,18 +271,32 @@ def criteo_schema() -> Schema:
 BUILTIN = {"criteo": criteo_schema}
 
 
-def load_schema(spec: str | Path | Mapping[str, Any] | Schema) -> Schema:
-    """A schema from a builtin name (``criteo``), a YAML file, a mapping or a Schema."""
+def looks_like_file(value: str) -> bool:
+    """A schema value names a file when it ends in ``.yaml``/``.yml`` or holds a separator."""
+    return value.endswith((".yaml", ".yml")) or "/" in value or "\\" in value
+
+
+def load_schema(
+    spec: str | Path | Mapping[str, Any] | Schema, base: str | Path | None = None
+) -> Schema:
+    """A schema from a builtin name (``criteo``), a YAML file, a mapping or a Schema.
+
+    A builtin name stays the builtin unless it :func:`looks_like_file`: a ``criteo/`` folder
+    of logs beside the config must not shadow the ``criteo`` schema. Any other string is a
+    file, looked up in ``base`` (the config's folder) first, then from the current folder.
+    """
     if isinstance(spec, Schema):
         return spec
     if isinstance(spec, Mapping):
         return Schema.from_dict(spec)
-    if str(spec) in BUILTIN:
-        return BUILTIN[str(spec)]()
+    if isinstance(spec, str) and spec in BUILTIN and not looks_like_file(spec):
+        return BUILTIN[spec]()
     path = Path(spec)
+    if base is not None and not path.is_absolute() and (Path(base) / path).exists():
+        path = Path(base) / path
     if not path.exists():
         raise ConfigError(
             f"schema {str(spec)!r}: no such file and not a builtin schema "
-            f"(builtins: {', '.join(BUILTIN)})"
+            f"(builtins: {', '.join(BUILTIN)}; a file ends in .yaml or .yml, or holds a '/')"
         )
     return Schema.from_dict(load_yaml(path), source=str(path))

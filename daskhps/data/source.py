@@ -77,10 +77,7 @@ class DataSource:
         if isinstance(schema_spec, dict):
             schema = Schema.from_dict(schema_spec, source)
         else:
-            spec: str | Path = schema_spec
-            if base is not None and (base / schema_spec).exists():
-                spec = base / schema_spec
-            schema = load_schema(spec)
+            schema = load_schema(schema_spec, base)
         days = get(d, "days", (list, type(None)), source, prefix, None)
         if days is not None:
             if len(days) != 2 or not all(isinstance(x, str) and _DATE.match(x) for x in days):

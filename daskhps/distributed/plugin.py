@@ -71,6 +71,10 @@ class ShardHost(WorkerPlugin):
         Device and host tier budgets.
     device:
         Device of the device tier (``"cpu"`` or ``"cuda"``).
+    policy:
+        Eviction policy of the device and host tiers.
+    snapshot_every:
+        Commits between full index snapshots of each store (``table.tiers.snapshot_every``).
     mode, commit:
         Passed to :meth:`EmbeddingTable.open` (``commit``: resume from that commit point).
     """
@@ -87,6 +91,7 @@ class ShardHost(WorkerPlugin):
         *,
         device: str = "cpu",
         policy: Literal["lru", "lfu"] = "lru",
+        snapshot_every: int = 8,
         mode: Literal["w", "a", "r"] = "a",
         commit: str | None = None,
     ) -> None:
@@ -99,6 +104,7 @@ class ShardHost(WorkerPlugin):
         self.sizing = sizing
         self.device = device
         self.policy = policy
+        self.snapshot_every = snapshot_every
         self.mode = mode
         self.commit_name = commit
         self.rank: int | None = None
@@ -149,6 +155,7 @@ class ShardHost(WorkerPlugin):
                         policy=self.policy,
                         mode=self.mode,
                         commit=self.commit_name,
+                        snapshot_every=self.snapshot_every,
                     )
             opened[name] = {"rank": self._rank(), "device_rows": rows, "host_bytes": host_bytes}
         return opened

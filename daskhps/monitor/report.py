@@ -136,12 +136,20 @@ def _loss(r: RunRecords) -> Any:
     return fig
 
 
+def _numbers(r: RunRecords) -> list[int]:
+    """Each record's pass number: counted from 1 over the run's schedule, as the terminal,
+    the checkpoint names and metrics.jsonl count them (``pass``)."""
+    return [int(p.get("pass", i + 1)) for i, p in enumerate(r.passes)]
+
+
 def _ev(p: dict[str, Any], key: str = "logloss") -> bool:
     return isinstance(p.get("eval"), dict) and isinstance(p["eval"].get(key), int | float)
 
 
 def _auc(r: RunRecords) -> Any:
-    pts = [(i, p["eval"]["auc"]) for i, p in enumerate(r.passes) if _ev(p, "auc")]
+    pts = [
+        (n, p["eval"]["auc"]) for n, p in zip(_numbers(r), r.passes, strict=True) if _ev(p, "auc")
+    ]
     if not pts:
         return None
     fig, ax = _figure()
@@ -155,7 +163,7 @@ def _auc(r: RunRecords) -> Any:
 
 def _throughput(r: RunRecords) -> Any:
     fig, ax = _figure()
-    ax.bar(range(len(r.passes)), [p.get("examples_per_s", 0.0) for p in r.passes], color="#2b8cbe")
+    ax.bar(_numbers(r), [p.get("examples_per_s", 0.0) for p in r.passes], color="#2b8cbe")
     ax.set(xlabel="pass", ylabel="examples / s", title="Training throughput")
     return fig
 
@@ -169,7 +177,7 @@ def _hit_rates(r: RunRecords) -> Any:
             src = p.get("staged_from") or {}
             total = sum(src.values())
             frac.append(src.get(tier, 0) / total if total else 0.0)
-        ax.bar(range(len(r.passes)), frac, bottom=bottom, color=colour, label=tier)
+        ax.bar(_numbers(r), frac, bottom=bottom, color=colour, label=tier)
         bottom = [b + f for b, f in zip(bottom, frac, strict=True)]
     ax.set(xlabel="pass", ylabel="fraction of rows staged", title="Where staged rows came from")
     ax.set_ylim(0, 1.05)
@@ -190,7 +198,7 @@ def _stacked(r: RunRecords, key: str, title: str) -> Any:
     bottom = [0.0] * len(r.passes)
     for k in names:
         secs = [float((p.get(key) or {}).get(k, 0.0)) for p in r.passes]
-        ax.bar(range(len(r.passes)), secs, bottom=bottom, label=k)
+        ax.bar(_numbers(r), secs, bottom=bottom, label=k)
         bottom = [b + s for b, s in zip(bottom, secs, strict=True)]
     ax.set(xlabel="pass", ylabel="seconds", title=title)
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -264,7 +272,7 @@ def _html(r: RunRecords, images: dict[str, bytes]) -> str:
         + "".join(
             f"<td>{e(str(c))}</td>"
             for c in (
-                p.get("pass", i),
+                n,
                 p.get("epoch", ""),
                 p.get("examples", ""),
                 f"{p['train_loss']:.4f}",
@@ -274,7 +282,7 @@ def _html(r: RunRecords, images: dict[str, bytes]) -> str:
             )
         )
         + "</tr>"
-        for i, p in enumerate(r.passes)
+        for n, p in zip(_numbers(r), r.passes, strict=True)
     )
     figs = "".join(
         f'<figure><img alt="{e(n)}" src="data:image/png;base64,'

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.config import HoldoutConfig, RunConfig
+from daskhps.data.source import DataSource
 from daskhps.errors import CheckpointError, ConfigError
 from daskhps.retrain.days import DayPlan
 from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
@@ -61,19 +62,22 @@ class Candidate:
 def candidate_config(
     config: RunConfig, plan: DayPlan, attempt_dir: Path, stores_dir: str | Path
 ) -> RunConfig:
-    """``config`` narrowed to one attempt: the plan's days, its own folder, ``stores_dir``."""
-    if config.data.train is None:
-        raise ConfigError(
-            f"{config.source}: data.train: daskhps retrain reads day partitions from "
-            "data.train.paths (day=YYYY-MM-DD/ folders with a _SUCCESS marker); data.generate "
-            "writes a fixed set of days once: generate them with `daskhps generate` instead"
-        )
+    """``config`` narrowed to one attempt: the plan's days, its own folder, ``stores_dir``.
+
+    Generated logs (``data.generate``) are read as the day partitions they are, from ``out``.
+    """
     assert plan.eval_day is not None and plan.train
+    source = config.data.train
+    if source is None:
+        gen = config.data.generate
+        assert gen is not None  # a config has exactly one of train and generate
+        source = DataSource((gen.out,), config.data.schema, bad_rows=config.data.bad_rows)
     data = dataclasses.replace(
         config.data,
         train=dataclasses.replace(
-            config.data.train, days=(plan.train[0], plan.eval_day), require_complete=True
+            source, days=(plan.train[0], plan.eval_day), require_complete=True
         ),
+        generate=None,
         holdout=HoldoutConfig(day=plan.eval_day),
     )
     metrics = tuple(config.eval.metrics) + tuple(

@@ -3,6 +3,7 @@
 ::
 
     lock <run.dir>/retrain.lock ──(held)──► exit 5 LOCKED
+      [data.generate: generate its days unless there]
       scan day=*/ folders ─► plan_days ──(no new complete day)──► exit 3 NOTHING_NEW
       train candidate from CURRENT (attempts/<id>/), score both on the newest day
       guard ──(fails)──► record the attempt, CURRENT unchanged ──► exit 4 REJECTED
@@ -23,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daskhps.config import RunConfig
-from daskhps.errors import ConfigError
 from daskhps.retrain.codes import ExitCode
-from daskhps.retrain.days import DayPlan, plan_days, scan_days
+from daskhps.retrain.days import Day, DayPlan, plan_days, scan_days
 from daskhps.retrain.errors import VersionNotFoundError
 from daskhps.retrain.guard import judge
 from daskhps.retrain.lock import RetrainLock
@@ -60,6 +60,21 @@ def _fmt(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {metrics[k]:.5f}" for k in ("auc", "logloss") if k in metrics)
 
 
+def _days(config: RunConfig, dry_run: bool, progress: bool) -> list[Day]:
+    """The day partitions of the run's logs: ``data.train.paths``, or ``data.generate.out``
+    once its days are generated there (as ``train`` does; a dry run writes nothing and counts
+    the days it would generate as complete)."""
+    gen = config.data.generate
+    if gen is None:
+        assert config.data.train is not None
+        return scan_days(list(config.data.train.paths))
+    if dry_run and not gen.ready():
+        return [Day(day, (), True) for day in gen.generator.day_names()]
+    gen.ensure(progress=progress)
+    wanted = set(gen.generator.day_names())  # not days of a longer generation before
+    return [d for d in scan_days([gen.out]) if d.day in wanted]
+
+
 def retrain(
     config: RunConfig,
     *,
@@ -69,21 +84,19 @@ def retrain(
 ) -> Outcome:
     """Train on the new complete days and publish the candidate if the guard holds.
 
-    ``dry_run`` stops after choosing the days (exit code 0 when there is work, 3 when not).
+    The days come from ``data.train.paths``, or from ``data.generate`` (generated first, as
+    ``daskhps train`` does; raise ``data.generate.days`` to add one). ``dry_run`` stops after
+    choosing the days (exit code 0 when there is work, 3 when not).
     """
     from daskhps.retrain.candidate import train_candidate
 
     say = echo or (lambda message: log.info("%s", message))
-    if config.data.train is None:
-        raise ConfigError(
-            f"{config.source}: data.train: daskhps retrain needs data.train.paths (the folder "
-            "of the day=YYYY-MM-DD/ partitions), not data.generate"
-        )
     run_dir = Path(config.run.dir)
     with RetrainLock(run_dir):
         registry = registry_of(config)
         current = registry.current()
-        days = scan_days(list(config.data.train.paths))
+        shown = (not config.run.quiet) if progress is None else progress
+        days = _days(config, dry_run, shown)
         plan = plan_days(
             days, current.trained_through if current else None, registry.seen_through()
         )

@@ -7,12 +7,17 @@
                         -> logits[B]; probability = sigmoid(logit)
       keys.npy          int64[n]     every key stored at the version's commit, rank by rank
       embeddings.npy    float32[n, S]  the model's columns of each key's row (no optimizer state)
-      export.json       model, commit, layout (fields in order, dims), how to treat unseen keys
+      export.json       model, commit, layout (fields in order, dims), and everything needed
+                        to go from a raw log row to the inputs: the schema, each dense field's
+                        clip/transform/fill, the key hash (hps64, constants, per-field salts),
+                        and the initial value of a key the dump lacks
 
 ``sparse[b, f]`` is the row of the key of field ``f`` of example ``b`` (multi-hot fields: the
 sum or mean of their rows, as the field's pooling says). Keys are daskhps's ``hps64`` hashes of
 (field, value). A key missing from the dump was never trained: daskhps gives it its initial
-value ``init_embedding(key, seed, dim, scale)`` (``export.json`` records the parameters).
+value ``init_embedding(key, seed, dim, scale)``. ``export.json`` writes each of these out
+(definitions and constants; daskhps.data.describe), so a serving stack can be written from
+it alone (docs/serving.md).
 
 Tracing, not scripting: the built-in models validate their inputs with Python f-strings and
 daskhps errors, which ``torch.jit.script`` rejects; their forward has no data-dependent control
@@ -34,9 +39,12 @@ import numpy as np
 import torch
 
 from daskhps import __version__
+from daskhps.data.describe import features
+from daskhps.data.hashing import hash_spec
 from daskhps.errors import StoreExistsError
 from daskhps.serve.stores import ShardedStores, check_stores
 from daskhps.serve.version import Servable
+from daskhps.table.init import init_spec
 
 __all__ = ["EMBEDDINGS", "KEYS", "META", "MODEL", "ExportResult", "export_model"]
 
@@ -137,11 +145,11 @@ def export_model(
         },
         "output": "logits[B]; probability = sigmoid(logit)",
         "keys": total,
+        "features": features(schema),
+        "key_hash": hash_spec(),
         "unseen_keys": {
             "rule": "init_embedding(key, seed, dim, scale) of daskhps.table.init",
-            "seed": spec.seed,
-            "dim": spec.dim,
-            "scale": spec.scale,
+            **init_spec(spec.seed, spec.dim, spec.scale),
         },
         "files": {"model": MODEL, "keys": KEYS, "embeddings": EMBEDDINGS},
     }

@@ -9,9 +9,11 @@ multiply, so every device gives the same bits. Golden vectors in the tests pin t
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-__all__ = ["init_embedding", "mix64"]
+__all__ = ["init_embedding", "init_spec", "mix64"]
 
 _U64 = 1 << 64
 
@@ -38,6 +40,28 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     x = x ^ _lsr(x, 27)
     x = x * _C2
     return x ^ _lsr(x, 31)
+
+
+def init_spec(seed: int, dim: int, scale: float) -> dict[str, Any]:
+    """:func:`init_embedding` written out for an implementation outside daskhps."""
+    return {
+        "seed": seed,
+        "dim": dim,
+        "scale": scale,
+        "definition": [
+            "arithmetic on unsigned 64-bit integers, wrapping; >> is a logical shift",
+            "mix64(x): x ^= x >> 30; x *= C1; x ^= x >> 27; x *= C2; x ^= x >> 31",
+            "base = mix64(key XOR mix64(seed mod 2**64))",
+            "for j in 1 .. ceil(dim / 2): h_j = mix64(base + j * GAMMA)",
+            "u = [h_1 >> 40, (h_1 >> 16) AND 0xFFFFFF, h_2 >> 40, ...][:dim]  (24-bit integers)",
+            "row = (float32(u) * 2**-23 - 1) * float32(scale)  (float32 arithmetic)",
+        ],
+        "constants": {
+            "C1": f"0x{_C1 % _U64:016x}",
+            "C2": f"0x{_C2 % _U64:016x}",
+            "GAMMA": f"0x{_GAMMA % _U64:016x}",
+        },
+    }
 
 
 def init_embedding(keys: torch.Tensor, *, seed: int, dim: int, scale: float) -> torch.Tensor:

@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Position:
-    """Where the run stands once a pass is done: ``passes_done`` passes of ``total_passes``,
-    the last of them pass ``pass_index`` of epoch ``epoch``, ``step`` optimizer steps taken."""
+    """Where the run stands once a pass is done: ``passes_done`` passes of ``total_passes``
+    (the pass just done is pass ``passes_done`` of the run), the last of them pass
+    ``pass_index`` of epoch ``epoch`` (both counted from 1), ``step`` optimizer steps taken."""
 
     passes_done: int
     total_passes: int
@@ -108,7 +109,8 @@ class Checkpointer:
                 rng=[d["rng"] for d in dense],
                 state={
                     "epoch": pos.epoch,
-                    "pass": pos.pass_index,
+                    "pass": pos.passes_done,  # the pass numbers of metrics.jsonl
+                    "pass_in_epoch": pos.pass_index,
                     "passes_done": pos.passes_done,
                     "step": pos.step,
                     "record": record,
@@ -156,7 +158,8 @@ class Checkpointer:
             "kind": kind,
             "passes_done": pos.passes_done,
             "epoch": pos.epoch,
-            "pass": pos.pass_index,
+            "pass": pos.passes_done,
+            "pass_in_epoch": pos.pass_index,
             "step": pos.step,
             "commit": checkpoint_name(pos.passes_done),
             "stores_dir": str(self.stores_dir.resolve()),

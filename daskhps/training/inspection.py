@@ -76,8 +76,9 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
         "name": ckpt.name,
         "kind": ckpt.kind,
         "created": m.get("created"),
-        "passes_done": ckpt.passes_done,
+        "passes_done": ckpt.passes_done,  # = the pass number (from 1) of the last pass done
         "epoch": m.get("epoch"),
+        "pass_in_epoch": m.get("pass_in_epoch"),
         "step": ckpt.step,
         "days": m.get("days", []),
         "metrics": ckpt.metrics,
@@ -185,8 +186,11 @@ def render(info: dict[str, Any]) -> str:
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in c["metrics"].items() if k != "examples")
         days = c["days"]
         day_text = f"{days[0]}..{days[-1]}" if len(days) > 1 else (days[0] if days else "-")
+        # pass-000004 is taken after pass 4 (passes count from 1 over the run, as in
+        # metrics.jsonl); checkpoints before pass_in_epoch was recorded counted epochs from 0
+        epoch = f" (epoch {c['epoch']})" if c.get("pass_in_epoch") is not None else ""
         lines += [
-            f"{c['name']} ({c['kind']}, {c['created']}): {c['passes_done']} passes, "
+            f"{c['name']} ({c['kind']}, {c['created']}): after pass {c['passes_done']}{epoch}, "
             f"step {c['step']}, days {day_text}",
             f"  daskhps {c['daskhps_version']}, format {c['format']}; model {c['model']}, "
             f"table {c['table']['name']} dim {c['table']['dim']} ({c['table']['optimizer']}), "

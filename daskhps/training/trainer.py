@@ -48,7 +48,7 @@ from daskhps.monitor import announce_pass
 from daskhps.monitor.progress import BatchProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
-from daskhps.table import StageReport
+from daskhps.table import StageReport, TableSpec
 from daskhps.training import resume as resuming
 from daskhps.training import rundir, worker
 from daskhps.training.checkpoint import (
@@ -183,17 +183,94 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------
 
-    def _start_cluster(self) -> ClusterHandle:
+    # Each component the run builds from the config comes from one of these methods, so a test
+    # can check without a cluster that every key reaches its component (and none is lost).
+
+    def _cluster_args(self) -> dict[str, Any]:
+        """The arguments of :func:`start_cluster` (``cluster.*``)."""
         c = self.config.cluster
-        return start_cluster(
-            address=c.address,
-            n_workers=c.n_workers if c.address is None else None,
-            threads_per_worker=c.threads_per_worker,
-            memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
-            processes=c.processes,
-            gpus=c.gpu if c.gpu in (True, False, "auto") else "auto",  # type: ignore[arg-type]
-            dashboard_address=c.dashboard_address,
+        return {
+            "address": c.address,
+            "n_workers": c.n_workers if c.address is None else None,
+            "threads_per_worker": c.threads_per_worker,
+            "memory_limit": c.memory_limit if c.memory_limit is not None else "auto",
+            "processes": c.processes,
+            "gpus": c.gpu if c.gpu in (True, False, "auto") else "auto",
+            "dashboard_address": c.dashboard_address,
+        }
+
+    def _start_cluster(self) -> ClusterHandle:
+        return start_cluster(**self._cluster_args())
+
+    def _comm_args(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`init_comm` (``cluster.dist_*``)."""
+        c = self.config.cluster
+        return {
+            "backend": None if c.dist_backend == "auto" else c.dist_backend,
+            "timeout_s": c.dist_timeout_s,
+        }
+
+    def _shard_host(self, spec: TableSpec, addresses: list[str]) -> ShardHost:
+        """The worker plugin that holds every rank's shard of ``spec`` (the config's table) in
+        ``self._stores``, tiered as ``table.tiers`` says."""
+        cfg = self.config
+        return ShardHost(
+            [spec],
+            self._stores,
+            addresses,
+            self._sizing(),
+            policy=cfg.table.tiers.policy,  # type: ignore[arg-type]
+            snapshot_every=cfg.table.tiers.snapshot_every,
+            mode="a",
+            commit=self._ckpt.commit if self._ckpt is not None else None,
         )
+
+    def _train_setup(self) -> worker.TrainSetup:
+        """What every rank builds its dense replica from (model, dense optimizer, schema)."""
+        cfg = self.config
+        opt = cfg.dense_optimizer
+        return worker.TrainSetup(
+            run_id=self.run_id,
+            table=cfg.table.name,
+            schema=cfg.data.schema,
+            model=cfg.model,
+            embedding_dim=cfg.table.dim,
+            num_shards=cfg.passes.plan.num_shards,
+            seed=cfg.run.seed,
+            optimizer=opt.kind,
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            grad_clip_norm=opt.grad_clip_norm,
+        )
+
+    def _plan(self, train_log: ClickLog, num_workers: int) -> PassPlan:
+        return build_plan(
+            train_log, self.config.passes.plan, num_workers, seed=self.config.run.seed
+        )
+
+    def _schedule(self, plan: PassPlan) -> list[tuple[int, PassSpec]]:
+        """``(epoch, pass)`` in training order: every pass of the plan, ``passes.epochs`` times."""
+        return [(epoch, spec) for epoch in range(self.config.passes.epochs) for spec in plan.passes]
+
+    def _pass_info(self, spec: PassSpec, step: int, total_steps: int) -> dict[str, Any]:
+        """What every rank's mini-batch loop gets for one pass: batch size and learning rates."""
+        opt = self.config.dense_optimizer
+        return {
+            "batch_size": self.config.passes.plan.global_batch_size,
+            "num_batches": spec.num_batches,
+            "num_examples": spec.num_examples,
+            "lr": [opt.lr * opt.lr_factor(step + b, total_steps) for b in range(spec.num_batches)],
+        }
+
+    def _holdout_batch_size(self, num_workers: int) -> int:
+        """Holdout rows per evaluation step over all workers (``eval.batch_size`` each)."""
+        return self.config.eval.batch_size * num_workers
+
+    def _evaluates_each_pass(self, holdout: dict | None) -> bool:
+        return holdout is not None and self.config.eval.every_pass
+
+    def _score(self, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
+        return evaluate_predictions(pred, label, self.config.eval.metrics)
 
     def _sizing(self) -> TierSizing:
         tiers = self.config.table.tiers
@@ -313,21 +390,8 @@ class Trainer:
             client = handle.client
             spec = cfg.table_spec()
             self._stores = self._stores_dir(len(addresses))
-            host = ShardHost(
-                [spec],
-                self._stores,
-                addresses,
-                self._sizing(),
-                policy=cfg.table.tiers.policy,  # type: ignore[arg-type]
-                mode="a",
-                commit=self._ckpt.commit if self._ckpt is not None else None,
-            )
-            group = init_comm(
-                client,
-                addresses,
-                backend=None if cfg.cluster.dist_backend == "auto" else cfg.cluster.dist_backend,
-                timeout_s=cfg.cluster.dist_timeout_s,
-            )
+            host = self._shard_host(spec, addresses)
+            group = init_comm(client, addresses, **self._comm_args())
             try:
                 open_shards(client, host)
                 self._train(client, group, addresses, logs, result)
@@ -384,7 +448,7 @@ class Trainer:
         table = cfg.table.name
         train_log, holdout_log = logs
         train_log = train_log.persist()
-        plan = build_plan(train_log, cfg.passes.plan, W, seed=cfg.run.seed)
+        plan = self._plan(train_log, W)
         fingerprint = resuming.plan_fingerprint(
             plan.files, plan.partition_lengths, len(plan.passes)
         )
@@ -398,22 +462,8 @@ class Trainer:
         bad_by_pass = _bad_rows_by_pass(report.by_shard(), plan)
         holdout = self._place_holdout(client, holdout_log, addresses) if holdout_log else None
         shard_map = ShardMap(cfg.passes.plan.num_shards, W)
-        opt = cfg.dense_optimizer
-        setup = worker.TrainSetup(
-            run_id=self.run_id,
-            table=table,
-            schema=cfg.data.schema,
-            model=cfg.model,
-            embedding_dim=cfg.table.dim,
-            num_shards=shard_map.num_shards,
-            seed=cfg.run.seed,
-            optimizer=opt.kind,
-            lr=opt.lr,
-            weight_decay=opt.weight_decay,
-            grad_clip_norm=opt.grad_clip_norm,
-        )
-        group.run(worker.setup_trainer, setup, what="build dense replicas")
-        schedule = [(epoch, spec) for epoch in range(cfg.passes.epochs) for spec in plan.passes]
+        group.run(worker.setup_trainer, self._train_setup(), what="build dense replicas")
+        schedule = self._schedule(plan)
         total_steps = sum(spec.num_batches for _, spec in schedule)
         done = ckpt.passes_done if ckpt is not None and resumed else 0
         metrics_path = self.run_dir / "metrics.jsonl"
@@ -488,8 +538,10 @@ class Trainer:
                     if pipelined and has_next
                     else None
                 )
+                # Passes are numbered from 1 over the whole schedule, wherever a user reads them:
+                # the bar, metrics.jsonl, the report, the dashboard, the checkpoint names.
                 bar.set_description(f"pass {i + 1}/{len(schedule)}")
-                announce_pass(client, addresses, spec.index)  # the dashboard's pass column
+                announce_pass(client, addresses, i + 1)  # the dashboard's pass column
                 if batches is not None:
                     batches.start_pass()
                 rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
@@ -497,7 +549,7 @@ class Trainer:
                     upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
                 # skipped rows are counted when their file is first read: in the first epoch
                 skipped = bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
-                rec.update(epoch=epoch, bad_rows_skipped=skipped)
+                rec.update(epoch=epoch + 1, bad_rows_skipped=skipped)
                 step += spec.num_batches
                 if batches is not None:
                     batches.end_pass(spec.num_batches)
@@ -507,7 +559,7 @@ class Trainer:
                 result.passes.append(rec)
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
-                pos = Position(i + 1, len(schedule), epoch, spec.index, step)
+                pos = Position(i + 1, len(schedule), epoch + 1, spec.index + 1, step)
                 if checkpointer.due(pos):
                     checkpointer.take(pos, rec)
                     self._first_checkpoint_done()
@@ -530,7 +582,7 @@ class Trainer:
         lengths = holdout.frame.map_partitions(len).compute().tolist()
         n = int(sum(lengths))
         W = len(addresses)
-        bs = self.config.eval.batch_size * W
+        bs = self._holdout_batch_size(W)
         routed = route_examples(
             holdout.frame, lengths, 0, n, batch_size=bs, num_workers=W, order=None
         )
@@ -581,14 +633,8 @@ class Trainer:
         cfg = self.config
         table = cfg.table.name
         spec = prepared.spec
-        B = cfg.passes.plan.global_batch_size
-        opt = cfg.dense_optimizer
-        info = {
-            "batch_size": B,
-            "num_batches": spec.num_batches,
-            "num_examples": spec.num_examples,
-            "lr": [opt.lr * opt.lr_factor(step + b, total_steps) for b in range(spec.num_batches)],
-        }
+        info = self._pass_info(spec, step, total_steps)
+        B = info["batch_size"]
         seconds = dict(prepared.seconds)
         t = time.perf_counter()
         disarm = kill_when_running(
@@ -616,7 +662,8 @@ class Trainer:
         loss_sum = sum(o["loss_sum"] for o in outs)
         reports = prepared.reports
         rec: dict[str, Any] = {
-            "pass": spec.index,
+            "pass": prepared.position + 1,  # in the run's schedule, from 1 (passes done after it)
+            "pass_in_epoch": spec.index + 1,  # in the epoch's plan, from 1
             "examples": spec.num_examples,
             "examples_per_s": spec.num_examples / train_s if train_s else 0.0,
             "train_loss": loss_sum / spec.num_examples,
@@ -630,7 +677,8 @@ class Trainer:
                 k: max(o["seconds"].get(k, 0.0) for o in outs) for k in outs[0]["seconds"]
             },
         }
-        if holdout is not None and cfg.eval.every_pass:
+        if self._evaluates_each_pass(holdout):
+            assert holdout is not None
             t = time.perf_counter()
             rec["eval"] = self._evaluate(ctx.group, holdout)
             seconds["eval"] = time.perf_counter() - t
@@ -650,7 +698,7 @@ class Trainer:
         )
         pred = np.concatenate([o[0] for o in outs])
         label = np.concatenate([o[1] for o in outs])
-        return evaluate_predictions(pred, label, self.config.eval.metrics)
+        return self._score(pred, label)
 
     def _summary(self, result: RunResult) -> dict[str, Any]:
         return {

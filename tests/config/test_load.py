@@ -114,6 +114,25 @@ def test_schema_file_beside_config(tmp_path: Path) -> None:
     assert again == cfg
 
 
+def test_builtin_schema_name_is_not_shadowed_by_a_folder(tmp_path: Path) -> None:
+    # A `criteo/` folder of logs beside the config is common; the name stays the builtin.
+    (tmp_path / "criteo" / "day=2024-01-01").mkdir(parents=True)
+    cfg = load(tmp_path, "data: {train: {paths: criteo}, schema: criteo}\n")
+    assert cfg.data.schema == criteo_schema()
+
+
+def test_schema_value_that_looks_like_a_file_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "schemas").mkdir()
+    write(tmp_path / "schemas", "name: mine\nformat: csv\nheader: true\nlabel: y\n"
+          "categorical: [a]\n", "criteo")  # fmt: skip
+    cfg = load(tmp_path, "data: {train: {paths: logs}, schema: schemas/criteo}\n")
+    assert cfg.data.schema.name == "mine"
+    write(tmp_path, "name: yml\nformat: csv\nheader: true\nlabel: y\ncategorical: [a]\n",
+          "criteo.yml")  # fmt: skip
+    cfg = load(tmp_path, "data: {train: {paths: logs}, schema: criteo.yml}\n")
+    assert cfg.data.schema.name == "yml"
+
+
 def test_train_source_carries_schema_and_policy(tmp_path: Path) -> None:
     cfg = load(tmp_path, "data: {train: {paths: [a, b], days: [2024-01-01, 2024-01-03]}, "
                          "bad_rows: fail}\n")  # fmt: skip

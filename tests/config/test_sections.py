@@ -29,6 +29,23 @@ def test_generate_then_reuse(tmp_path: Path) -> None:
         other.data.generate.ready()
 
 
+def test_more_generated_days_extend_the_same_logs(tmp_path: Path) -> None:
+    # daskhps retrain gets a new day by raising data.generate.days
+    out = tmp_path / "logs"
+    text = "data:\n  generate: {{out: {out}, days: {days}, rows_per_day: 50}}\n"
+    two = load(tmp_path, text.format(out=out, days=2)).data.generate
+    assert two is not None and two.ensure(scheduler="sync") is True
+    first = {p.relative_to(out): p.read_bytes() for p in out.glob("day=*/part-*")}
+    three = load(tmp_path, text.format(out=out, days=3)).data.generate
+    assert three is not None and not three.ready()
+    assert three.ensure(scheduler="sync") is True and three.ready()
+    assert sorted(p.name for p in out.glob("day=*")) == [f"day=2024-01-0{d}" for d in (1, 2, 3)]
+    assert all(
+        p.read_bytes() == first[p.relative_to(out)] for p in out.glob("day=2024-01-0[12]/part-*")
+    )  # the earlier days as they were
+    assert two.ready()  # fewer days: those days are there, complete
+
+
 def test_generation_json_unreadable_means_regenerate(tmp_path: Path) -> None:
     cfg = load(tmp_path, f"data:\n  generate: {{out: {tmp_path}, rows_per_day: 10}}\n")
     (tmp_path / "generation.json").write_text(json.dumps({"nope": 1}))

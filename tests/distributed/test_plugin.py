@@ -103,3 +103,31 @@ def test_worker_outside_the_ranks_holds_nothing(tmp_path):
 def test_table_names_must_be_unique(tmp_path):
     with pytest.raises(ClusterError, match="unique"):
         ShardHost([SMALL, SMALL], tmp_path, ["a"], TierSizing(device_rows=1))
+
+
+def _snapshot_commits(host: ShardHost, table: str, commits: int) -> list[int]:
+    """Which of ``commits`` commits (each updating a few rows) wrote a full index snapshot."""
+    host.stage(table, torch.arange(100))
+    out = []
+    for i in range(commits):
+        host.apply_gradients(table, torch.arange(i, i + 2), torch.ones(2, 4))
+        host.commit(f"c{i}")
+        with host.locked(table) as t:
+            out += [i] if t.commits()[-1].snapshot else []
+    return out
+
+
+def test_stores_take_snapshot_every(tmp_path):
+    default = ShardHost([SMALL], tmp_path / "a", ["tcp://w:0"], TierSizing(device_rows=200))
+    every2 = ShardHost(
+        [SMALL], tmp_path / "b", ["tcp://w:0"], TierSizing(device_rows=200), snapshot_every=2
+    )
+    got = []
+    for host in (default, every2):
+        host.setup(_worker("tcp://w:0"))
+        host.open()
+        try:
+            got.append(_snapshot_commits(host, "small", 8))
+        finally:
+            host.teardown(_worker("tcp://w:0"))
+    assert got == [[7], [1, 3, 5, 7]]  # every 8th commit by default, every 2nd when asked

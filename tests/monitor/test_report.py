@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _record(i: int, *, auc: bool = True) -> dict[str, Any]:
     rec: dict[str, Any] = {
-        "pass": i,
-        "epoch": 0,
+        "pass": i + 1,  # as the trainer numbers them: from 1
+        "epoch": 1,
+        "pass_in_epoch": i + 1,
         "examples": 1000,
         "examples_per_s": 20000.0 + 1000 * i,
         "train_loss": 0.6 - 0.05 * i,
@@ -78,6 +79,19 @@ def test_report_has_every_plot_as_png_and_inline(tmp_path):
     assert "ceiling AUC</th><td>0.8000" in text
 
 
+def test_plots_and_table_number_passes_as_the_records_do(tmp_path):
+    # a resumed two-epoch run's records: pass numbers from 1 over the run, not per epoch
+    records = [{**_record(i), "epoch": 1 + i // 2, "pass_in_epoch": 1 + i % 2} for i in range(4)]
+    run = _run_dir(tmp_path, records)
+    loaded = load_run(run)
+    assert list(PLOTS["auc"](loaded).axes[0].lines[0].get_xdata()) == [1, 2, 3, 4]
+    bars = PLOTS["throughput"](loaded).axes[0].patches
+    assert [round(b.get_x() + b.get_width() / 2) for b in bars] == [1, 2, 3, 4]
+    table = write_report(run).read_text().split("<h2>Passes</h2>")[1]
+    cells = re.findall(r"<tr><td>(\d+)</td><td>(\d+)</td>", table)
+    assert cells == [("1", "1"), ("2", "1"), ("3", "2"), ("4", "2")]
+
+
 def test_without_evaluation_there_is_no_auc_plot(tmp_path):
     run = _run_dir(tmp_path, [_record(i, auc=False) for i in range(2)])
     page = write_report(run, tmp_path / "elsewhere")
@@ -92,8 +106,8 @@ def test_without_evaluation_there_is_no_auc_plot(tmp_path):
     [
         (None, "no such run directory"),
         ("", "no pass has finished yet"),
-        ('{"pass": 0, "train_loss": 0.5}\n{"pass": 1, "train_lo', "line 2 is not JSON"),
-        ('{"pass": 0}\n', "line 1 is not a pass record"),
+        ('{"pass": 1, "train_loss": 0.5}\n{"pass": 2, "train_lo', "line 2 is not JSON"),
+        ('{"pass": 1}\n', "line 1 is not a pass record"),
     ],
 )
 def test_bad_run_directories_name_the_file_and_line(tmp_path, content, message):

@@ -87,13 +87,17 @@ def test_versions_listing_when_empty(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "(none published)" in capsys.readouterr().out
 
 
-def test_generated_logs_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_of_generated_logs_names_their_days_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = tmp_path / "gen.yaml"
-    cfg.write_text(
-        yaml.safe_dump({"run": {"dir": str(tmp_path / "run")}, "data": {"generate": {}}})
-    )
-    assert main(["retrain", str(cfg)]) == ExitCode.BAD_CONFIG == 2
-    assert "needs data.train.paths" in capsys.readouterr().err
+    out = tmp_path / "gen"
+    d = {"run": {"dir": str(tmp_path / "run")}, "data": {"generate": {"out": str(out), "days": 3}}}
+    cfg.write_text(yaml.safe_dump(d))
+    assert main(["retrain", str(cfg), "--dry-run"]) == ExitCode.PUBLISHED
+    said = capsys.readouterr().out
+    assert "would train on 2024-01-01, 2024-01-02 from scratch" in said
+    assert "score on 2024-01-03" in said and not out.exists()
 
 
 def test_missing_log_folder_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ from daskhps.table.init import init_embedding
 from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.trainer import Trainer
+from tests.serve import standalone
 from tests.serve.helpers import bits, reference_rows, tree_state
 
 pytestmark = pytest.mark.slow
@@ -315,6 +316,34 @@ def test_export_reproduces_predictions_outside_daskhps(
     # a second export into the same folder is refused with one clear line
     assert main(["export", "--model", str(run["cfg"].run.dir), "--out", str(out)]) == 1
     assert "already holds an export" in capsys.readouterr().err
+
+
+def test_export_json_alone_serves_raw_log_rows(run: dict[str, Any]) -> None:
+    """A serving stack written from export.json alone (tests/serve/standalone.py: no daskhps
+    import) turns the raw holdout lines into keys, dense values and rows, and the TorchScript
+    model gives daskhps's predictions."""
+    s, frame = run["servable"], run["frame"]
+    out = run["tmp"] / "export-standalone"
+    export_model(s, out)
+    meta = json.loads((out / META).read_text())
+    lines = [line for f in run["holdout"] for line in Path(f).read_text().splitlines()]
+    assert len(lines) == len(frame)  # no bad rows: raw line i is frame row i
+    n = 300  # a pure-Python hash: enough rows to meet missing cells and unseen keys
+    inputs = standalone.Inputs(meta)
+    rows = inputs.cells(lines[:n])
+    keys, dense = inputs.keys(rows), inputs.dense(rows)
+    schema = s.config.data.schema
+    assert np.array_equal(keys, frame[list(schema.categorical_names)].to_numpy(np.int64)[:n])
+    assert np.array_equal(dense, frame[list(schema.dense_names)].to_numpy(np.float32)[:n])
+    seen = np.isin(keys, np.load(out / meta["files"]["keys"]))
+    assert seen.any() and not seen.all()  # both dumped rows and initial rows are used
+    sparse = standalone.sparse_input(out, meta, keys)
+    with pytest.warns(DeprecationWarning):
+        model = torch.jit.load(str(out / meta["files"]["model"]))
+    with torch.no_grad():
+        logits = model(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
+    prob = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    assert np.abs(prob - run["reference"][:n]).max() < 1e-6
 
 
 def test_refresh_from_one_checkpoint_of_the_run_to_the_next(run: dict[str, Any]) -> None:

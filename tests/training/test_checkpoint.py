@@ -52,7 +52,7 @@ def _write(run_dir: Path, passes_done: int, seed: int = 0) -> Checkpoint:
         model=model.state_dict(),
         optimizer=opt.state_dict(),
         rng=[torch.get_rng_state()],
-        state={"epoch": 0, "pass": passes_done - 1, "step": 10 * passes_done},
+        state={"epoch": 1, "pass": passes_done, "step": 10 * passes_done},
     )
     return ck.finish_checkpoint(
         folder,

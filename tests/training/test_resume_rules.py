@@ -117,9 +117,9 @@ def test_changed_input_is_refused(tmp_path: Path) -> None:
 
 def test_metrics_after_the_checkpoint_are_dropped(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"pass": i}) + "\n" for i in range(4)))
-    assert restore_metrics(path, 2) == [{"pass": 0}, {"pass": 1}]
-    assert path.read_text().splitlines() == ['{"pass": 0}', '{"pass": 1}']
+    path.write_text("".join(json.dumps({"pass": n}) + "\n" for n in range(1, 5)))
+    assert restore_metrics(path, 2) == [{"pass": 1}, {"pass": 2}]  # passes 1 and 2 done
+    assert path.read_text().splitlines() == ['{"pass": 1}', '{"pass": 2}']
 
 
 @pytest.mark.parametrize("old,new", [(1, 3), (3, 2)])

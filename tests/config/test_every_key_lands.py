@@ -1,0 +1,752 @@
+"""Every documented config key reaches the component it configures.
+
+``LANDINGS`` is the reviewed table of where each key of the reference (daskhps.config.reference,
+docs/configuration.md) lands: the overrides that give it a non-default value and a probe that
+observes it in the component the run builds from the config — the objects the trainer makes
+(its ShardHost opened on a stand-in worker, the dense-replica setup it hands to the workers,
+the pass plan and schedule, the cluster and collective arguments), the click-log reader, the
+log generator, the checkpointer, the capacity check and the publish guard. Each case observes
+the base config and the variant: the variant must change what the component does (and match
+``expect`` where one is given). A key of the reference without a row here fails
+``test_every_reference_key_has_a_landing``, so a new key cannot be silently ignored.
+
+No cluster: what only workers consume is checked on the object handed to them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import dask.threaded
+import numpy as np
+import pytest
+import torch
+
+from daskhps._yaml import dump_yaml, parse_scalar
+from daskhps.capacity import check_fits
+from daskhps.config import RunConfig
+from daskhps.config.reference import DOCS, defaults
+from daskhps.data.backend import cudf_available
+from daskhps.data.schema import criteo_schema
+from daskhps.data.source import day_of
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.errors import ConfigError, DataError
+from daskhps.passes import plan_owner_keys
+from daskhps.retrain.guard import judge
+from daskhps.sharding import ShardMap
+from daskhps.training import checkpoint as ck
+from daskhps.training.checkpointer import Checkpointer, Position
+from daskhps.training.holdout import read_train_and_holdout
+from daskhps.training.trainer import Trainer
+
+ADDRESSES = ["tcp://w:0", "tcp://w:1"]
+GiB = 1 << 30
+CHANGED = object()  # expect: anything but what the base config gives
+
+# Keys whose value is a mapping of other keys: they land where their keys land.
+SECTIONS = {
+    "data.train": "data.train.paths",
+    "data.generate": "data.generate.days",
+    "data.bad_rows": "data.bad_rows.action",
+    "data.holdout": "data.holdout.day",
+    "table.optimizer": "table.optimizer.kind",
+    "table.tiers": "table.tiers.policy",
+    "table.tiers.device": "table.tiers.device.rows",
+    "table.tiers.host": "table.tiers.host.fraction",
+}
+
+
+# -- what a config builds ----------------------------------------------------------------
+
+
+class Built:
+    """The components a run builds from ``cfg``, each made on first use (as the run makes it)."""
+
+    def __init__(self, cfg: RunConfig, tmp: Path) -> None:
+        self.cfg = cfg
+        self.tmp = tmp
+        self.trainer = Trainer(cfg, progress=False)
+        self._close: list[Callable[[], None]] = []
+
+    def close(self) -> None:
+        for fn in reversed(self._close):
+            fn()
+
+    @cached_property
+    def logs(self) -> Any:
+        data = self.cfg.data  # Trainer.run reads exactly this (before the cluster starts)
+        return read_train_and_holdout(data.source, data.holdout, data.backend)
+
+    @cached_property
+    def plan(self) -> Any:
+        return self.trainer._plan(self.logs[0], len(ADDRESSES))
+
+    @cached_property
+    def setup(self) -> Any:
+        return self.trainer._train_setup()  # handed to every rank's dense replica
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        s = self.setup  # built on each rank exactly so (daskhps.training.worker._Replica)
+        return s.model.build(
+            num_dense=len(s.schema.dense_names),
+            num_fields=len(s.schema.categorical_names),
+            embedding_dim=s.embedding_dim,
+        )
+
+    @cached_property
+    def host(self) -> Any:
+        """The trainer's ShardHost, set up and opened on a stand-in for rank 0's worker."""
+        host = self.trainer._shard_host(self.cfg.table_spec(), ADDRESSES)  # as Trainer.run
+        limit = self.trainer._cluster_args()["memory_limit"]
+        worker = SimpleNamespace(
+            address=ADDRESSES[0],
+            memory_manager=SimpleNamespace(memory_limit=limit if isinstance(limit, int) else GiB),
+        )
+        host.setup(worker)
+        self._close.append(lambda: host.teardown(worker))
+        host.open()
+        return host
+
+    @cached_property
+    def table(self) -> Any:
+        (name,) = self.host.tables
+        return self.host.tables[name]
+
+    @cached_property
+    def generated(self) -> Path:
+        """Where ``data.generate`` put its logs (Trainer.run calls ``ensure`` so)."""
+        gen = self.cfg.data.generate
+        assert gen is not None
+        gen.ensure()
+        (meta,) = self.tmp.rglob("generation.json")
+        return meta.parent
+
+    @cached_property
+    def checkpointer(self) -> Checkpointer:
+        t = self.trainer
+        return Checkpointer(self.cfg, t.run_dir, None, None, [], t.run_id, t._stores)
+
+
+# -- probes: what each component shows of its settings -------------------------------------
+
+
+def _rounded(t: torch.Tensor) -> tuple[float, ...]:
+    return tuple(np.round(t.detach().cpu().numpy().ravel().astype(float), 5))
+
+
+def train_days(b: Built) -> list[str | None]:
+    return sorted({day_of(f) for f in b.logs[0].files})
+
+
+def train_folders(b: Built) -> list[str]:
+    return sorted({Path(f).parent.parent.name for f in b.logs[0].files})
+
+
+def bad_row_outcome(b: Built) -> str:
+    try:
+        return f"skipped {b.logs[0].compute_report().total}"
+    except DataError:
+        return "refused"
+
+
+def holdout_days(b: Built) -> list[str | None] | None:
+    held = b.logs[1]
+    return None if held is None else sorted({day_of(f) for f in held.files})
+
+
+def holdout_share(b: Built) -> float | None:
+    held = b.logs[1]
+    if held is None:
+        return None
+    n_held, n_train = len(held.frame), len(b.logs[0].frame)
+    return round(n_held / (n_held + n_train), 1)
+
+
+def holdout_rows(b: Built) -> str | None:
+    held = b.logs[1]
+    if held is None:
+        return None
+    frame = held.frame.compute()
+    return hashlib.sha256(frame.to_csv().encode()).hexdigest()
+
+
+def reader_backend(b: Built) -> str:
+    try:
+        return b.logs[0].backend
+    except ConfigError as e:
+        return "refused: " + str(e).split(":")[0]
+
+
+def schema_names(b: Built) -> tuple[str, str]:
+    return b.logs[0].schema.name, b.setup.schema.name
+
+
+def generated_at(b: Built) -> str:
+    return str(b.generated)
+
+
+def generated_days(b: Built) -> list[str]:
+    return sorted(p.name for p in b.generated.glob("day=*"))
+
+
+def generated_parts(b: Built) -> list[str]:
+    return sorted(p.name for p in b.generated.glob("day=*/part-*"))
+
+
+def _lines(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).splitlines()
+
+
+def generated_rows(b: Built) -> int:
+    return sum(len(_lines(p)) for p in b.generated.glob("day=*/part-*"))
+
+
+def generated_content(b: Built) -> str:
+    h = hashlib.sha256()
+    for p in sorted(b.generated.glob("day=*/part-*")):
+        h.update(b"".join(_lines(p)))
+    return h.hexdigest()
+
+
+def generator_threads(b: Built) -> list[int]:
+    """Sizes of the Dask thread pools the generator ran on: Dask keeps one per size it was
+    asked for, and uses its shared default pool when no size is given."""
+    for pool in dask.threaded.pools.pop(threading.current_thread(), {}).values():
+        pool.shutdown()
+    b.generated  # noqa: B018 (generates)
+    return sorted(dask.threaded.pools.get(threading.current_thread(), {}))
+
+
+def schedule_epochs(b: Built) -> list[int]:
+    return sorted({epoch for epoch, _ in b.trainer._schedule(b.plan)})
+
+
+def pass_sizes(b: Built) -> list[int]:
+    return [p.num_examples for p in b.plan.passes]
+
+
+def batches(b: Built) -> tuple[int, int]:
+    first = b.plan.passes[0]
+    return b.trainer._pass_info(first, 0, 100)["batch_size"], first.num_batches
+
+
+def shuffled(b: Built) -> list[bool]:
+    return [p.shuffled for p in b.plan.passes]
+
+
+def key_shuffle(b: Built) -> list[str]:
+    """The Dask shuffle that routes a pass's keys to their owners (as Trainer._prepare does)."""
+    owned = plan_owner_keys(b.logs[0], b.plan, b.plan.passes[0], ShardMap(64, len(ADDRESSES)))
+    names = {str(k[0] if isinstance(k, tuple) else k) for k in owned.__dask_graph__()}
+    return sorted({n.split("-")[0] for n in names if "shuffle" in n.split("-")[0]})
+
+
+def seeds(b: Built) -> tuple[int, int]:
+    return b.setup.seed, b.plan.seed
+
+
+def table_stores(b: Built) -> tuple[list[str], str]:
+    return sorted(b.host.tables), str(b.host.store_path(next(iter(b.host.tables))).parents[1])
+
+
+def embedding_width(b: Built) -> tuple[int, int]:
+    return b.table.lookup(torch.arange(3), read_only=True).shape[1], b.setup.embedding_dim
+
+
+def initial_rows(b: Built) -> tuple[float, ...]:
+    return _rounded(b.table.lookup(torch.arange(6), read_only=True))
+
+
+def initial_bound(b: Built) -> float:
+    return round(float(b.table.lookup(torch.arange(200), read_only=True).abs().max()), 2)
+
+
+def sparse_updates(b: Built) -> tuple[float, ...]:
+    """Two sparse-optimizer steps with different gradients (Adam's betas need two)."""
+    name = next(iter(b.host.tables))
+    keys = torch.arange(4)
+    b.host.stage(name, keys)
+    before = b.host.lookup(name, keys)
+    dim = before.shape[1]
+    g = torch.linspace(-1.0, 2.0, 4 * dim).reshape(4, dim)
+    b.host.apply_gradients(name, keys, g)
+    b.host.apply_gradients(name, keys, 0.1 - g.flip(1))
+    return _rounded(b.host.lookup(name, keys) - before)
+
+
+def device_rows(b: Built) -> int:
+    return int(b.table.device_cache.capacity_rows)
+
+
+def host_bytes(b: Built) -> int:
+    return 0 if b.table.host is None else int(b.table.host.capacity_bytes)
+
+
+def policies(b: Built) -> tuple[str, str | None]:
+    host = b.table.host
+    return b.table.device_cache.policy, None if host is None else host.policy
+
+
+def snapshot_commits(b: Built) -> list[int]:
+    """Which of 8 commits (each updating a few rows) wrote a full index snapshot."""
+    name = next(iter(b.host.tables))
+    b.host.stage(name, torch.arange(100))
+    dim = b.table.spec.dim
+    out = []
+    for i in range(8):
+        b.host.apply_gradients(name, torch.arange(i, i + 2), torch.ones(2, dim))
+        b.host.commit(f"c{i}")
+        out += [i] if b.table.commits()[-1].snapshot else []
+    return out
+
+
+def sized_keys(b: Built) -> int | None:
+    return check_fits(b.cfg).keys.distinct_keys  # Trainer.run's early check, daskhps plan
+
+
+def model_class(b: Built) -> tuple[str, str]:
+    return b.setup.model.name, type(b.model).__name__
+
+
+def model_params(b: Built) -> int:
+    return sum(p.numel() for p in b.model.parameters())
+
+
+def dense_optimizer(b: Built) -> dict[str, Any]:
+    s = b.setup
+    return {"kind": s.optimizer, "lr": (s.lr, learning_rates(b)[0]),
+            "weight_decay": s.weight_decay, "grad_clip_norm": s.grad_clip_norm}  # fmt: skip
+
+
+def learning_rates(b: Built) -> tuple[float, ...]:
+    spec = b.plan.passes[0]
+    return tuple(round(x, 8) for x in b.trainer._pass_info(spec, 0, 4)["lr"])
+
+
+def cluster_args(b: Built) -> dict[str, Any]:
+    return b.trainer._cluster_args()
+
+
+def comm_args(b: Built) -> dict[str, Any]:
+    return b.trainer._comm_args()
+
+
+def evaluation(b: Built) -> dict[str, Any]:
+    pred = np.array([0.1, 0.8, 0.3, 0.6])
+    label = np.array([0.0, 1.0, 0.0, 1.0])
+    t = b.trainer
+    return {
+        "every_pass": t._evaluates_each_pass({}),  # a placed holdout
+        "batch_size": t._holdout_batch_size(2),
+        "metrics": sorted(t._score(pred, label)),
+    }
+
+
+def checkpoints_due(b: Built) -> list[tuple[int, str]]:
+    c = b.checkpointer
+    return [(n, c.kind(n)) for n in range(1, 9) if c.due(Position(n, 8, 1, n, n))]
+
+
+def checkpoints_kept(b: Built) -> list[str]:
+    """Checkpoint names left after the checkpointer prunes five."""
+    cfg = b.cfg
+    for n in range(1, 6):
+        folder = ck.start_checkpoint(b.trainer.run_dir, ck.checkpoint_name(n))
+        files = ck.write_payload(folder, model={}, optimizer={}, rng=[], state={})
+        fields = {
+            "kind": "base",
+            "passes_done": n,
+            "step": n,
+            "commit": folder.name,
+            "stores_dir": str(b.tmp / "elsewhere" / str(n)),  # none of them is the run's own
+            "num_workers": 2,
+            "num_shards": 64,
+            "table": cfg.table_spec().layout(),
+            "config": cfg.to_dict(),
+        }
+        ck.finish_checkpoint(folder, files, fields)
+    b.checkpointer.prune()
+    return [c.name for c in ck.list_checkpoints(b.trainer.run_dir)]
+
+
+def guard(b: Built) -> tuple[bool, int, int]:
+    """What the publish guard (daskhps retrain: judge(..., config.retrain)) says of a fixed
+    candidate and baseline."""
+    v = judge({"auc": 0.70, "logloss": 0.50}, {"auc": 0.71, "logloss": 0.45}, b.cfg.retrain)
+    return v.publish, len(v.passed), len(v.failed)
+
+
+def progress(b: Built) -> bool:
+    return Trainer(b.cfg).progress  # the terminal progress unless told otherwise
+
+
+def run_identity(b: Built) -> tuple[str, str, str]:
+    t = b.trainer
+    return t.run_id.rsplit("-", 1)[0], b.setup.run_id.rsplit("-", 1)[0], str(t.run_dir)
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Landing:
+    where: str  # the component, in words, for whoever reviews this table
+    probe: Callable[[Built], Any]
+    set: tuple[str, ...]  # overrides giving the key a non-default value (the key among them)
+    expect: Any = CHANGED  # the probe's result on the variant ("{tmp}" is its folder)
+    base: tuple[str, ...] = ()  # overrides of both configs (what the key needs to matter)
+    on: str = "train"  # the base config: "train" (files) or "generate"
+    pick: str | None = None  # compare only this item of a dict result
+
+
+def L(where: str, probe: Callable[[Built], Any], *set_: str, **kw: Any) -> Landing:
+    return Landing(where, probe, tuple(set_), **kw)
+
+
+DEV = "the trainer's ShardHost, opened on rank 0"
+GEN = "the log generator (data.generate.ensure, as Trainer.run calls it)"
+READ = "the click-log reader (read_train_and_holdout, as Trainer.run calls it)"
+CLUSTER = "start_cluster's arguments (Trainer._cluster_args)"
+SETUP = "the dense-replica setup handed to every rank (Trainer._train_setup)"
+OPT = "the sparse optimizer of the table shard"
+# cudf is the non-default reader that can be told apart from auto on a machine without cudf;
+# with cudf, auto picks it, and pandas is the one to ask for.
+BACKEND = "pandas" if cudf_available() else "cudf"
+
+LANDINGS: dict[str, Landing] = {
+    "run.name": L("Trainer.run_id and the workers' run id", run_identity, "run.name=probe"),
+    "run.dir": L("Trainer.run_dir", run_identity, "run.dir={tmp}/there"),
+    "run.seed": L(f"{SETUP} and the pass plan", seeds, "run.seed=7", expect=(7, 7)),
+    "run.quiet": L("the trainer's progress output", progress, "run.quiet=true", expect=False),
+    "data.train.paths": L(READ, train_folders, "data.train.paths={other}", expect=["other"]),
+    "data.train.days": L(
+        READ,
+        train_days,
+        "data.train.days=[2024-01-01, 2024-01-02]",
+        expect=["2024-01-01", "2024-01-02"],
+    ),
+    "data.train.require_complete": L(
+        READ, train_days, "data.train.require_complete=true", expect=["2024-01-01", "2024-01-02"]
+    ),
+    "data.generate.out": L(
+        GEN, generated_at, "data.generate.out={tmp}/gen", on="generate", expect="{tmp}/gen"
+    ),
+    "data.generate.workers": L(
+        GEN, generator_threads, "data.generate.workers=3", on="generate", expect=[3]
+    ),
+    "data.generate.days": L(GEN, generated_days, "data.generate.days=2", on="generate"),
+    "data.generate.rows_per_day": L(
+        GEN, generated_rows, "data.generate.rows_per_day=70", on="generate", expect=70
+    ),
+    "data.generate.parts_per_day": L(
+        GEN, generated_parts, "data.generate.parts_per_day=3", on="generate"
+    ),
+    "data.generate.seed": L(GEN, generated_content, "data.generate.seed=5", on="generate"),
+    "data.generate.start_day": L(
+        GEN,
+        generated_days,
+        "data.generate.start_day=2023-05-06",
+        on="generate",
+        expect=["day=2023-05-06"],
+    ),
+    "data.generate.exponent": L(
+        GEN, generated_content, "data.generate.exponent=2.0", on="generate"
+    ),
+    "data.generate.vocab_scale": L(
+        GEN, generated_content, "data.generate.vocab_scale=0.5", on="generate"
+    ),
+    "data.generate.signal": L(GEN, generated_content, "data.generate.signal=0.0", on="generate"),
+    "data.generate.ctr": L(GEN, generated_content, "data.generate.ctr=0.5", on="generate"),
+    "data.generate.gzip": L(GEN, generated_parts, "data.generate.gzip=true", on="generate"),
+    "data.schema": L(
+        f"{READ} and {SETUP}",
+        schema_names,
+        "data.schema={tmp}/probe.yaml",
+        expect=("probe", "probe"),
+    ),
+    "data.bad_rows.action": L(READ, bad_row_outcome, "data.bad_rows.action=fail", expect="refused"),
+    "data.bad_rows.max_fraction": L(
+        READ, bad_row_outcome, "data.bad_rows.max_fraction=0.001", expect="refused"
+    ),
+    "data.holdout.day": L(READ, holdout_days, "data.holdout.day=2024-01-02", expect=["2024-01-02"]),
+    "data.holdout.fraction": L(READ, holdout_share, "data.holdout.fraction=0.5", expect=0.5),
+    "data.holdout.seed": L(
+        READ, holdout_rows, "data.holdout.seed=5", base=("data.holdout.fraction=0.5",)
+    ),
+    "data.backend": L(READ, reader_backend, f"data.backend={BACKEND}"),
+    "passes.epochs": L("the trainer's schedule", schedule_epochs, "passes.epochs=2", expect=[0, 1]),
+    "passes.examples_per_pass": L("the pass plan", pass_sizes, "passes.examples_per_pass=300"),
+    "passes.global_batch_size": L(
+        "the pass plan and what each rank's loop gets per pass (Trainer._pass_info)",
+        batches,
+        "passes.global_batch_size=25",
+        expect=(25, 8),
+    ),
+    "passes.max_working_set": L("the pass plan", pass_sizes, "passes.max_working_set=900"),
+    "passes.num_shards": L(SETUP, lambda b: b.setup.num_shards, "passes.num_shards=16", expect=16),
+    "passes.shuffle_examples": L("the pass plan", shuffled, "passes.shuffle_examples=true"),
+    "passes.shuffle_method": L(
+        "the Dask shuffle of a pass's keys to their owners",
+        key_shuffle,
+        "passes.shuffle_method=tasks",
+        expect=["taskshuffle"],
+    ),
+    "table.name": L(DEV, table_stores, "table.name=probe"),
+    "table.dim": L(f"{DEV} and {SETUP}", embedding_width, "table.dim=8", expect=(8, 8)),
+    "table.optimizer.kind": L(OPT, sparse_updates, "table.optimizer.kind=sgd"),
+    "table.optimizer.lr": L(OPT, sparse_updates, "table.optimizer.lr=0.5"),
+    "table.optimizer.row_wise": L(OPT, sparse_updates, "table.optimizer.row_wise=true"),
+    "table.optimizer.eps": L(OPT, sparse_updates, "table.optimizer.eps=1.0"),
+    "table.optimizer.initial_accumulator": L(
+        OPT, sparse_updates, "table.optimizer.initial_accumulator=1.0"
+    ),
+    "table.optimizer.beta1": L(
+        OPT, sparse_updates, "table.optimizer.beta1=0.5", base=("table.optimizer.kind=adam",)
+    ),
+    "table.optimizer.beta2": L(
+        OPT, sparse_updates, "table.optimizer.beta2=0.5", base=("table.optimizer.kind=adam",)
+    ),
+    "table.seed": L(f"{DEV}: the initial rows", initial_rows, "table.seed=3"),
+    "table.init_scale": L(
+        f"{DEV}: the initial rows", initial_bound, "table.init_scale=0.01", expect=0.01
+    ),
+    "table.tiers.device.rows": L(
+        f"{DEV}: its device tier", device_rows, "table.tiers.device.rows=500", expect=500
+    ),
+    "table.tiers.device.fraction": L(
+        f"{DEV}: its device tier",
+        device_rows,
+        "table.tiers.device.fraction=0.0005",
+        "table.tiers.device.rows=null",
+    ),
+    "table.tiers.host.fraction": L(
+        f"{DEV}: its host tier", host_bytes, "table.tiers.host.fraction=0.0", expect=0
+    ),
+    "table.tiers.policy": L(
+        f"{DEV}: device and host tiers", policies, "table.tiers.policy=lfu", expect=("lfu", "lfu")
+    ),
+    "table.tiers.store_dir": L(
+        DEV,
+        table_stores,
+        "table.tiers.store_dir={tmp}/elsewhere",
+        expect=(["embeddings"], "{tmp}/elsewhere"),
+    ),
+    "table.tiers.snapshot_every": L(
+        f"{DEV}: its zarr store's commits",
+        snapshot_commits,
+        "table.tiers.snapshot_every=2",
+        expect=[1, 3, 5, 7],
+    ),
+    "table.expected_keys": L(
+        "the capacity check of train and daskhps plan",
+        sized_keys,
+        "table.expected_keys=12345",
+        expect=12345,
+        base=("table.tiers.device.rows=4000",),  # a pass fits: the check passes
+    ),
+    "model.name": L(SETUP, model_class, "model.name=deepfm", expect=("deepfm", "DeepFM")),
+    "model.options": L(SETUP, model_params, "model.options.bottom_mlp=[8]"),
+    "dense_optimizer.kind": L(
+        SETUP, dense_optimizer, "dense_optimizer.kind=sgd", pick="kind", expect="sgd"
+    ),
+    "dense_optimizer.lr": L(
+        SETUP, dense_optimizer, "dense_optimizer.lr=0.05", pick="lr", expect=(0.05, 0.05)
+    ),
+    "dense_optimizer.weight_decay": L(
+        SETUP, dense_optimizer, "dense_optimizer.weight_decay=0.1", pick="weight_decay", expect=0.1
+    ),
+    "dense_optimizer.grad_clip_norm": L(
+        SETUP,
+        dense_optimizer,
+        "dense_optimizer.grad_clip_norm=1.0",
+        pick="grad_clip_norm",
+        expect=1.0,
+    ),
+    "dense_optimizer.schedule": L(
+        "each step's learning rate (Trainer._pass_info)",
+        learning_rates,
+        "dense_optimizer.schedule=cosine",
+    ),
+    "dense_optimizer.warmup_steps": L(
+        "each step's learning rate (Trainer._pass_info)",
+        learning_rates,
+        "dense_optimizer.warmup_steps=2",
+        base=("dense_optimizer.schedule=cosine",),
+    ),
+    "cluster.address": L(
+        CLUSTER,
+        cluster_args,
+        "cluster.address=tcp://10.1.2.3:8786",
+        pick="address",
+        expect="tcp://10.1.2.3:8786",
+    ),
+    "cluster.n_workers": L(
+        CLUSTER, cluster_args, "cluster.n_workers=3", pick="n_workers", expect=3
+    ),
+    "cluster.threads_per_worker": L(
+        CLUSTER, cluster_args, "cluster.threads_per_worker=2", pick="threads_per_worker", expect=2
+    ),
+    "cluster.memory_limit": L(
+        CLUSTER, cluster_args, "cluster.memory_limit=256MiB", pick="memory_limit", expect=256 << 20
+    ),
+    "cluster.processes": L(
+        CLUSTER, cluster_args, "cluster.processes=false", pick="processes", expect=False
+    ),
+    "cluster.dashboard_address": L(
+        CLUSTER,
+        cluster_args,
+        "cluster.dashboard_address=127.0.0.1:0",
+        pick="dashboard_address",
+        expect="127.0.0.1:0",
+    ),
+    "cluster.gpu": L(CLUSTER, cluster_args, "cluster.gpu=true", pick="gpus", expect=True),
+    "cluster.dist_backend": L(
+        "init_comm's arguments",
+        comm_args,
+        "cluster.dist_backend=gloo",
+        pick="backend",
+        expect="gloo",
+    ),
+    "cluster.dist_timeout_s": L(
+        "init_comm's arguments", comm_args, "cluster.dist_timeout_s=5", pick="timeout_s", expect=5.0
+    ),
+    "eval.every_pass": L(
+        "the trainer's evaluation",
+        evaluation,
+        "eval.every_pass=false",
+        pick="every_pass",
+        expect=False,
+    ),
+    "eval.batch_size": L(
+        "the trainer's evaluation", evaluation, "eval.batch_size=100", pick="batch_size", expect=200
+    ),
+    "eval.metrics": L(
+        "the trainer's evaluation",
+        evaluation,
+        "eval.metrics=[auc]",
+        pick="metrics",
+        expect=["auc", "ctr", "examples"],
+    ),
+    "checkpoint.every_passes": L("the checkpointer", checkpoints_due, "checkpoint.every_passes=2"),
+    "checkpoint.full_every": L("the checkpointer", checkpoints_due, "checkpoint.full_every=2"),
+    "checkpoint.keep": L(
+        "the checkpointer", checkpoints_kept, "checkpoint.keep=1", expect=["pass-000005"]
+    ),
+    "retrain.max_auc_drop": L("the publish guard", guard, "retrain.max_auc_drop=0.05"),
+    "retrain.max_logloss_rise": L("the publish guard", guard, "retrain.max_logloss_rise=0.01"),
+    "retrain.min_auc": L("the publish guard", guard, "retrain.min_auc=0.8"),
+}
+
+
+# -- the configs and the logs they read ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three days of logs, the third incomplete (no _SUCCESS), one bad row; another folder."""
+    root = tmp_path_factory.mktemp("landing-logs")
+    cfg = GeneratorConfig(days=3, rows_per_day=100, parts_per_day=2, vocab_scale=0.01)
+    generate(cfg, root / "logs")
+    (root / "logs" / "day=2024-01-03" / "_SUCCESS").unlink()
+    with (root / "logs" / "day=2024-01-01" / "part-00000.tsv").open("a") as f:
+        f.write("not\ta\trow\n")
+    generate(GeneratorConfig(days=1, rows_per_day=50, parts_per_day=1, vocab_scale=0.01),
+             root / "other")  # fmt: skip
+    return {"logs": root / "logs", "other": root / "other"}
+
+
+def _base(on: str, tmp: Path, logs: dict[str, Path]) -> dict[str, Any]:
+    data: dict[str, Any]
+    if on == "train":
+        data = {"train": {"paths": str(logs["logs"])}}
+    else:
+        data = {"generate": {"rows_per_day": 40, "parts_per_day": 2, "vocab_scale": 0.01}}
+    return {
+        "run": {"name": "landing", "dir": str(tmp / "run")},
+        "data": data,
+        "passes": {"examples_per_pass": 200, "global_batch_size": 50},
+        # small tiers on the stand-in worker's 1 GiB
+        "table": {"tiers": {"device": {"rows": 1000}, "host": {"fraction": 0.001}}},
+        "cluster": {"gpu": False},  # the same components on every machine
+    }
+
+
+class Observer:
+    def __init__(self, tmp: Path, logs: dict[str, Path]) -> None:
+        self.tmp = tmp
+        self.logs = logs
+        schema = criteo_schema().to_dict()
+        schema["name"] = "probe"
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "probe.yaml").write_text(dump_yaml(schema))
+
+    def fill(self, text: Any, tmp: Path) -> Any:
+        if isinstance(text, str):
+            return text.format(tmp=tmp, other=self.logs["other"])
+        if isinstance(text, (list, tuple)):
+            return type(text)(self.fill(t, tmp) for t in text)
+        return text
+
+    def observe(self, land: Landing, overrides: tuple[str, ...], name: str) -> Any:
+        tmp = self.tmp / name
+        tmp.mkdir()
+        shutil.copy(self.tmp / "probe.yaml", tmp / "probe.yaml")
+        cfg = RunConfig.from_dict(
+            _base(land.on, tmp, self.logs), overrides=[self.fill(o, tmp) for o in overrides]
+        )
+        built = Built(cfg, tmp)
+        try:
+            got = land.probe(built)
+        finally:
+            built.close()
+        return got[land.pick] if land.pick else got
+
+
+@pytest.fixture
+def observer(tmp_path: Path, logs: dict[str, Path]) -> Iterator[Observer]:
+    yield Observer(tmp_path, logs)
+
+
+# -- the tests -------------------------------------------------------------------------------
+
+
+def test_every_reference_key_has_a_landing() -> None:
+    documented = set(DOCS)
+    assert set(LANDINGS) | set(SECTIONS) == documented, (
+        "a config key without a landing (add it to LANDINGS with a probe of the component it "
+        f"configures): {sorted(documented - set(LANDINGS) - set(SECTIONS))}; "
+        f"rows for keys that are not in the reference: {sorted(set(LANDINGS) - documented)}"
+    )
+    for section, key in SECTIONS.items():
+        assert key in LANDINGS and key.startswith(section + "."), section
+
+
+@pytest.mark.parametrize("key", sorted(LANDINGS))
+def test_variant_sets_the_key_to_a_non_default_value(key: str) -> None:
+    values = dict(o.split("=", 1) for o in LANDINGS[key].set)
+    assert key in values or (key == "model.options" and "model.options.bottom_mlp" in values)
+    if key in values and key in defaults() and "{" not in values[key]:
+        assert parse_scalar(values[key]) != defaults()[key], key
+
+
+@pytest.mark.parametrize("key", sorted(LANDINGS))
+def test_key_reaches_its_component(key: str, observer: Observer) -> None:
+    land = LANDINGS[key]
+    base = observer.observe(land, land.base, "base")
+    got = observer.observe(land, land.base + land.set, "variant")
+    assert got != base, (
+        f"{key}: {', '.join(land.set)} changed nothing in {land.where} (it got {got!r})"
+    )
+    if land.expect is not CHANGED:
+        assert got == observer.fill(land.expect, observer.tmp / "variant"), (key, land.where)
