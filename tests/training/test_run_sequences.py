@@ -128,7 +128,7 @@ class RunFolders:
         self.new_days = [pool / f"day={d}" for d in DAYS]  # arrive in R one by one
         self.rlogs = self.dir / "retrain-logs"
         self.rlogs.mkdir(parents=True)
-        self.epochs = 1
+        self.epochs, self.seed = 1, 1  # of the run in T: what a resume must repeat
         self.train_cfg = self._write(
             "train.yaml",
             _base(self.dir / "T", self.logs, checkpoint={"every_passes": 1, "keep": KEEP}),
@@ -185,8 +185,11 @@ class RunFolders:
                 assert c.name > newest or replaced
                 self.expected[c.name] = _predict(Servable.from_checkpoint(c), self.frame)
 
+    def _same_run(self) -> list[str]:
+        return ["--set", f"run.seed={self.seed}", "--set", f"passes.epochs={self.epochs}"]
+
     def _train_ok(self, *args: str, replaced: bool = False) -> None:
-        run = _cli("train", str(self.train_cfg), *args)
+        run = _cli("train", str(self.train_cfg), *self._same_run(), *args)
         assert run.returncode == 0, run.stderr[-3000:]
         self._record_new(replaced=replaced)
 
@@ -217,17 +220,17 @@ class RunFolders:
 
     def train_again_is_refused(self) -> None:
         before = tree_digest(self.dir / "T")
-        run = _cli("train", str(self.train_cfg))
+        run = _cli("train", str(self.train_cfg), *self._same_run())
         assert run.returncode == 1 and "already holds a run" in run.stderr, run.stderr[-2000:]
         assert tree_digest(self.dir / "T") == before
 
     def resume_one_more_epoch(self) -> None:
         self.epochs += 1
-        self._train_ok("--resume", "--set", f"passes.epochs={self.epochs}")
+        self._train_ok("--resume")
 
     def overwrite(self, seed: int) -> None:
-        self.epochs = 1
-        self._train_ok("--overwrite", "--set", f"run.seed={seed}", replaced=True)
+        self.epochs, self.seed = 1, seed
+        self._train_ok("--overwrite", replaced=True)
 
     def a_bad_train_changes_nothing(self, bad: tuple[str, ...]) -> None:
         args = list(bad)
@@ -240,7 +243,7 @@ class RunFolders:
                     f.write("not\ta\trow\n")
             args[-1] = f"data.train.paths=[{broken}]"
         before = tree_digest(self.dir / "T")
-        run = _cli("train", str(self.train_cfg), "--set", f"passes.epochs={self.epochs}", *args)
+        run = _cli("train", str(self.train_cfg), *self._same_run(), *args)
         assert run.returncode != 0, run.stderr[-2000:]
         assert tree_digest(self.dir / "T") == before
 
