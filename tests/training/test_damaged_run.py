@@ -22,6 +22,7 @@ from daskhps.serve.predict import SUMMARY
 from daskhps.training.checkpoint import DENSE, MANIFEST, latest_checkpoint, scan_checkpoints
 from daskhps.training.trainer import Trainer
 from tests._logs import generated_logs
+from tests._runs import tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -32,29 +33,14 @@ NAMES = ["pass-000001", "pass-000002", "pass-000003"]
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     logs = generated_logs(tmp_path_factory, days=2, rows_per_day=600, parts_per_day=1, seed=5)
     root = tmp_path_factory.mktemp("damaged-run")
-    cfg = RunConfig.from_dict(
-        {
-            "run": {"name": "damage", "dir": str(root / "run"), "seed": 1, "quiet": True},
-            "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
-            "passes": {"epochs": 1, "examples_per_pass": 200, "global_batch_size": 100},
-            "table": {
-                "dim": 4,
-                "optimizer": {"kind": "adagrad", "lr": 0.05},
-                "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-            },
-            "dense_optimizer": {"kind": "adam", "lr": 0.01},
-            "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-            "checkpoint": {"every_passes": 1, "keep": 5},
-            "cluster": {
-                "n_workers": 1,
-                "threads_per_worker": 2,
-                "memory_limit": "1GiB",
-                "gpu": False,
-                "dashboard_address": None,
-            },
-        },
-        source="test",
+    d = tiny_config(
+        root / "run",
+        logs,
+        data={"holdout": {"day": "last"}},
+        passes={"examples_per_pass": 200},
+        checkpoint={"every_passes": 1, "keep": 5},
     )
+    cfg = RunConfig.from_dict(d, source="test")
     Trainer(cfg, progress=False).run()
     assert [c.name for c in scan_checkpoints(cfg.run.dir)[0]] == NAMES
     return {

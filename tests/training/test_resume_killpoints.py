@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,9 @@ from daskhps.table import EmbeddingTable
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
-from daskhps.training.killpoints import ENV
 from daskhps.training.trainer import RunResult, Trainer
 from tests._logs import generated_logs
+from tests._runs import cli
 
 pytestmark = pytest.mark.slow
 
@@ -75,17 +74,7 @@ def _write_config(folder: Path, logs: Path, **cluster: Any) -> Path:
 
 
 def _cli(config: Path, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != ENV}
-    if kill_at is not None:
-        env[ENV] = kill_at
-    return subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "train", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
+    return cli("train", str(config), *args, kill_at=kill_at, timeout=300)
 
 
 def _rows(ckpt: Checkpoint) -> dict[int, np.ndarray]:

@@ -10,66 +10,35 @@ last.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
-from daskhps.training.killpoints import ENV
 from daskhps.training.rundir import ASIDE
 from tests._logs import generated_logs
+from tests._runs import cli, tiny_config, write_config
 from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 
 
-def _config(folder: Path, logs: Path, **changes: Any) -> Path:
-    d: dict[str, Any] = {
-        "run": {"name": "safe", "dir": str(folder / "run"), "seed": 1, "quiet": True},
-        "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}, "bad_rows": "fail"},
-        "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
-        "table": {
-            "dim": 4,
-            "optimizer": {"kind": "adagrad", "lr": 0.05},
-            "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-        },
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "adam", "lr": 0.01},
-        "checkpoint": {"every_passes": 1, "keep": 3},
-        "cluster": {
-            "n_workers": 1,
-            "threads_per_worker": 2,
-            "memory_limit": "1GiB",
-            "gpu": False,
-            "dashboard_address": None,
-        },
-    }
-    d.update(changes)
-    path = folder / "run.yaml"
-    path.write_text(yaml.safe_dump(d))
-    return path
+def _config(folder: Path, logs: Path) -> Path:
+    d = tiny_config(
+        folder / "run",
+        logs,
+        data={"holdout": {"day": "last"}, "bad_rows": "fail"},
+        checkpoint={"every_passes": 1, "keep": 3},
+    )
+    return write_config(folder / "run.yaml", d)
 
 
 def _train(config: Path, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != ENV}
-    if kill_at is not None:
-        env[ENV] = kill_at
-    return subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "train", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
+    return cli("train", str(config), *args, kill_at=kill_at)
 
 
 def _one_line_error(run: subprocess.CompletedProcess, *needles: str) -> None:

@@ -25,7 +25,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.version import Servable, load_servable
 from daskhps.training.checkpoint import list_checkpoints
+from tests._runs import cli, tiny_config, write_config
 from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
@@ -63,38 +63,21 @@ def _pool(root: Path) -> Path:
     return out
 
 
-def _base(run_dir: Path, logs: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "run": {"name": run_dir.name, "dir": str(run_dir), "seed": 1, "quiet": True},
-        "data": {"train": {"paths": [str(logs)]}, "bad_rows": "fail"},
-        "passes": {"epochs": 1, "examples_per_pass": 400, "global_batch_size": 100},
-        "table": {
-            "dim": 4,
-            "optimizer": {"kind": "adagrad", "lr": 0.05},
-            "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}},
+def _base(run_dir: Path, logs: Path, **sections: Any) -> dict[str, Any]:
+    return tiny_config(
+        run_dir,
+        logs,
+        **{
+            "data": {"bad_rows": "fail"},
+            "passes": {"examples_per_pass": 400},
+            "table": {"tiers": {"device": {"rows": 50_000}}},
+            **sections,
         },
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "adam", "lr": 0.01},
-        "cluster": {
-            "n_workers": 1,
-            "threads_per_worker": 2,
-            "memory_limit": "1GiB",
-            "gpu": False,
-            "dashboard_address": None,
-        },
-        **extra,
-    }
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-        env={k: v for k, v in os.environ.items() if k != "DASKHPS_KILL_AT"},
-    )
+    return cli(*args)
 
 
 def _predict(servable: Servable, frame: pd.DataFrame) -> np.ndarray:
@@ -139,10 +122,10 @@ class RunFolders:
             _base(
                 self.dir / "R",
                 self.rlogs,
+                data={"train": {"require_complete": True}, "bad_rows": "fail"},
                 eval={"every_pass": False},
                 retrain={"max_auc_drop": 0.5, "max_logloss_rise": 0.5},
-            )
-            | {"data": {"train": {"paths": [str(self.rlogs)], "require_complete": True}}},
+            ),
         )
         frame, _ = read_shard(
             str(sorted((pool / f"day={DAYS[1]}").glob("part-*"))[0]),
@@ -157,10 +140,7 @@ class RunFolders:
         self._train_ok()
 
     def _write(self, name: str, d: dict[str, Any]) -> Path:
-        path = self.dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(d))
-        return path
+        return write_config(self.dir / name, d)
 
     def _schema(self) -> Any:
         return criteo_schema()

@@ -1,0 +1,72 @@
+"""Tiny training runs for the end-to-end tests: one config shape, and the command line in a
+subprocess (the way a user runs it: its own interpreter, its own LocalCluster)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from daskhps.training.killpoints import ENV
+
+_TINY: dict[str, Any] = {
+    "run": {"seed": 1, "quiet": True},
+    "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
+    "table": {
+        "dim": 4,
+        "optimizer": {"kind": "adagrad", "lr": 0.05},
+        "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
+    },
+    "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
+    "dense_optimizer": {"kind": "adam", "lr": 0.01},
+    "cluster": {
+        "n_workers": 1,
+        "threads_per_worker": 2,  # pass k+1 staged while pass k trains
+        "memory_limit": "1GiB",
+        "gpu": False,
+        "dashboard_address": None,
+    },
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_config(run_dir: Path, logs: Path, **sections: Any) -> dict[str, Any]:
+    """A 1-worker CPU run of DLRM (dim 4) on ``logs`` into ``run_dir``; each keyword is a
+    config section merged over the defaults (``passes={"examples_per_pass": 200}``)."""
+    own = {
+        "run": {"name": run_dir.name, "dir": str(run_dir)},
+        "data": {"train": {"paths": [str(logs)]}},
+    }
+    return _merge(_merge(_TINY, own), sections)
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def cli(*args: str, kill_at: str | None = None, timeout: int = 400) -> subprocess.CompletedProcess:
+    """``python -m daskhps.cli ARGS`` in a subprocess; ``kill_at`` arms a kill point."""
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if kill_at is not None:
+        env[ENV] = kill_at
+    return subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
