@@ -15,6 +15,7 @@ from typing import Any, Literal
 from distributed import Client, LocalCluster
 
 from daskhps._scheduler import scheduler_workers
+from daskhps.distributed._dashboard import repair_dashboard
 from daskhps.distributed._errors import ClusterError
 
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
@@ -154,6 +155,7 @@ def start_cluster(
     handle = ClusterHandle(client, cluster, kind, None)
     try:
         _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
+        repair_dashboard(client)
     except BaseException:
         handle.close()
         raise
