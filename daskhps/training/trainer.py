@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
@@ -189,6 +190,14 @@ class Trainer:
         cfg = self.config
         from daskhps.capacity import check_fits
 
+        # Folders that cannot be written: named now, not as an errno on a worker (and before
+        # check_fits, which would find no free space there).
+        check_writable_dir(self.run_dir, "the run", "set run.dir to a writable folder")
+        check_writable_dir(
+            cfg.table.tiers.store_dir,
+            "the table's stores",
+            "set table.tiers.store_dir to a writable folder",
+        )
         check_fits(cfg)  # refuse a run that cannot fit before any file or worker: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         self.run_dir.mkdir(parents=True, exist_ok=True)

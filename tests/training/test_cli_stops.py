@@ -1,0 +1,92 @@
+"""``daskhps train`` stopping on purpose ends in one line, never a traceback or Dask's noise.
+
+* a store or run folder that cannot be written: the path and the key to change, before any
+  worker starts.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests._logs import generated_logs
+
+NOISE = ("Traceback", "Compute Failed", "commit()", "still alive", "Errno")
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # day 1: 3000 rows = 6 passes of 500; day 2: the holdout
+    return generated_logs(tmp_path_factory, days=2, rows_per_day=3000, parts_per_day=2, seed=3)
+
+
+def _config(folder: Path, logs: Path, **over: Any) -> Path:
+    d: dict[str, Any] = {
+        "run": {"name": "stops", "dir": str(folder / "run"), "seed": 1, "quiet": True},
+        "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
+        "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
+        "table": {
+            "dim": 4,
+            "optimizer": {"kind": "adagrad", "lr": 0.05},
+            "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
+            "expected_keys": 100_000,
+        },
+        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
+        "dense_optimizer": {"kind": "adam", "lr": 0.01},
+        "cluster": {
+            "n_workers": 2,
+            "threads_per_worker": 2,
+            "memory_limit": "1GiB",
+            "processes": True,
+            "gpu": False,
+            "dashboard_address": None,
+        },
+    }
+    for key, value in over.items():
+        node = d
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _train(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", "train", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _one_error_line(res: subprocess.CompletedProcess[str], *words: str) -> str:
+    assert res.returncode == 1, res.stderr
+    for noise in NOISE:
+        assert noise not in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("daskhps train: error")]
+    assert len(errors) == 1, res.stderr
+    for w in words:
+        assert w in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_store_folder_that_cannot_be_created_is_named_before_any_worker(
+    tmp_path: Path, logs: Path
+) -> None:
+    config = _config(tmp_path, logs)
+    res = _train(config, "--set", "table.tiers.store_dir=/proc/daskhps-x")
+    _one_error_line(res, "/proc/daskhps-x", "set table.tiers.store_dir to a writable folder")
+    assert "dashboard" not in res.stderr and not (tmp_path / "run").exists()
+    res = _train(config, "--set", "run.dir=/proc/daskhps-x")
+    _one_error_line(res, "cannot write the run to /proc/daskhps-x", "set run.dir to a writable")
