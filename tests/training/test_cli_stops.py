@@ -1,8 +1,10 @@
 """``daskhps train`` stopping on purpose ends in one line, never a traceback or Dask's noise.
 
+* a bad row under ``bad_rows: fail`` (quiet or not): the file and line, no ``Compute Failed``;
 * a store or run folder that cannot be written: the path and the key to change, before any
   worker starts.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -77,6 +79,24 @@ def _one_error_line(res: subprocess.CompletedProcess[str], *words: str) -> str:
     for w in words:
         assert w in errors[0], errors[0]
     return errors[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "verbose"])
+def test_a_bad_row_under_fail_is_one_line_without_dask_tracebacks(
+    tmp_path: Path, logs: Path, quiet: bool
+) -> None:
+    bad = tmp_path / "logs"
+    for f in logs.rglob("*"):
+        if f.is_file():
+            (bad / f.relative_to(logs)).parent.mkdir(parents=True, exist_ok=True)
+            (bad / f.relative_to(logs)).write_bytes(f.read_bytes())
+    part = sorted(bad.glob("day=*01/part-*"))[0]
+    lines = part.read_text().splitlines(keepends=True)
+    lines[4] = "garbage\tline\n"
+    part.write_text("".join(lines))
+    config = _config(tmp_path, bad, **{"data.bad_rows": "fail", "run.quiet": quiet})
+    _one_error_line(_train(config), f"{part}: line 5", "expected 40 columns", "'skip'")
 
 
 @pytest.mark.slow
