@@ -11,14 +11,16 @@ error class raised by someone else's code) keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from daskhps.errors import DaskHPSError
 
-__all__ = ["ExpectedErrorFilter", "quiet_expected_errors"]
+__all__ = ["ExpectedErrorFilter", "quiet_expected_errors", "quiet_worker_kills"]
 
 PACKAGE = str(Path(__file__).resolve().parents[1])  # the daskhps folder
 WORKER_LOGGER = "distributed.worker"  # where Worker.execute logs "Compute Failed"
@@ -69,3 +71,21 @@ def quiet_expected_errors() -> None:
     logger = logging.getLogger(WORKER_LOGGER)
     if not any(isinstance(f, ExpectedErrorFilter) for f in logger.filters):
         logger.addFilter(ExpectedErrorFilter())
+
+
+class _KillFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Worker process still alive after")
+
+
+@contextlib.contextmanager
+def quiet_worker_kills() -> Iterator[None]:
+    """While closing a cluster daskhps started: no WARNING when a nanny kills a worker process
+    that did not stop within its few seconds (one busy in a task, say, after Ctrl-C). The
+    run is over and the kill is the cleanup asked for; nothing is left for the user to do."""
+    logger, quiet = logging.getLogger("distributed.nanny"), _KillFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -240,8 +241,11 @@ class Trainer:
                 open_shards(client, host)
                 self._train(client, group, addresses, logs, result)
             finally:
+                # Stopped (Ctrl-C, an error): the rows changed since the last checkpoint are
+                # dropped on purpose, a resume starts from it.
+                stopped = sys.exc_info()[0] is not None
                 try:
-                    close_shards(client, addresses)
+                    close_shards(client, addresses, "drop" if stopped else "warn")
                 finally:
                     group.close()
         (self.run_dir / "summary.json").write_text(json.dumps(self._summary(result), indent=2))

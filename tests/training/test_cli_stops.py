@@ -2,19 +2,28 @@
 
 * a bad row under ``bad_rows: fail`` (quiet or not): the file and line, no ``Compute Failed``;
 * a store or run folder that cannot be written: the path and the key to change, before any
-  worker starts.
+  worker starts;
+* Ctrl-C (SIGINT to the whole process group, as a terminal sends it): where to resume, exit
+  status 130, the stores' locks free.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from daskhps.config.commands import train_interrupted
+from daskhps.tiers._lock import WriterLock
+from daskhps.training.checkpoint import latest_checkpoint
 from tests._logs import generated_logs
 
 NOISE = ("Traceback", "Compute Failed", "commit()", "still alive", "Errno")
@@ -110,3 +119,62 @@ def test_a_store_folder_that_cannot_be_created_is_named_before_any_worker(
     assert "dashboard" not in res.stderr and not (tmp_path / "run").exists()
     res = _train(config, "--set", "run.dir=/proc/daskhps-x")
     _one_error_line(res, "cannot write the run to /proc/daskhps-x", "set run.dir to a writable")
+
+
+def _ranks_unlocked(ckpt: Any) -> bool:
+    try:
+        for r in range(ckpt.num_workers):
+            WriterLock(ckpt.store_path(r), f"store of rank {r}").acquire().release()
+    except BlockingIOError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_where_to_resume_and_frees_the_stores(tmp_path: Path, logs: Path) -> None:
+    config = _config(tmp_path, logs, **{"passes.epochs": 50})  # far longer than the test
+    run_dir = tmp_path / "run"
+    err = (tmp_path / "stderr.txt").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daskhps.cli", "train", str(config), "--set", "run.seed=2"],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        text=True,
+        start_new_session=True,  # its own process group: SIGINT reaches it and its workers
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while latest_checkpoint(run_dir) is None:  # a pass is done and checkpointed
+            assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    for noise in NOISE:
+        assert noise not in stderr, stderr
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None and ckpt.passes_done >= 1
+    assert stderr.splitlines() == [
+        f"daskhps train: interrupted: the run's last checkpoint is after pass "
+        f"{ckpt.passes_done} ({ckpt.path}); resume with: daskhps train {config} "
+        "--set run.seed=2 --resume"
+    ]
+    assert _ranks_unlocked(ckpt)  # the workers closed their stores, or are gone
+
+
+def test_ctrl_c_before_any_checkpoint_says_nothing_was_checkpointed(
+    tmp_path: Path, logs: Path
+) -> None:
+    config = _config(tmp_path, logs)
+    args = argparse.Namespace(config=str(config), overrides=["table.dim=8"])
+    assert train_interrupted(args) == (
+        f"interrupted: nothing was checkpointed; start again with: daskhps train {config} "
+        "--set table.dim=8"
+    )
+    args.overrides.append("checkpoint.every_passes=0")
+    assert "nothing was checkpointed (checkpoint.every_passes is 0)" in train_interrupted(args)
