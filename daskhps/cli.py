@@ -35,6 +35,8 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    # Ctrl-C: what to tell the user (where to resume), instead of a bare "interrupted".
+    interrupted: Callable[[argparse.Namespace], str] | None = None
 
 
 def positive_int(text: str) -> int:
@@ -126,14 +128,22 @@ def _inspect(args: argparse.Namespace) -> int:
     return INSPECT_DAMAGED if info["damaged"] else 0
 
 
-def _lazy(name: str, help: str, module: str, add: str, run: str) -> Command:
+def _lazy(
+    name: str, help: str, module: str, add: str, run: str, interrupted: str | None = None
+) -> Command:
     """A command whose module is imported on use: most of them import torch or Dask, which
     ``daskhps generate`` (and ``--help``) do not need."""
 
     def function(attr: str) -> Callable[..., Any]:
         return getattr(importlib.import_module(module), attr)
 
-    return Command(name, help, lambda p: function(add)(p), lambda args: function(run)(args))
+    return Command(
+        name,
+        help,
+        lambda p: function(add)(p),
+        lambda args: function(run)(args),
+        None if interrupted is None else lambda args: function(interrupted)(args),
+    )
 
 
 COMMANDS: dict[str, Command] = {
@@ -149,6 +159,7 @@ COMMANDS: dict[str, Command] = {
         "daskhps.config.commands",
         "add_train_arguments",
         "run_train",
+        "train_interrupted",
     ),
     "config": _lazy(
         "config",
@@ -234,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"daskhps {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"daskhps {args.command}: interrupted", file=sys.stderr)
+        say = COMMANDS[args.command].interrupted
+        print(f"daskhps {args.command}: {say(args) if say else 'interrupted'}", file=sys.stderr)
         return 130
 
 

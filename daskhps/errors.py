@@ -22,6 +22,7 @@ __all__ = [
     "StoreMismatchError",
     "StoreNotFoundError",
     "StoreReadOnlyError",
+    "UnwritablePathError",
 ]
 
 
@@ -86,3 +87,8 @@ class StoreExistsError(DaskHPSError, FileExistsError):
 
 class StoreReadOnlyError(DaskHPSError, PermissionError):
     """A write was attempted on a store opened read-only (or already closed)."""
+
+
+class UnwritablePathError(DaskHPSError, OSError):
+    """A folder that daskhps must write to (a run, the stores, an output) cannot be created
+    or written."""

@@ -7,11 +7,19 @@ import argparse
 import importlib
 import importlib.util
 import inspect
+import shlex
 import sys
 
 from daskhps.config.runconfig import load_config
 
-__all__ = ["PIPELINE", "add_config_arguments", "add_train_arguments", "run_config", "run_train"]
+__all__ = [
+    "PIPELINE",
+    "add_config_arguments",
+    "add_train_arguments",
+    "run_config",
+    "run_train",
+    "train_interrupted",
+]
 
 PIPELINE = "pipelines.train"
 NO_PIPELINE = 2  # exit status when the pipeline is not installed (1 is a user error)
@@ -78,3 +86,27 @@ def run_train(args: argparse.Namespace) -> int:
         return NO_PIPELINE
     result = run(config, **{k: v for k, v in wanted.items() if k in accepted})
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def train_interrupted(args: argparse.Namespace) -> str:
+    """The line Ctrl-C during ``daskhps train`` ends with: how far the run's checkpoints got
+    and the command that resumes it (or that nothing was checkpointed)."""
+    from daskhps.training.checkpoint import latest_checkpoint
+
+    command = ["daskhps", "train", args.config]
+    for override in args.overrides:
+        command += ["--set", override]
+    try:
+        config = load_config(args.config, args.overrides)
+        ckpt = latest_checkpoint(config.run.dir)
+    except Exception:  # interrupted while the config loaded: nothing ran yet
+        return "interrupted before the run started"
+    if ckpt is None:
+        why = "" if config.checkpoint.enabled else " (checkpoint.every_passes is 0)"
+        return (
+            f"interrupted: nothing was checkpointed{why}; start again with: {shlex.join(command)}"
+        )
+    return (
+        f"interrupted: the run's last checkpoint is after pass {ckpt.passes_done} ({ckpt.path}); "
+        f"resume with: {shlex.join([*command, '--resume'])}"
+    )

@@ -15,7 +15,10 @@ from typing import Any, Literal
 from distributed import Client, LocalCluster
 
 from daskhps._scheduler import scheduler_workers
+from daskhps.distributed._dashboard import repair_dashboard
 from daskhps.distributed._errors import ClusterError
+from daskhps.distributed._expected import quiet_worker_kills
+from daskhps.distributed._worker_setup import setup_workers
 
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
 
@@ -46,7 +49,8 @@ class ClusterHandle:
                 client.close()
         finally:
             if cluster is not None:
-                cluster.close()
+                with quiet_worker_kills():
+                    cluster.close()
 
     def __enter__(self) -> ClusterHandle:
         return self
@@ -154,6 +158,8 @@ def start_cluster(
     handle = ClusterHandle(client, cluster, kind, None)
     try:
         _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
+        setup_workers(client, ignore_sigint=use_cuda or processes)
+        repair_dashboard(client)
     except BaseException:
         handle.close()
         raise
@@ -171,6 +177,7 @@ def _connect(address: str, n_workers: int | None, wait_timeout_s: float) -> Clus
     handle = ClusterHandle(client, None, "address", None)
     try:
         _finish(handle, n_workers, wait_timeout_s, True)
+        setup_workers(client, ignore_sigint=False)  # their Ctrl-C is their owner's
     except BaseException:
         handle.close()
         raise

@@ -220,15 +220,16 @@ class ShardHost(WorkerPlugin):
                     self.monitor.update(name, out[name], len(t.store))
         return {"rank": self.rank, "memory_limit": self.memory_limit, "tables": out}
 
-    def close(self) -> None:
-        """Close every shard (releases the stores' write locks). Safe to call twice."""
+    def close(self, uncommitted: Literal["warn", "drop"] = "warn") -> None:
+        """Close every shard (releases the stores' write locks). Safe to call twice.
+        ``uncommitted``: see :meth:`EmbeddingTable.close`."""
         for name in list(self.tables):
             lock = self.locks.get(name)
             with lock if lock is not None else contextlib.nullcontext():
                 table = self.tables.pop(name, None)
                 if table is not None:
                     try:
-                        table.close()
+                        table.close(uncommitted=uncommitted)
                     except Exception as e:  # keep closing the others
                         log.error("closing table %r on rank %s: %s", name, self.rank, e)
 
@@ -288,8 +289,8 @@ def _stats() -> dict[str, Any]:
     return local_shards().stats()
 
 
-def _close() -> None:
-    local_shards().close()
+def _close(uncommitted: Literal["warn", "drop"]) -> None:
+    local_shards().close(uncommitted)
 
 
 def open_shards(client: Any, host: ShardHost) -> list[dict[str, dict[str, int]]]:
@@ -387,10 +388,14 @@ def drop_commits_before(
     return run_pinned(client, addresses, _drop_before, name, prefix, what="drop old commits")
 
 
-def close_shards(client: Any, addresses: Sequence[str]) -> None:
-    """Close every shard, then unregister the plugin (its teardown is then a no-op)."""
+def close_shards(
+    client: Any, addresses: Sequence[str], uncommitted: Literal["warn", "drop"] = "warn"
+) -> None:
+    """Close every shard, then unregister the plugin (its teardown is then a no-op).
+    ``uncommitted="drop"``: rows changed since the last commit go without a warning (a run
+    that stopped, to resume from its last checkpoint)."""
     try:
-        run_pinned(client, addresses, _close, what="close shards")
+        run_pinned(client, addresses, _close, uncommitted, what="close shards")
     finally:
         with contextlib.suppress(Exception):  # teardown closes whatever is still open
             client.unregister_worker_plugin(PLUGIN_NAME)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from daskhps import __version__
+from daskhps._paths import check_writable_dir
 from daskhps.data.describe import features
 from daskhps.data.hashing import hash_spec
 from daskhps.errors import StoreExistsError
@@ -103,6 +104,7 @@ def export_model(
             f"export folder {outp} already holds an export ({META}); choose another folder "
             "or pass overwrite (--overwrite)"
         )
+    check_writable_dir(outp, "the export", "choose a writable --out")
     cfg = servable.config
     schema = cfg.data.schema
     nd, nf = len(schema.dense_names), len(schema.categorical_names)

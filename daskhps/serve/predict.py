@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from daskhps._paths import check_writable_dir
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.labels import check_label_mode
 from daskhps.data.parse import read_shard
@@ -183,6 +184,7 @@ def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
 def _prepare_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise StoreExistsError(f"predict output {out} is a file; give a folder")
+    check_writable_dir(out, "predictions", "choose a writable --out")
     old = sorted(out.glob("part-*.parquet")) + [p for p in (out / SUCCESS,) if p.exists()]
     if old and not overwrite:
         raise StoreExistsError(

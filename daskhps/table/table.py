@@ -273,14 +273,17 @@ class EmbeddingTable:
     def commits(self) -> list[CommitInfo]:
         return self.store.commits()
 
-    def close(self) -> None:
-        """Release the store's lock. Rows changed since the last commit are not kept."""
+    def close(self, *, uncommitted: Literal["warn", "drop"] = "warn") -> None:
+        """Release the store's lock. Rows changed since the last commit are not kept: a
+        warning says how many, unless ``uncommitted="drop"`` (a caller that restarts from its
+        last commit anyway, such as an interrupted training run) says so on purpose."""
         if not self._read_only:
             dirty = self.device_cache.stats.extra["dirty_rows"]
             if self.host is not None:
                 dirty += self.host.stats.extra["dirty_rows"]
             if dirty:
-                log.warning(
+                log.log(
+                    logging.WARNING if uncommitted == "warn" else logging.DEBUG,
                     "closing table %r with %d rows changed since its last commit; "
                     "call commit() first to keep them",
                     self.spec.name,

@@ -46,6 +46,7 @@ from daskhps.errors import (
     StoreMismatchError,
     StoreNotFoundError,
     StoreReadOnlyError,
+    UnwritablePathError,
 )
 from daskhps.tiers._index import KeyIndex
 from daskhps.tiers._lock import WriterLock
@@ -270,7 +271,13 @@ class ZarrStore(Tier):
                 )
             if commit is not None:
                 raise CommitNotFoundError(f"{where}: no store there, so no commit {commit!r}")
-            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # on a worker: the errno alone would not name the store
+                raise UnwritablePathError(
+                    f"{where}: cannot create the store's folder ({e.strerror or e}); give it a "
+                    "writable path (a run's: table.tiers.store_dir)"
+                ) from None
             if self._lock is not None:
                 self._lock.acquire()
             # Another writer may have created the store between our look and our lock.

@@ -44,7 +44,6 @@ __all__ = [
     "ASIDE",
     "EarlierRun",
     "MovedAside",
-    "check_writable",
     "find_earlier_run",
     "move_aside",
     "published_commits",
@@ -158,28 +157,6 @@ def refuse_published(run_dir: str | Path, store_dir: str | Path, source: str) ->
             "; daskhps train never writes there: run `daskhps retrain` to train and publish, or "
             "set table.tiers.store_dir to another folder"
         )
-
-
-def check_writable(folder: str | Path, key: str, source: str) -> None:
-    """:class:`ConfigError` naming ``key`` unless ``folder`` is, or can be made, a writable
-    folder."""
-    p = Path(folder).absolute()
-    probe = p
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    resolved = probe.resolve()
-    if any(resolved.is_relative_to(v) for v in (Path("/proc"), Path("/sys"), Path("/dev"))):
-        problem = f"{resolved} is a kernel file system"
-    elif not probe.is_dir():
-        problem = f"{probe} is not a folder"
-    elif not os.access(probe, os.W_OK | os.X_OK):
-        problem = f"{probe} is not writable by this user"
-    else:
-        return
-    raise ConfigError(
-        f"{source}: {key}: cannot write to {p}: {problem}; set {key} to a writable folder on "
-        "local disk"
-    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
@@ -320,6 +322,14 @@ class Trainer:
         cfg = self.config
         from daskhps.capacity import check_fits
 
+        # Folders that cannot be written: named now, not as an errno on a worker (and before
+        # check_fits, which would find no free space there).
+        check_writable_dir(self.run_dir, "the run", "set run.dir to a writable folder")
+        check_writable_dir(
+            cfg.table.tiers.store_dir,
+            "the table's stores",
+            "set table.tiers.store_dir to a writable folder",
+        )
         sizing = check_fits(cfg)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         if resume and self.warm_start is not None:
@@ -332,8 +342,6 @@ class Trainer:
         self._check_gpu()
         store_dir = Path(cfg.table.tiers.store_dir)
         rundir.ensure_no_run_dir_clash(self.run_dir, store_dir)
-        rundir.check_writable(self.run_dir, "run.dir", cfg.source)
-        rundir.check_writable(store_dir, "table.tiers.store_dir", cfg.source)
         rundir.settle_interrupted(self.run_dir)  # a killed --overwrite, put right
         rundir.refuse_published(self.run_dir, store_dir, cfg.source)
         earlier = rundir.find_earlier_run(self.run_dir, store_dir)
@@ -396,8 +404,11 @@ class Trainer:
                 open_shards(client, host)
                 self._train(client, group, addresses, logs, result)
             finally:
+                # Stopped (Ctrl-C, an error): the rows changed since the last checkpoint are
+                # dropped on purpose, a resume starts from it.
+                stopped = sys.exc_info()[0] is not None
                 try:
-                    close_shards(client, addresses)
+                    close_shards(client, addresses, "drop" if stopped else "warn")
                 finally:
                     group.close()
         return result

@@ -390,3 +390,23 @@ def test_a_retraining_runs_published_version_is_a_model(run: dict[str, Any]) -> 
     finally:
         scorer.close()
     assert np.abs(prob - run["reference"]).max() < 1e-6
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_unwritable_out_is_one_line_naming_it(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before a worker starts or a model is traced: not a bare errno."""
+    run_dir = str(run["cfg"].run.dir)
+    (run["tmp"] / "afile").write_text("x")
+    for out in ("/proc/daskhps-x", str(run["tmp"] / "afile" / "sub")):
+        data = ["--data", run["holdout"][0]]
+        for argv, what in (
+            (["predict", "--model", run_dir, *data, "--out", out], "predictions"),
+            (["export", "--model", run_dir, "--out", out], "the export"),
+        ):
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "Errno" not in err, err
+            assert err.startswith(f"daskhps {argv[0]}: error: cannot write {what} to {out}: ")
+            assert err.rstrip().endswith("; choose a writable --out"), err

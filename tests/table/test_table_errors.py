@@ -179,3 +179,17 @@ def test_closing_with_uncommitted_rows_warns(
         t.close()
     assert "3 rows changed since its last commit" in caplog.text
     assert torch.equal(bits(_reopened_rows(path)), bits(rows))  # they were not kept
+
+
+def test_closing_to_drop_uncommitted_rows_on_purpose_does_not_warn(
+    trained: tuple[Path, torch.Tensor], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An interrupted run drops them by design (it resumes from its last checkpoint): the
+    'call commit() first' advice would mean nothing to whoever pressed Ctrl-C."""
+    path, rows = trained
+    t = EmbeddingTable.open(SPEC, path, device_rows=16)
+    t.apply_gradients(KEYS[:3], torch.ones(3, 4))
+    with caplog.at_level("WARNING", logger="daskhps.table.table"):
+        t.close(uncommitted="drop")
+    assert "commit" not in caplog.text
+    assert torch.equal(bits(_reopened_rows(path)), bits(rows))  # dropped, as before

@@ -1,0 +1,52 @@
+"""The worker plugin every cluster of a run gets first: how its workers report and stop.
+
+* ``Compute Failed`` blocks of errors daskhps raises on purpose are dropped
+  (:mod:`daskhps.distributed._expected`): the driver prints them as one line.
+* Worker processes of a cluster the driver started ignore Ctrl-C. A terminal sends SIGINT to
+  the whole process group, so without this every worker dies on the spot, the driver's
+  cleanup finds its ranks gone, and the user reads a worker-lost error and a worker's
+  traceback instead of where to resume. The driver alone stops: it closes the shards (the
+  stores' locks) and then the cluster, which ends the workers. Workers of a cluster given by
+  address belong to someone else's terminal and keep theirs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+from typing import Any
+
+from distributed import WorkerPlugin
+
+from daskhps.distributed._expected import quiet_expected_errors
+
+__all__ = ["PLUGIN_NAME", "WorkerSetup", "setup_workers"]
+
+PLUGIN_NAME = "daskhps-worker-setup"
+
+
+class WorkerSetup(WorkerPlugin):
+    """``ignore_sigint``: workers in processes of their own ignore SIGINT (in-process workers
+    share the driver's process, whose Ctrl-C is the driver's)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, ignore_sigint: bool) -> None:
+        self.ignore_sigint = ignore_sigint
+
+    def setup(self, worker: Any) -> None:
+        quiet_expected_errors()
+        own_process = multiprocessing.parent_process() is not None
+        # signal.signal only works in the main thread, which runs a worker process's loop.
+        main = threading.current_thread() is threading.main_thread()
+        if self.ignore_sigint and own_process and main:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def setup_workers(client: Any, *, ignore_sigint: bool) -> None:
+    """Register :class:`WorkerSetup` on every worker, now and joining later; this process's
+    own worker logger (in-process workers, the driver) is quieted too."""
+    quiet_expected_errors()
+    client.register_plugin(WorkerSetup(ignore_sigint), name=PLUGIN_NAME)

@@ -1,0 +1,47 @@
+"""Dask's ``Compute Failed`` block goes for errors daskhps raises on purpose, and stays for
+every other failure, on a real cluster started as a run starts one (in-process workers, so
+their log reaches ``caplog``; worker processes: tests/training/test_cli_stops.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from daskhps.data.badrows import BadRowPolicy
+from daskhps.distributed import start_cluster
+from daskhps.errors import ConfigError, DataError
+
+
+def _lookup(d: dict, key: str) -> int:
+    return d[key]  # a KeyError: a genuine failure
+
+
+def _not_daskhps_code() -> None:
+    raise ConfigError("raised by someone else's code")  # a daskhps class, not daskhps's raise
+
+
+def test_compute_failed_only_for_what_daskhps_did_not_raise_on_purpose(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        start_cluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as handle,
+        caplog.at_level(logging.ERROR, logger="distributed.worker"),
+    ):
+        client = handle.client
+        expected = client.submit(BadRowPolicy, "explode", pure=False)  # DataError in daskhps
+        with pytest.raises(DataError, match="bad-row action 'explode'"):
+            expected.result()
+        genuine = client.submit(_lookup, {}, "missing", pure=False)
+        with pytest.raises(KeyError):
+            genuine.result()
+        foreign = client.submit(_not_daskhps_code, pure=False)
+        with pytest.raises(ConfigError):
+            foreign.result()
+    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compute")]
+    assert len(failed) == 2, failed
+    assert "KeyError('missing')" in failed[0] and "_lookup" in failed[0]
+    assert "ConfigError" in failed[1] and "_not_daskhps_code" in failed[1]
+    assert not any("explode" in m for m in failed)
