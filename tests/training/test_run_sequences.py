@@ -293,7 +293,7 @@ def _sequence(rng: random.Random, folders: RunFolders) -> list[tuple[str, Callab
     ]
     steps = kinds + bad
     rng.shuffle(steps)
-    return steps + [rng.choice(kinds)]
+    return [*steps, rng.choice(kinds)]
 
 
 _SEEDS = [int(x) for x in os.environ.get("DASKHPS_SEQUENCE_SEEDS", "0").split(",")]
