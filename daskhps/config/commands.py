@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import shlex
 import sys
+import time
 
 from daskhps.config.runconfig import load_config
 
@@ -66,6 +67,7 @@ def run_config(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     """Validate the config, then run ``pipelines.train.run(config[, resume=...])``."""
+    args.started = time.time()  # Ctrl-C: which checkpoints this run wrote (train_interrupted)
     config = load_config(args.config, args.overrides)
     # find_spec, not a guarded import: an ImportError raised inside the pipeline is a bug
     # to show, not a missing pipeline.
@@ -91,7 +93,7 @@ def run_train(args: argparse.Namespace) -> int:
 def train_interrupted(args: argparse.Namespace) -> str:
     """The line Ctrl-C during ``daskhps train`` ends with: how far the run's checkpoints got
     and the command that resumes it (or that nothing was checkpointed)."""
-    from daskhps.training.checkpoint import latest_checkpoint
+    from daskhps.training.checkpoint import MANIFEST, latest_checkpoint
 
     command = ["daskhps", "train", args.config]
     for override in args.overrides:
@@ -105,6 +107,14 @@ def train_interrupted(args: argparse.Namespace) -> str:
         why = "" if config.checkpoint.enabled else " (checkpoint.every_passes is 0)"
         return (
             f"interrupted: nothing was checkpointed{why}; start again with: {shlex.join(command)}"
+        )
+    written = (ckpt.path / MANIFEST).stat().st_mtime >= getattr(args, "started", 0.0)
+    if getattr(args, "overwrite", False) and not getattr(args, "resume", False) and not written:
+        # the new run wrote no checkpoint: the run it was replacing was put back
+        return (
+            f"interrupted before the new run's first checkpoint: the earlier run in "
+            f"{config.run.dir} is back as it was (last checkpoint {ckpt.name}); start over "
+            f"again with: {shlex.join([*command, '--overwrite'])}"
         )
     return (
         f"interrupted: the run's last checkpoint is after pass {ckpt.passes_done} ({ckpt.path}); "

@@ -10,9 +10,12 @@ last.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +129,36 @@ def test_a_killed_overwrite_is_put_right_by_the_next_train(trained: Path) -> Non
     # earlier run comes back (and this plain train is then refused, as it holds a run).
     _one_line_error(_train(trained), "already holds a run")
     assert _digest(trained) == before
+
+
+def test_ctrl_c_before_the_new_runs_first_checkpoint_puts_the_earlier_run_back(
+    trained: Path,
+) -> None:
+    before = _digest(trained)
+    aside = trained.parent / "run" / ASIDE
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daskhps.cli", "train", str(trained), "--overwrite"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: SIGINT reaches it and its workers
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not aside.exists():  # moved aside: the cluster is starting, nothing trained yet
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("daskhps train: interrupted before the new run's first checkpoint")
+    assert "is back as it was (last checkpoint pass-000002)" in last and "--overwrite" in last
+    assert _digest(trained) == before and not aside.exists()
 
 
 def test_resuming_an_earlier_checkpoint_needs_overwrite_and_ends_the_same(trained: Path) -> None:
