@@ -55,8 +55,18 @@ class ClusterHandle:
     def __enter__(self) -> ClusterHandle:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            _quiet_teardown()
         self.close()
+
+
+def _quiet_teardown() -> None:
+    """After Ctrl-C the run is over and the process exits: what Dask logs while its cluster
+    goes down mid-task (broadcasts to closed workers, futures nobody awaits any more) is not
+    something the user can act on, and would bury the one line that says where to resume."""
+    for name in ("distributed", "asyncio", "tornado"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def cuda_available() -> bool:
