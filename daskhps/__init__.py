@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from daskhps._version import __version__
 from daskhps.errors import DaskHPSError
 
 if TYPE_CHECKING:
     from daskhps.config import RunConfig
     from daskhps.training.trainer import RunResult
-
-__version__ = "0.1.0"
 
 __all__ = ["DaskHPSError", "__version__", "train"]
 
@@ -29,6 +28,8 @@ def train(
     ``overrides``); the same job, and the same run-directory rules, as ``daskhps train CONFIG
     [--resume] [--overwrite] [--checkpoint NAME]``. Other keywords go to
     :class:`~daskhps.training.trainer.Trainer` (``progress``, ``echo``)."""
+    # Imported on call: ``import daskhps`` (the CLI's first line, every worker's unpickling)
+    # must not load torch, dask and the trainer.
     from daskhps.config import RunConfig, load_config
     from daskhps.training.trainer import Trainer
 

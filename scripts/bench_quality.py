@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter
 
 from daskhps.config import RunConfig
+from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.passes import build_plan
 from daskhps.table.init import init_embedding
 from daskhps.training.examples import RANK, WorkerExamples
-from daskhps.training.holdout import read_train_and_holdout
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.trainer import Trainer
 

@@ -135,10 +135,12 @@ def scan_key_stats(cfg: RunConfig, workers: int, scheduler: str = "threads") -> 
     (``max_working_set`` splits included), then every pass's unique keys per owner and the
     distinct keys per owner over the whole log.
     """
+    # Loaded here: only --scan reads logs with Dask; the estimate and the trainer's check_fits
+    # need none of it.
     import dask
 
+    from daskhps.data.holdout import read_train_and_holdout
     from daskhps.passes import build_plan, owner_keys, pass_keys
-    from daskhps.training.holdout import read_train_and_holdout
 
     if cfg.data.generate is not None:
         cfg.data.generate.ensure()

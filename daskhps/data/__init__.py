@@ -8,12 +8,20 @@ reads them as a Dask dataframe, :mod:`~daskhps.data.parse` validates each line u
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import field_salt, hash_column, hash_values, missing_key
 from daskhps.data.parse import read_shard
-from daskhps.data.readers import ClickLog, read_click_log
 from daskhps.data.schema import CategoricalField, DenseField, Schema, criteo_schema, load_schema
 from daskhps.data.source import DataSource, resolve_files
+
+if TYPE_CHECKING:
+    from daskhps.data.readers import ClickLog, read_click_log
+
+# readers builds Dask dataframes: it is loaded on first use of its names, so that importing
+# daskhps.data.hashing or daskhps.config (which run this file first) does not import dask.
+_FROM_READERS = ("ClickLog", "read_click_log")
 
 __all__ = [
     "BadRowPolicy",
@@ -34,3 +42,11 @@ __all__ = [
     "read_shard",
     "resolve_files",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_READERS:
+        from daskhps.data import readers
+
+        return getattr(readers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

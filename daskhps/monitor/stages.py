@@ -22,8 +22,6 @@ import contextlib
 import threading
 from collections.abc import Hashable, Iterator
 
-from distributed.metrics import context_meter
-
 __all__ = ["STAGES", "stage_seconds", "stage_span"]
 
 STAGES = (
@@ -56,6 +54,10 @@ def _where() -> str:
 @contextlib.contextmanager
 def stage_span(stage: str) -> Iterator[None]:
     """Meter the ``with`` block as ``stage`` (one of :data:`STAGES`)."""
+    # Imported here, not at the top: daskhps.data.parse meters its stages with this module, and
+    # the data, config and table layers must import without distributed (tests/test_layering.py).
+    from distributed.metrics import context_meter
+
     if stage not in STAGES:
         raise ValueError(f"stage {stage!r} is not one of {', '.join(STAGES)}")
     where = _where()

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from daskhps.passes.config import PassConfig
-from daskhps.passes.owners import (
-    OwnerPlacement,
-    owner_keys,
-    pass_keys,
-    place_on_workers,
-    plan_owner_keys,
-    select_examples,
-    worker_addresses,
-)
-from daskhps.passes.plan import PassPlan, PassSpec, build_plan, split_batch
+
+if TYPE_CHECKING:
+    from daskhps.passes.keys import pass_keys, select_examples
+    from daskhps.passes.owners import (
+        OwnerPlacement,
+        owner_keys,
+        place_on_workers,
+        plan_owner_keys,
+        worker_addresses,
+    )
+    from daskhps.passes.plan import PassPlan, PassSpec, build_plan, split_batch
+
+# The planning modules build Dask graphs: they are loaded on first use of their names, so that
+# daskhps.config (which needs PassConfig, and runs this file first) does not import dask.
+_LAZY = {
+    "pass_keys": "keys",
+    "select_examples": "keys",
+    "OwnerPlacement": "owners",
+    "owner_keys": "owners",
+    "place_on_workers": "owners",
+    "plan_owner_keys": "owners",
+    "worker_addresses": "owners",
+    "PassPlan": "plan",
+    "PassSpec": "plan",
+    "build_plan": "plan",
+    "split_batch": "plan",
+}
 
 __all__ = [
     "OwnerPlacement",
@@ -28,3 +48,9 @@ __all__ = [
     "split_batch",
     "worker_addresses",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,11 +26,11 @@ from typing import Any
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from daskhps._scheduler import scheduler_workers
 from daskhps.data.readers import ClickLog
 from daskhps.monitor import stage_span
+from daskhps.passes.keys import pass_keys, select_examples
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
 
@@ -44,52 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def _slice(df: Any, bounds: dict[int, tuple[int, int]], partition_info: Any = None) -> Any:
-    lo, hi = bounds[partition_info["number"]]
-    return df.iloc[lo:hi]
-
-
-def select_examples(
-    frame: dd.DataFrame, lengths: Sequence[int], start: int, stop: int
-) -> dd.DataFrame:
-    """Rows at plan positions ``[start, stop)`` of a frame with the given partition lengths."""
-    ends = np.cumsum(lengths)
-    begins = ends - np.asarray(lengths)
-    first = int(np.searchsorted(ends, start, side="right"))
-    last = int(np.searchsorted(begins, stop, side="left"))  # exclusive
-    first = min(first, max(last - 1, 0))
-    bounds = {
-        i - first: (max(start - int(begins[i]), 0), min(stop, int(ends[i])) - int(begins[i]))
-        for i in range(first, max(last, first + 1))
-    }
-    sub = frame.partitions[first : max(last, first + 1)]
-    return sub.map_partitions(_slice, bounds, meta=frame._meta)
-
-
-def _local_keys(df: Any, fields: tuple[str, ...], multi: tuple[str, ...]) -> Any:
-    """All keys of a partition, deduplicated locally (cuts shuffle volume)."""
-    with stage_span("dedup"):
-        arrays = [np.asarray(df[f].to_numpy(), dtype=np.int64) for f in fields]
-        for f in multi:
-            col = df[f]
-            if isinstance(col, pd.Series):
-                flat = pa.array(col.array).flatten()
-            else:  # cudf: the list column's values
-                flat = col.list.leaves.to_arrow()
-            arrays.append(np.asarray(flat, dtype=np.int64))
-        keys = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
-        return pd.DataFrame({"key": keys})
-
-
-def pass_keys(log_: ClickLog, lengths: Sequence[int], start: int, stop: int) -> dd.DataFrame:
-    """Keys of the examples at plan positions ``[start, stop)``, unique within each partition."""
-    frame = select_examples(log_.frame, lengths, start, stop)
-    single = tuple(c.name for c in log_.schema.categorical if not c.multi_hot)
-    multi = tuple(c.name for c in log_.schema.categorical if c.multi_hot)
-    meta = pd.DataFrame({"key": pd.Series([], dtype="int64")})
-    return frame.map_partitions(_local_keys, single, multi, meta=meta)
 
 
 def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:

@@ -29,6 +29,7 @@ import numpy as np
 from daskhps.data.readers import ClickLog
 from daskhps.errors import CapacityError, ConfigError
 from daskhps.passes.config import PassConfig
+from daskhps.passes.keys import pass_keys
 
 __all__ = ["PassPlan", "PassSpec", "build_plan", "split_batch"]
 
@@ -188,8 +189,6 @@ def _fit_working_set(
     Unique counts are sub-additive, so a pass with u keys is cut into ceil(u / M) pieces and
     each piece is checked again; one round of Dask computation per level of splitting.
     """
-    from daskhps.passes.owners import pass_keys
-
     M = config.max_working_set
     assert M is not None
     B = config.global_batch_size

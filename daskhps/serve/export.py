@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskhps import __version__
 from daskhps._paths import check_writable_dir
+from daskhps._version import __version__
 from daskhps.data.describe import features
 from daskhps.data.hashing import hash_spec
 from daskhps.errors import StoreExistsError

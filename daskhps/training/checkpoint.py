@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from daskhps import __version__
+from daskhps._version import __version__
 from daskhps.errors import CheckpointError
 from daskhps.table.table import open_store
 from daskhps.tiers._segments import file_sha256, fsync_dir

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
+from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import (
     ShardHost,
@@ -64,7 +65,6 @@ from daskhps.training.checkpoint import (
 )
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.examples import route_examples
-from daskhps.training.holdout import read_train_and_holdout
 from daskhps.training.killpoints import check_env, kill_point, kill_when_running
 from daskhps.training.metrics import evaluate_predictions
 

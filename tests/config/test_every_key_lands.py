@@ -36,6 +36,7 @@ from daskhps.capacity import check_fits
 from daskhps.config import RunConfig
 from daskhps.config.reference import DOCS, defaults
 from daskhps.data.backend import cudf_available
+from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.schema import criteo_schema
 from daskhps.data.source import day_of
 from daskhps.data.synthetic import GeneratorConfig, generate
@@ -45,7 +46,6 @@ from daskhps.retrain.guard import judge
 from daskhps.sharding import ShardMap
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpointer import Checkpointer, Position
-from daskhps.training.holdout import read_train_and_holdout
 from daskhps.training.trainer import Trainer
 
 ADDRESSES = ["tcp://w:0", "tcp://w:1"]

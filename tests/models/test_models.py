@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -213,13 +211,3 @@ def test_batch_of_wrong_shape_is_a_data_error(name: str) -> None:
     ]:
         with pytest.raises(DataError, match=f"model '{name}': expected dense \\[B, 3\\]"):
             model(*bad)
-
-
-def test_models_do_not_import_dask() -> None:
-    # Models run inside the training loop on any worker; only distributed/ and train/ use dask.
-    code = (
-        "import sys, daskhps.models; "
-        "print(sorted(m for m in sys.modules if m == 'dask' or m.startswith('dask.')))"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert res.stdout.strip() == "[]"

@@ -1,17 +1,24 @@
-"""Split a click log into training rows and held-out evaluation rows."""
+"""Split a click log into training rows and held-out evaluation rows.
+
+Here in data/, below both its users: the trainer reads its logs with it and ``daskhps plan
+--scan`` counts keys over the same rows (capacity/keystats.py), so capacity does not import
+training.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from daskhps.config.data import HoldoutConfig
 from daskhps.data.readers import ClickLog, read_click_log
 from daskhps.data.source import DataSource, day_of, resolve_files
 from daskhps.errors import DataError
+
+if TYPE_CHECKING:  # config imports data: the section's type only, for the annotation
+    from daskhps.config.data import HoldoutConfig
 
 __all__ = ["read_train_and_holdout"]
 

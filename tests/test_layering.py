@@ -1,0 +1,187 @@
+"""The layering of daskhps, checked on every module.
+
+* The layers that run anywhere (tiers, table, models, sharding, hashing, config) import neither
+  dask nor distributed: they are loaded by workers' plugins, the CLI's config checks and
+  ``daskhps serve``, which must not pay for (or depend on) a Dask import.
+* daskhps's modules form no import cycle at import time: a cycle makes the result depend on
+  which module is imported first (a half-initialised module raises ImportError on a name).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "daskhps"
+
+DASK_FREE = [
+    "daskhps.tiers",
+    "daskhps.table",
+    "daskhps.models",
+    "daskhps.sharding",
+    "daskhps.data.hashing",
+    "daskhps.config",
+]
+FORBIDDEN = ("dask", "distributed")
+
+# Run in a fresh interpreter: records, for the first forbidden module imported, the modules
+# whose top level was executing at that moment (outermost first): the chain that pulled it in.
+_PROBE = """
+import importlib, json, sys
+
+FORBIDDEN = {forbidden!r}
+chain = []
+
+
+class Recorder:
+    def find_spec(self, name, path=None, target=None):
+        if not chain and name.split(".")[0] in FORBIDDEN:
+            frame, stack = sys._getframe(1), []
+            while frame is not None:
+                if frame.f_code.co_name == "<module>":
+                    stack.append(frame.f_globals.get("__name__", "?"))
+                frame = frame.f_back
+            chain.extend([m for m in reversed(stack) if m != "__main__"] + [name])
+        return None  # never loads anything: the real finders do
+
+
+sys.meta_path.insert(0, Recorder())
+importlib.import_module({module!r})
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN)
+print(json.dumps({{"loaded": loaded[:5], "chain": chain}}))
+"""
+
+
+@pytest.mark.parametrize("module", DASK_FREE)
+def test_imports_neither_dask_nor_distributed(module: str) -> None:
+    code = _PROBE.format(forbidden=FORBIDDEN, module=module)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert not got["loaded"], f"import {module} loads {got['loaded']} via " + " -> ".join(
+        got["chain"]
+    )
+
+
+def _module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _top_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported: not inside functions or classes, not
+    under ``if TYPE_CHECKING:`` (its ``else`` does run)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                found += _top_level_imports(node.body)
+            found += _top_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            found += _top_level_imports(node.body + node.orelse + node.finalbody)
+            for handler in node.handlers:
+                found += _top_level_imports(handler.body)
+        elif isinstance(node, ast.With):
+            found += _top_level_imports(node.body)
+    return found
+
+
+def import_graph(names: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the daskhps modules its top level imports (``from P import m`` counts as
+    importing module ``P.m`` when there is one, else ``P``)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges: set[str] = set()
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in names)
+                continue
+            if node.level:  # relative: from the module's package, level - 1 packages up
+                base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                if target in names:
+                    edges.add(target)
+                elif source in names:
+                    edges.add(source)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as ``[a, b, ..., a]``, or None (depth-first search, white/grey/black)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph(_module_names()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_cycle_finder_sees_a_cycle_and_ignores_lazy_imports(tmp_path: Path) -> None:
+    # The check above must be able to fail: a real cycle is found, function-level and
+    # TYPE_CHECKING imports are not edges.
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import x\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg.a import y\n"
+        "def f():\n    from pkg import a\n"
+        "from . import c\n"
+    )
+    (pkg / "c.py").write_text("import pkg.d\n")
+    (pkg / "d.py").write_text("")
+    names = {
+        ".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in pkg.rglob("*.py")
+    }
+    graph = import_graph(names)
+    assert graph["pkg.b"] == {"pkg.c"}
+    assert find_cycle(graph) is None
+    (pkg / "d.py").write_text("from pkg.a import z\n")
+    assert find_cycle(import_graph(names)) == ["pkg.a", "pkg.b", "pkg.c", "pkg.d", "pkg.a"]
