@@ -32,7 +32,8 @@ SHARD_SALT = 0x5348415244534C54  # "SHARDSLT"
 
 
 def _mix_numpy(keys: np.ndarray, xp: Any = np) -> Any:
-    z = xp.asarray(keys).astype(xp.int64).view(xp.uint64) ^ xp.uint64(SHARD_SALT)
+    # No copy for int64 keys: the XOR below makes the fresh array the finaliser works on.
+    z = xp.asarray(keys).astype(xp.int64, copy=False).view(xp.uint64) ^ xp.uint64(SHARD_SALT)
     z = fmix64_numpy(z, xp)
     z &= xp.uint64(MASK63)
     return z.view(xp.int64)
