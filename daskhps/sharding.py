@@ -23,42 +23,29 @@ from typing import Any
 
 import numpy as np
 
+from daskhps._mix64 import MASK63, fmix64_numpy, fmix64_torch_, s64
 from daskhps.errors import ConfigError
 
 __all__ = ["SHARD_SALT", "ShardMap", "assign_shards", "mix", "shard_of"]
 
 SHARD_SALT = 0x5348415244534C54  # "SHARDSLT"
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
-_MASK63 = (1 << 63) - 1
-
-
-def _signed(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
 
 
 def _mix_numpy(keys: np.ndarray, xp: Any = np) -> Any:
-    with np.errstate(over="ignore"):
-        z = xp.asarray(keys).astype(xp.int64).view(xp.uint64) ^ xp.uint64(SHARD_SALT)
-        z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_C1)
-        z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_C2)
-        z = z ^ (z >> xp.uint64(31))
-        return (z & xp.uint64(_MASK63)).view(xp.int64)
+    # No copy for int64 keys: the XOR below makes the fresh array the finaliser works on.
+    z = xp.asarray(keys).astype(xp.int64, copy=False).view(xp.uint64) ^ xp.uint64(SHARD_SALT)
+    z = fmix64_numpy(z, xp)
+    z &= xp.uint64(MASK63)
+    return z.view(xp.int64)
 
 
 def _mix_torch(keys: Any) -> Any:
-    """The same arithmetic on int64 tensors: multiplication wraps like uint64 in two's
-    complement; a logical right shift is an arithmetic shift with the sign bits masked off."""
+    """The same arithmetic on int64 tensors (``keys ^ salt`` is a fresh tensor, so the
+    finaliser and the mask run in place on it)."""
     import torch
 
-    def srl(x: torch.Tensor, s: int) -> torch.Tensor:
-        return (x >> s) & ((1 << (64 - s)) - 1)
-
-    z = keys.to(torch.int64) ^ _signed(SHARD_SALT)
-    z = (z ^ srl(z, 30)) * _signed(_C1)
-    z = (z ^ srl(z, 27)) * _signed(_C2)
-    z = z ^ srl(z, 31)
-    return z & _MASK63
+    z = keys.to(torch.int64) ^ s64(SHARD_SALT)
+    return fmix64_torch_(z).bitwise_and_(MASK63)
 
 
 def mix(keys: Any) -> Any:

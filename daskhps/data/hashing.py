@@ -30,6 +30,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from daskhps._mix64 import M1, M2, fmix64_numpy
+
 __all__ = [
     "KEY_MASK",
     "MISSING_TAG",
@@ -49,18 +51,12 @@ SALT_SEED = 0x6461736B68707331  # "daskhps1"
 MISSING_TAG = 0x4D495353494E4721  # "MISSING!"
 KEY_MASK = (1 << 63) - 1
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _MASK_U = np.uint64(KEY_MASK)
 
 
 def fmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser on a uint64 array (a bijection with full avalanche)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    return fmix64_numpy(x)
 
 
 def _rotl31(x: np.ndarray) -> np.ndarray:
@@ -177,8 +173,8 @@ def hash_spec() -> dict[str, Any]:
         "constants": {
             "P1": _hex(P1),
             "P2": _hex(P2),
-            "M1": _hex(_M1),
-            "M2": _hex(_M2),
+            "M1": _hex(M1),
+            "M2": _hex(M2),
             "SALT_SEED": _hex(SALT_SEED),
             "MISSING_TAG": _hex(MISSING_TAG),
             "KEY_MASK": _hex(KEY_MASK),

@@ -13,19 +13,12 @@ from typing import Any
 
 import torch
 
+from daskhps._mix64 import M1, M2, fmix64_torch, fmix64_torch_, s64
+
 __all__ = ["init_embedding", "init_spec", "mix64"]
 
 _U64 = 1 << 64
-
-
-def _s64(x: int) -> int:
-    """An unsigned 64-bit constant as the signed int64 torch stores."""
-    return x - _U64 if x >= 1 << 63 else x
-
-
-_C1 = _s64(0xBF58476D1CE4E5B9)
-_C2 = _s64(0x94D049BB133111EB)
-_GAMMA = _s64(0x9E3779B97F4A7C15)
+_GAMMA = s64(0x9E3779B97F4A7C15)
 
 
 def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -35,11 +28,7 @@ def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
 
 def mix64(x: torch.Tensor) -> torch.Tensor:
     """splitmix64's finaliser: a bijection on 64-bit integers with full avalanche."""
-    x = x ^ _lsr(x, 30)
-    x = x * _C1
-    x = x ^ _lsr(x, 27)
-    x = x * _C2
-    return x ^ _lsr(x, 31)
+    return fmix64_torch(x)
 
 
 def init_spec(seed: int, dim: int, scale: float) -> dict[str, Any]:
@@ -57,8 +46,8 @@ def init_spec(seed: int, dim: int, scale: float) -> dict[str, Any]:
             "row = (float32(u) * 2**-23 - 1) * float32(scale)  (float32 arithmetic)",
         ],
         "constants": {
-            "C1": f"0x{_C1 % _U64:016x}",
-            "C2": f"0x{_C2 % _U64:016x}",
+            "C1": f"0x{M1:016x}",
+            "C2": f"0x{M2:016x}",
             "GAMMA": f"0x{_GAMMA % _U64:016x}",
         },
     }
@@ -72,9 +61,10 @@ def init_embedding(keys: torch.Tensor, *, seed: int, dim: int, scale: float) -> 
     """
     n = keys.shape[0]
     half = (dim + 1) // 2
-    base = mix64(keys ^ mix64(torch.tensor(_s64(seed % _U64), dtype=torch.int64)))
+    # The operands below are fresh tensors, so the finaliser runs on them in place.
+    base = fmix64_torch_(keys ^ mix64(torch.tensor(s64(seed), dtype=torch.int64)))
     cols = torch.arange(1, half + 1, dtype=torch.int64, device=keys.device) * _GAMMA
-    h = mix64(base[:, None] + cols[None, :])  # [n, half]
+    h = fmix64_torch_(base[:, None] + cols[None, :])  # [n, half]
     hi = _lsr(h, 40)
     lo = (h >> 16) & 0xFFFFFF
     u = torch.stack([hi, lo], dim=2).reshape(n, 2 * half)[:, :dim]

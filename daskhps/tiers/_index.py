@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from daskhps._mix64 import fmix64_torch_, s64
+
 __all__ = ["KeyIndex"]
 
 _EMPTY = -(2**63)
@@ -38,18 +40,11 @@ _CHUNK = 1 << 19  # keys probed at once; larger batches go in chunks
 _SEED = 0x2545F4914F6CDD1D  # makes the mix differ from the one used for owner routing
 
 
-def _s64(x: int) -> int:
-    """An unsigned 64-bit constant as the int64 with the same bits."""
-    return x - 2**64 if x >= 2**63 else x
-
-
-_M1 = _s64(0xBF58476D1CE4E5B9)
-_M2 = _s64(0x94D049BB133111EB)
 # A bool[P] row with exactly one True, viewed as one P-byte integer, is 1 << 8c; times _COLS its
 # top log2(P) bits are c. Finds the column of a match without a reduction over the row.
 _WORD = {4: torch.int32, 8: torch.int64}[_PAIRS]
 _TOP = _PAIRS.bit_length() - 1
-_COLS = _s64(sum(c << (8 * _PAIRS - _TOP - 8 * c) for c in range(_PAIRS)))
+_COLS = s64(sum(c << (8 * _PAIRS - _TOP - 8 * c) for c in range(_PAIRS)))
 
 
 def _home(
@@ -60,15 +55,11 @@ def _home(
 ) -> torch.Tensor:
     """Home bucket in ``[0, buckets)``: top bits of splitmix64's finaliser of ``key ^ seed``.
 
-    The finaliser's last xor-shift only changes low bits, so it is skipped. Right shifts on int64
-    are arithmetic; the masks make them logical. ``out`` and ``tmp`` are optional buffers shaped
-    like ``keys``.
+    The finaliser's last xor-shift only changes low bits, so it is skipped. ``out`` and ``tmp``
+    are optional buffers shaped like ``keys``.
     """
     z = torch.bitwise_xor(keys, _SEED, out=out) if out is not None else keys ^ _SEED
-    t = torch.bitwise_right_shift(z, 30, out=tmp) if tmp is not None else z >> 30
-    z.bitwise_xor_(t.bitwise_and_((1 << 34) - 1)).mul_(_M1)
-    t = torch.bitwise_right_shift(z, 27, out=t).bitwise_and_((1 << 37) - 1)
-    z.bitwise_xor_(t).mul_(_M2)
+    z = fmix64_torch_(z, final=False, tmp=tmp)
     # Top 32 bits times the bucket count, over 2**32: any bucket count, no modulo.
     z = z.bitwise_right_shift_(32).bitwise_and_((1 << 32) - 1).mul_(buckets)
     return z.bitwise_right_shift_(32)
