@@ -62,7 +62,7 @@ def check_stores(version: TableVersion, model: str) -> None:
 
 def initial_rows(spec: TableSpec, keys: torch.Tensor) -> torch.Tensor:
     """Full rows (embedding, optimizer state) of keys never written: a pure function of
-    (table seed, key), as in training (DESIGN.md, invariant 2)."""
+    (table seed, key), as in training (docs/invariants.md, invariant 2)."""
     emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
     return torch.cat([emb, init_state(spec.optimizer, len(keys), spec.dim, keys.device)], dim=1)
 

@@ -1,10 +1,10 @@
 """Deterministic row initialisation: a pure function of (table seed, key, column).
 
 A row's starting value never depends on arrival order, shard, worker count or tier sizes, so
-re-sharding, resuming and resizing tiers never change it (DESIGN.md, invariant 2). Values come
-from a counter-based hash (splitmix64) evaluated in torch int64 arithmetic, which wraps on
-overflow identically on CPU and CUDA; only the final scaling is floating point, one IEEE
-multiply, so every device gives the same bits. Golden vectors in the tests pin the function.
+re-sharding, resuming and resizing tiers never change it (docs/invariants.md, invariant 2).
+Values come from a counter-based hash (splitmix64) evaluated in torch int64 arithmetic, which
+wraps on overflow identically on CPU and CUDA; only the final scaling is floating point, one
+IEEE multiply, so every device gives the same bits. Golden vectors in the tests pin the function.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The driver (``python -m daskhps.cli train``) SIGKILLs itself at each named kill 
 resumed run must end bit-identical to one uninterrupted run (dense weights, optimizer state,
 every embedding row, every batch loss), a torn checkpoint is never loaded, and the killed
 driver's workers are gone (their store locks free). Resuming on 2 workers instead of 1
-re-shards the stores and ends within DESIGN.md's worker-count tolerance.
+re-shards the stores and ends within the worker-count tolerance of docs/invariants.md (invariant 3).
 """
 
 from __future__ import annotations
