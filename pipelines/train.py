@@ -1,7 +1,7 @@
 """The training job: the config in, a trained run directory out.
 
 A thin composition over the library: generate or find the click logs, train pass after pass on
-the cluster (:class:`daskhps.training.Trainer`), report. ``daskhps train CONFIG`` calls
+the cluster (:class:`daskhps.training.trainer.Trainer`), report. ``daskhps train CONFIG`` calls
 :func:`run`; Python code may call it, or :func:`daskhps.train`, directly.
 """
 
