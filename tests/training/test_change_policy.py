@@ -16,6 +16,7 @@ import pytest
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, ResumeError
 from daskhps.retrain.candidate import check_warm_start
+from daskhps.training import changes
 from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.resume import check_resume
 
@@ -194,3 +195,25 @@ def test_each_mode_accepts_what_the_table_says(tmp_path: Path, config: int, key:
         assert key in str(e) and "put the published values back" in str(e)
         warm = False
     assert (resumed, warm) == (resume_ok, warm_ok)
+
+
+def test_every_key_is_classified_once() -> None:
+    """The policy decides every key of the configs; a new key needs an entry of its own or a
+    node above it chosen on purpose (a key no entry covers is refused by both modes)."""
+    assert [k for _, k in _cases() if changes.rule(k) is None] == []
+    names = [r.key for r in changes.POLICY]
+    assert len(names) == len(set(names))
+    assert all(r.why for r in changes.POLICY)
+
+
+def test_an_unclassified_key_is_refused_by_both_modes(tmp_path: Path) -> None:
+    old = RunConfig.from_dict(_CONFIGS[1])
+    d = old.to_dict()
+    d["table"]["new_knob"] = 1
+    fields = {f.name: getattr(old, f.name) for f in dataclasses.fields(RunConfig)}
+    new = _Edited(**fields, edited=d)
+    assert changes.rule("table.new_knob") is None
+    with pytest.raises(ResumeError, match=r"table\.new_knob: None -> 1"):
+        changes.check_changes(old, new, "resume", tmp_path)
+    with pytest.raises(ConfigError, match=r"table\.new_knob: None -> 1"):
+        changes.check_changes(old, new, "warm_start", tmp_path)
