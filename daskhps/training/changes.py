@@ -35,10 +35,10 @@ class Rule(NamedTuple):
     why: str
 
 
-_ROWS = "decides what a stored row means or where a key lives"
-_MODEL = "decides the dense model's shape"
-_PLAN = "decides the plan a resume replays; a warm start trains a new plan"
-_SPEED = "decides speed, placement or reporting only"
+_ROWS = "what a stored row means"
+_MODEL = "the dense model's shape"
+_PLAN = "the plan a resume replays (a warm start trains a new plan)"
+_SPEED = "speed, placement or reporting only"
 
 POLICY: tuple[Rule, ...] = (
     Rule("run.name", True, True, "a label"),
@@ -47,23 +47,25 @@ POLICY: tuple[Rule, ...] = (
     Rule("run.seed", False, True, _PLAN),
     Rule("data", False, True, _PLAN),
     Rule("data.generate.workers", True, True, "how many processes write the logs"),
-    Rule("data.schema", False, False, "decides which columns are keys: " + _ROWS),
+    Rule("data.schema", False, False, "which columns are keys: " + _ROWS),
     Rule("passes", False, True, _PLAN),
     Rule("passes.epochs", True, True, "may grow: more passes are appended to the plan"),
     Rule("passes.shuffle_method", True, True, "how the plan's shuffle is computed, not what"),
-    Rule("passes.num_shards", False, False, "decides which worker owns a key: " + _ROWS),
+    Rule("passes.num_shards", False, False, "which worker owns a key (the stores' layout)"),
     Rule("table.name", False, False, _ROWS),
     Rule("table.dim", False, False, _ROWS),
-    Rule("table.seed", False, False, "decides a new row's initial values: " + _ROWS),
-    Rule("table.init_scale", False, False, "decides a new row's initial values: " + _ROWS),
+    Rule("table.seed", False, False, "a new row's initial values: " + _ROWS),
+    Rule("table.init_scale", False, False, "a new row's initial values: " + _ROWS),
     Rule("table.expected_keys", False, True, "sizes the stores a resume reopens"),
-    Rule("table.optimizer", False, True, "the stored optimizer state was built with it"),
-    Rule("table.optimizer.kind", False, False, "decides the stored optimizer state: " + _ROWS),
-    Rule("table.optimizer.row_wise", False, False, "decides the stored state's shape: " + _ROWS),
+    Rule(
+        "table.optimizer", False, True, "settings of the stored optimizer state a resume continues"
+    ),
+    Rule("table.optimizer.kind", False, False, "what the stored optimizer state means"),
+    Rule("table.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
     Rule("table.optimizer.lr", True, True, "a learning rate may be tuned"),
     Rule("table.tiers", True, True, _SPEED),
     Rule("model", False, False, _MODEL),
-    Rule("dense_optimizer.kind", False, False, "decides the stored optimizer state"),
+    Rule("dense_optimizer.kind", False, False, "what the stored optimizer state means"),
     Rule("dense_optimizer.lr", True, True, "a learning rate may be tuned"),
     Rule("dense_optimizer.weight_decay", True, True, "may be tuned"),
     Rule("dense_optimizer.grad_clip_norm", True, True, "may be tuned"),

@@ -217,3 +217,17 @@ def test_an_unclassified_key_is_refused_by_both_modes(tmp_path: Path) -> None:
         changes.check_changes(old, new, "resume", tmp_path)
     with pytest.raises(ConfigError, match=r"table\.new_knob: None -> 1"):
         changes.check_changes(old, new, "warm_start", tmp_path)
+
+
+def test_the_documented_table_is_the_policy() -> None:
+    """docs/checkpoints.md shows the table both docs point at; it must be the code's."""
+    doc = (Path(__file__).parents[2] / "docs" / "checkpoints.md").read_text()
+    doc = doc.split("## What may change when a run continues", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in doc.splitlines()
+        if line.startswith("| `")
+    ]
+    shown = {r[0].strip("`"): (r[1] == "yes", r[2] == "yes", r[3]) for r in rows if len(r) == 4}
+    policy = {r.key: (r.resume, r.warm_start, r.why) for r in changes.POLICY}
+    assert shown == policy
