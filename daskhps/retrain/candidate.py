@@ -25,29 +25,15 @@ from typing import Any
 
 from daskhps.config import HoldoutConfig, RunConfig
 from daskhps.data.source import DataSource
-from daskhps.errors import CheckpointError, ConfigError
+from daskhps.errors import CheckpointError
 from daskhps.retrain.days import DayPlan
+from daskhps.training.changes import check_changes
 from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 
-__all__ = ["FIXED", "Candidate", "candidate_config", "check_warm_start", "train_candidate"]
+__all__ = ["Candidate", "candidate_config", "check_warm_start", "train_candidate"]
 
 _GUARD_METRICS = ("auc", "logloss")
 _ONLY_AT_THE_END = 1 << 30  # checkpoint.every_passes: a checkpoint after the last pass only
-# Keys (or prefixes ending in ".") a candidate may not change from its base version: they
-# decide what a stored row means, where a key lives, or the dense model's shape. Everything
-# else (data, passes, learning rates, tiers, cluster, eval) may change from day to day.
-FIXED = (
-    "table.name",
-    "table.dim",
-    "table.optimizer.kind",
-    "table.optimizer.row_wise",
-    "table.seed",
-    "table.init_scale",
-    "passes.num_shards",
-    "model.",
-    "data.schema",
-    "dense_optimizer.kind",
-)
 
 
 @dataclass(frozen=True)
@@ -97,22 +83,9 @@ def candidate_config(
 
 
 def check_warm_start(base: Checkpoint, config: RunConfig) -> None:
-    """Raise :class:`ConfigError` when ``config`` changed a :data:`FIXED` key of ``base``."""
-    from daskhps.training.resume import config_changes
-
-    changes = config_changes(base.config, config)
-    fixed = {
-        k: v
-        for k, v in changes.items()
-        if any(k == f or (f.endswith(".") and k.startswith(f)) for f in FIXED)
-    }
-    if fixed:
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
-        raise ConfigError(
-            f"{config.source}: cannot train from {base.path}: the config changed what its "
-            f"stored rows or dense model mean ({listed}); put the published values back, or "
-            "start a new lineage in another run.dir"
-        )
+    """Raise :class:`ConfigError` when ``config`` changed a key of ``base``'s config that a
+    warm start must keep (see :mod:`daskhps.training.changes`)."""
+    check_changes(base.config, config, "warm_start", base.path)
 
 
 def train_candidate(

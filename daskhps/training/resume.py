@@ -2,9 +2,9 @@
 when the number of workers changed.
 
 A resume replays the rest of the plan from a checkpoint, so whatever decides the plan or the
-meaning of the stored rows must not change (data, passes, dims, optimizer kinds, seeds); what
-only decides speed or reporting may (cluster, tiers, eval, checkpoint settings), and so may
-the learning rates. ``passes.epochs`` may grow (more passes are appended to the schedule).
+meaning of the stored rows must not change; what only decides speed or reporting may, and so
+may the learning rates. The keys and reasons are :data:`daskhps.training.changes.POLICY`,
+shared with the warm start of a retraining candidate.
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from daskhps.errors import ResumeError, StoreLockedError
 from daskhps.sharding import ShardMap
 from daskhps.table import open_store
 from daskhps.tiers._lock import WriterLock
+from daskhps.training.changes import check_changes
 from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.rundir import published_commits
 
 __all__ = [
-    "ACCEPTED",
     "check_plan",
     "check_resume",
-    "config_changes",
     "plan_fingerprint",
     "reshard",
     "resharded_dir",
@@ -40,59 +39,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Dotted keys (or prefixes ending in ".") a resume may change.
-ACCEPTED = (
-    "run.name",
-    "run.dir",
-    "run.quiet",
-    "data.generate.workers",
-    "passes.epochs",
-    "passes.shuffle_method",
-    "table.optimizer.lr",
-    "table.tiers.",
-    "dense_optimizer.lr",
-    "dense_optimizer.weight_decay",
-    "dense_optimizer.grad_clip_norm",
-    "cluster.",
-    "eval.",
-    "checkpoint.",
-)
 _ROWS_PER_READ = 1 << 20
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
-def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
-    """``{dotted key: (checkpoint's value, new value)}`` of every leaf that differs."""
-    a, b = _flatten(old.to_dict()), _flatten(new.to_dict())
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-
-
-def _accepted(key: str) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in ACCEPTED)
 
 
 def check_resume(ckpt: Checkpoint, new: RunConfig) -> dict[str, tuple[Any, Any]]:
     """The accepted changes from ``ckpt``'s config to ``new``; :class:`ResumeError` naming
-    every refused one (and what would fix it) otherwise."""
-    changes = config_changes(ckpt.config, new)
-    refused = {k: v for k, v in changes.items() if not _accepted(k)}
-    if refused:
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
-        raise ResumeError(
-            f"cannot resume from {ckpt.path}: the config changed where a resume must not "
-            f"({listed}); these decide the plan or the meaning of the stored rows. Put the "
-            "checkpoint's values back to resume, or start a new run (without --resume, or "
-            "with another run.dir)"
-        )
-    return changes
+    every refused one (and what would fix it) otherwise (see :mod:`daskhps.training.changes`)."""
+    return check_changes(ckpt.config, new, "resume", ckpt.path)
 
 
 def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:

@@ -1,0 +1,233 @@
+"""Which config keys a resume and a warm start accept changing, pinned key by key.
+
+Every leaf key of fully resolved configs (generated and read logs, a holdout, model options)
+is changed alone, and each mode's answer is compared with the table below: a change to what
+either mode accepts must be made here on purpose, never by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daskhps.config import RunConfig
+from daskhps.errors import ConfigError, ResumeError
+from daskhps.retrain.candidate import check_warm_start
+from daskhps.training import changes
+from daskhps.training.checkpoint import Checkpoint
+from daskhps.training.resume import check_resume
+
+_CONFIGS = (
+    {
+        "run": {"dir": "runs/r"},
+        "data": {"train": {"paths": "logs"}, "holdout": {"day": "2024-01-04"}},
+        "table": {"dim": 8},
+        "model": {"name": "dlrm", "options": {"bottom_mlp": [4]}},
+    },
+    {"run": {"dir": "runs/r"}, "data": {"generate": {"out": "logs"}}, "table": {"dim": 8}},
+)
+
+# key: (a resume accepts changing it, a warm start accepts changing it)
+POLICY: dict[str, tuple[bool, bool]] = {
+    "checkpoint.every_passes": (True, True),
+    "checkpoint.full_every": (True, True),
+    "checkpoint.keep": (True, True),
+    "cluster.address": (True, True),
+    "cluster.dashboard_address": (True, True),
+    "cluster.dist_backend": (True, True),
+    "cluster.dist_timeout_s": (True, True),
+    "cluster.gpu": (True, True),
+    "cluster.memory_limit": (True, True),
+    "cluster.n_workers": (True, True),
+    "cluster.processes": (True, True),
+    "cluster.threads_per_worker": (True, True),
+    "data.backend": (False, True),
+    "data.bad_rows.action": (False, True),
+    "data.bad_rows.max_fraction": (False, True),
+    "data.generate": (False, True),
+    "data.generate.ctr": (False, True),
+    "data.generate.days": (False, True),
+    "data.generate.exponent": (False, True),
+    "data.generate.gzip": (False, True),
+    "data.generate.out": (False, True),
+    "data.generate.parts_per_day": (False, True),
+    "data.generate.rows_per_day": (False, True),
+    "data.generate.seed": (False, True),
+    "data.generate.signal": (False, True),
+    "data.generate.start_day": (False, True),
+    "data.generate.vocab_scale": (False, True),
+    "data.generate.workers": (True, True),
+    "data.holdout": (False, True),
+    "data.holdout.day": (False, True),
+    "data.holdout.fraction": (False, True),
+    "data.holdout.seed": (False, True),
+    "data.schema": (False, False),
+    "data.train": (False, True),
+    "data.train.days": (False, True),
+    "data.train.paths": (False, True),
+    "data.train.require_complete": (False, True),
+    "dense_optimizer.grad_clip_norm": (True, True),
+    "dense_optimizer.kind": (False, False),
+    "dense_optimizer.lr": (True, True),
+    "dense_optimizer.schedule": (False, True),
+    "dense_optimizer.warmup_steps": (False, True),
+    "dense_optimizer.weight_decay": (True, True),
+    "eval.batch_size": (True, True),
+    "eval.every_pass": (True, True),
+    "eval.metrics": (True, True),
+    "model.name": (False, False),
+    "model.options.bottom_mlp": (False, False),
+    "passes.epochs": (True, True),
+    "passes.examples_per_pass": (False, True),
+    "passes.global_batch_size": (False, True),
+    "passes.max_working_set": (False, True),
+    "passes.num_shards": (False, False),
+    "passes.shuffle_examples": (False, True),
+    "passes.shuffle_method": (True, True),
+    "retrain.max_auc_drop": (False, True),
+    "retrain.max_logloss_rise": (False, True),
+    "retrain.min_auc": (False, True),
+    "run.dir": (True, True),
+    "run.name": (True, True),
+    "run.quiet": (True, True),
+    "run.seed": (False, True),
+    "table.dim": (False, False),
+    "table.expected_keys": (False, True),
+    "table.init_scale": (False, False),
+    "table.name": (False, False),
+    "table.optimizer.beta1": (False, True),
+    "table.optimizer.beta2": (False, True),
+    "table.optimizer.eps": (False, True),
+    "table.optimizer.initial_accumulator": (False, True),
+    "table.optimizer.kind": (False, False),
+    "table.optimizer.lr": (True, True),
+    "table.optimizer.row_wise": (False, False),
+    "table.seed": (False, False),
+    "table.tiers.device.fraction": (True, True),
+    "table.tiers.device.rows": (True, True),
+    "table.tiers.host.fraction": (True, True),
+    "table.tiers.policy": (True, True),
+    "table.tiers.snapshot_every": (True, True),
+    "table.tiers.store_dir": (True, True),
+}
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _other(v: Any) -> Any:
+    """A value unlike ``v`` (valid or not: the checks compare, they do not validate)."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int | float):
+        return v * 2 + 1
+    if isinstance(v, str):
+        return v + "-changed"
+    if isinstance(v, list):
+        return [*v, "changed"]
+    return 7  # None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Edited(RunConfig):
+    """A config whose ``to_dict`` differs from its base in one leaf (what both checks read);
+    the edited value need not pass validation."""
+
+    edited: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.edited
+
+
+def _edit(cfg: RunConfig, key: str, value: Any) -> RunConfig:
+    d = cfg.to_dict()
+    node = d
+    *path, last = key.split(".")
+    for p in path:
+        node = node[p]
+    node[last] = value
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(RunConfig)}
+    return _Edited(**fields, edited=d)
+
+
+def _cases() -> list[tuple[int, str]]:
+    seen: set[str] = set()
+    cases = []
+    for i, d in enumerate(_CONFIGS):
+        for key in _flatten(RunConfig.from_dict(d).to_dict()):
+            if key not in seen:
+                seen.add(key)
+                cases.append((i, key))
+    return cases
+
+
+def test_the_table_names_every_key_of_the_configs() -> None:
+    """A key added to the config must be pinned here (and classified by the policy)."""
+    assert sorted(k for _, k in _cases()) == sorted(POLICY)
+
+
+@pytest.mark.parametrize(("config", "key"), _cases())
+def test_each_mode_accepts_what_the_table_says(tmp_path: Path, config: int, key: str) -> None:
+    old = RunConfig.from_dict(_CONFIGS[config])
+    value = _flatten(old.to_dict())[key]
+    new = _edit(old, key, _other(value))
+    ckpt = Checkpoint(tmp_path / "pass-000001", {"config": old.to_dict()})
+    resume_ok, warm_ok = POLICY[key]
+    try:
+        assert check_resume(ckpt, new) == {key: (value, _other(value))}
+        resumed = True
+    except ResumeError as e:
+        assert key in str(e) and "start a new run" in str(e)
+        resumed = False
+    try:
+        check_warm_start(ckpt, new)
+        warm = True
+    except ConfigError as e:
+        assert key in str(e) and "put the published values back" in str(e)
+        warm = False
+    assert (resumed, warm) == (resume_ok, warm_ok)
+
+
+def test_every_key_is_classified_once() -> None:
+    """The policy decides every key of the configs; a new key needs an entry of its own or a
+    node above it chosen on purpose (a key no entry covers is refused by both modes)."""
+    assert [k for _, k in _cases() if changes.rule(k) is None] == []
+    names = [r.key for r in changes.POLICY]
+    assert len(names) == len(set(names))
+    assert all(r.why for r in changes.POLICY)
+
+
+def test_an_unclassified_key_is_refused_by_both_modes(tmp_path: Path) -> None:
+    old = RunConfig.from_dict(_CONFIGS[1])
+    d = old.to_dict()
+    d["table"]["new_knob"] = 1
+    fields = {f.name: getattr(old, f.name) for f in dataclasses.fields(RunConfig)}
+    new = _Edited(**fields, edited=d)
+    assert changes.rule("table.new_knob") is None
+    with pytest.raises(ResumeError, match=r"table\.new_knob: None -> 1"):
+        changes.check_changes(old, new, "resume", tmp_path)
+    with pytest.raises(ConfigError, match=r"table\.new_knob: None -> 1"):
+        changes.check_changes(old, new, "warm_start", tmp_path)
+
+
+def test_the_documented_table_is_the_policy() -> None:
+    """docs/checkpoints.md shows the table both docs point at; it must be the code's."""
+    doc = (Path(__file__).parents[2] / "docs" / "checkpoints.md").read_text()
+    doc = doc.split("## What may change when a run continues", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in doc.splitlines()
+        if line.startswith("| `")
+    ]
+    shown = {r[0].strip("`"): (r[1] == "yes", r[2] == "yes", r[3]) for r in rows if len(r) == 4}
+    policy = {r.key: (r.resume, r.warm_start, r.why) for r in changes.POLICY}
+    assert shown == policy
