@@ -1,5 +1,6 @@
-"""Is a folder writable? Asked before a command writes anything, so that a bad path ends in one
-line naming it instead of an errno deep inside a run (or on a worker)."""
+"""Folders a command writes to or measures: is one writable (asked before anything is written,
+so that a bad path ends in one line naming it instead of an errno deep inside a run or on a
+worker), and how many bytes a tree holds."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from daskhps.errors import UnwritablePathError
 
-__all__ = ["check_writable_dir"]
+__all__ = ["check_writable_dir", "tree_bytes"]
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Path:
@@ -52,3 +53,16 @@ def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Pat
             with contextlib.suppress(OSError):
                 folder.rmdir()
     return p
+
+
+def tree_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of the files under ``path`` (or of ``path`` itself, a file); files deleted while
+    it walks count as gone."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.path.getsize(os.path.join(root, f))
+    return total

@@ -28,14 +28,17 @@ from daskhps.training.checkpoint import (
     remove_checkpoint,
 )
 
-__all__ = ["commit_name", "freeze_version"]
+__all__ = ["VERSION_PREFIX", "commit_name", "freeze_version"]
 
 _FILLED_IN = ("format", "daskhps_version", "name", "created", "files")
 
 
+VERSION_PREFIX = "version-"  # of every published version's store commit
+
+
 def commit_name(version: str) -> str:
     """The store commit of a published version: never written by a training run."""
-    return f"version-{version}"
+    return f"{VERSION_PREFIX}{version}"
 
 
 def _commit_stores(ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> None:

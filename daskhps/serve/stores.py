@@ -46,11 +46,8 @@ def check_stores(version: TableVersion, model: str) -> None:
                 "the stores were moved or deleted, or are not reachable from here: give a "
                 "model whose stores exist"
             )
-    checker = StoreChecker()
-    damage = []
-    for rank in range(version.num_workers):
-        found = checker.check(version.store_path(rank), version.commit)
-        damage += [f"rank {rank}: {d}" for d in found.damage]
+    ranks = [version.store_path(r) for r in range(version.num_workers)]
+    damage = StoreChecker().rank_damage(ranks, version.commit)
     if damage:
         more = f" (and {len(damage) - 1} more problem(s))" if len(damage) > 1 else ""
         raise StoreCorruptedError(

@@ -15,6 +15,7 @@ this lists all of them, and never writes or locks anything.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,11 @@ class StoreChecker:
             out.damage.extend(part.damage)
             out.without_checksum += not part.checksummed
         return out
+
+    def rank_damage(self, paths: Sequence[Path], commit: str | None) -> list[str]:
+        """Problems of a table's rank stores (rank ``r`` at ``paths[r]``) at ``commit``, one
+        line each, prefixed by the rank: what a caller about to open them all reports."""
+        return [f"rank {r}: {d}" for r, p in enumerate(paths) for d in self.check(p, commit).damage]
 
     def _root(self, p: Path, out: StoreCheck) -> int | None:
         meta = p / "zarr.json"

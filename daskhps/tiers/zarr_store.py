@@ -24,7 +24,6 @@ grow, over everything on disk, so segments a crash left behind are never reused 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from daskhps._paths import tree_bytes
 from daskhps.errors import (
     CommitNotFoundError,
     ConfigError,
@@ -670,7 +670,7 @@ class ZarrStore(Tier):
         live_rows = sum(self._segments[s].n for s in self._chain.refs if s in self._segments)
         self._stats.extra = {
             "segments": float(len(self._chain.refs)),
-            "bytes_on_disk": float(_tree_bytes(self.path)),
+            "bytes_on_disk": float(tree_bytes(self.path)),
             "stale_fraction": 1.0 - len(self) / live_rows if live_rows else 0.0,
             "commits": float(len(self._manifests)),
             "index_bytes": float(self._index.nbytes),
@@ -923,13 +923,13 @@ class ZarrStore(Tier):
         deleted = freed = 0
         for sid in self._ids(self.path / "segments"):
             if sid not in keep_segments:
-                freed += _tree_bytes(self._segment_dir(sid))
+                freed += tree_bytes(self._segment_dir(sid))
                 self._forget_segment(sid)
                 shutil.rmtree(self._segment_dir(sid))
                 deleted += 1
         for seq in self._ids(self.path / "index"):
             if seq not in keep_snapshots:
-                freed += _tree_bytes(self._snapshot_dir(seq))
+                freed += tree_bytes(self._snapshot_dir(seq))
                 shutil.rmtree(self._snapshot_dir(seq))
         fsync_dir(self.path / "segments")
         fsync_dir(self.path / "index")
@@ -956,12 +956,3 @@ def _runs(sorted_ids: np.ndarray) -> list[tuple[int, int]]:
     starts = np.concatenate(([0], cuts))
     ends = np.concatenate((cuts, [sorted_ids.size]))
     return list(zip(starts.tolist(), ends.tolist(), strict=True))
-
-
-def _tree_bytes(folder: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(folder):
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):  # deleted while we walk
-                total += os.path.getsize(os.path.join(root, f))
-    return total

@@ -378,12 +378,8 @@ def store_damage(ckpt: Checkpoint, *, verify: bool = False) -> list[str]:
     stores' metadata (cheap: a ``stat`` per file); ``verify`` also recomputes the sha256
     recorded for each chunk file (reads every byte). For callers about to open the stores
     (a resume, a scoring job) that want to stop early with the checkpoint named."""
-    checker = StoreChecker(verify=verify)
-    out = []
-    for rank in range(ckpt.num_workers):
-        found = checker.check(ckpt.store_path(rank), ckpt.commit)
-        out += [f"rank {rank}: {d}" for d in found.damage]
-    return out
+    ranks = [ckpt.store_path(r) for r in range(ckpt.num_workers)]
+    return StoreChecker(verify=verify).rank_damage(ranks, ckpt.commit)
 
 
 # -- writing (the trainer's side; crash-safe order: payload, store commits, manifest) ------

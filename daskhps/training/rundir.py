@@ -35,6 +35,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from daskhps._paths import tree_bytes
 from daskhps.capacity.disk import free_bytes
 from daskhps.errors import ConfigError, RunExistsError
 from daskhps.tiers._manifest import scan_manifests
@@ -56,7 +57,6 @@ log = logging.getLogger(__name__)
 ASIDE = ".previous-run"  # inside run.dir: the earlier run's files while a new run replaces it
 _RECORD = "ASIDE.json"
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "report")
-_VERSION_PREFIX = "version-"  # the store commits of published versions
 
 
 def _store_dirs(store_dir: Path) -> list[Path]:
@@ -68,12 +68,6 @@ def _non_empty(path: Path) -> bool:
     if path.is_dir():
         return any(path.iterdir())
     return path.is_file() and path.stat().st_size > 0
-
-
-def _tree_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 @dataclass(frozen=True)
@@ -94,7 +88,7 @@ class EarlierRun:
         return found
 
     def bytes(self) -> int:
-        return sum(_tree_bytes(p) for p in self.paths)
+        return sum(tree_bytes(p) for p in self.paths)
 
     def describe(self) -> str:
         if self.complete:
@@ -130,11 +124,13 @@ def find_earlier_run(run_dir: str | Path, store_dir: str | Path) -> EarlierRun |
 
 def published_commits(store_dir: str | Path) -> list[str]:
     """Names of the published-version commits in any rank store under ``store_dir``."""
+    from daskhps.retrain.publish import VERSION_PREFIX  # retrain builds on training: no cycle
+
     found: set[str] = set()
     for s in _store_dirs(Path(store_dir)):
         for commits in s.glob("*/rank-*/commits"):
             good, _ = scan_manifests(commits)
-            found.update(m.name for m in good if m.name.startswith(_VERSION_PREFIX))
+            found.update(m.name for m in good if m.name.startswith(VERSION_PREFIX))
     return sorted(found)
 
 
@@ -205,9 +201,8 @@ def move_aside(earlier: EarlierRun, needed_bytes: int | None, source: str) -> Mo
     """Move ``earlier``'s files aside; :class:`RunExistsError` when the disk cannot hold both
     runs until the new run's first checkpoint (``needed_bytes``: the new run's estimate; None:
     as much as the earlier run takes)."""
-    paths = earlier.paths
     where, free = free_bytes(earlier.run_dir)
-    need = needed_bytes if needed_bytes is not None else sum(_tree_bytes(p) for p in paths)
+    need = needed_bytes if needed_bytes is not None else earlier.bytes()
     if need > free:
         raise RunExistsError(
             f"{source}: --overwrite keeps the earlier run in {earlier.run_dir} until the new "
@@ -217,7 +212,9 @@ def move_aside(earlier: EarlierRun, needed_bytes: int | None, source: str) -> Mo
         )
     folder = earlier.run_dir / ASIDE
     folder.mkdir(parents=True, exist_ok=True)
-    moved = MovedAside(folder, [(p, _aside_path(folder, earlier.run_dir, p)) for p in paths])
+    moved = MovedAside(
+        folder, [(p, _aside_path(folder, earlier.run_dir, p)) for p in earlier.paths]
+    )
     for _, aside in moved.moves:
         if aside.exists():
             _remove(aside)  # a stale copy of an earlier, settled overwrite
