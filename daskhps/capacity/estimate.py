@@ -13,7 +13,7 @@ what the real object reports in ``stats()`` (``bytes``, ``index_bytes``)::
       write buffer min(65536, keys) x (8 + 4w)   the open segment (resident as rows arrive)
       mapped      keys x 4w              segment pages read back through memory maps
     dense model   params x 4 x (weights + grads + optimizer state)
-    examples      the persisted training log's share, and two passes of routed examples
+    examples      the pass being read, two passes of routed examples, two holdout chunks
 
 This module imports neither dask nor the tiers' backends beyond their sizing functions.
 """

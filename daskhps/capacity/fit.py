@@ -176,14 +176,17 @@ def worker_memory(cfg: RunConfig, keys: KeyStats, memory_limit: int | None) -> W
     if keys.examples is not None:
         W = keys.workers
         row = _example_bytes(cfg)
-        share = -(-keys.examples // W)  # the persisted training log
         per_pass = -(-min(cfg.passes.plan.examples_per_pass, keys.examples) // W)
-        # Two passes in flight (one trains, the next is staged), routed with a rank column,
-        # and their keys (worker, shard, key) on their owners.
-        examples = share * row + 2 * per_pass * (row + _RANK) + 2 * batch * 3 * 8
+        # The log is streamed: what a worker holds of it is the pass being prepared (its
+        # partitions read once for keys and examples), two passes of routed examples (one
+        # trains, the next is staged) with a rank column, and their keys (worker, shard, key)
+        # on their owners.
+        examples = per_pass * row + 2 * per_pass * (row + _RANK) + 2 * batch * 3 * 8
         holdout = keys_holdout(cfg, keys)
         if holdout:
-            examples += 2 * -(-holdout // W) * (row + _RANK)  # persisted and routed copies
+            # Evaluated in chunks of at most a pass: two chunks in flight, read and routed.
+            chunk = -(-min(holdout, cfg.passes.plan.examples_per_pass) // W)
+            examples += 2 * chunk * (row + _RANK)
     return WorkerMemory(
         memory_limit=memory_limit,
         device=device,

@@ -146,7 +146,9 @@ def scan_key_stats(cfg: RunConfig, workers: int, scheduler: str = "threads") -> 
         cfg.data.generate.ensure()
     plan_cfg = cfg.passes.plan
     with dask.config.set(scheduler=scheduler):
-        train, _ = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
+        train, _ = read_train_and_holdout(
+            cfg.data.source, cfg.data.holdout, cfg.data.backend, cfg.data.block_size
+        )
         train = train.persist()
         plan = build_plan(train, plan_cfg, workers, seed=cfg.run.seed)
         shard_map = ShardMap(plan_cfg.num_shards, workers)

@@ -145,6 +145,28 @@ def _schema(spec: Any, ctx: Ctx) -> Schema:
         return load_schema(spec, base)
 
 
+BLOCK_SIZE = 64 << 20  # bytes of plain text a partition reads: tens of MB parse in ~a second
+
+
+def _block_size(d: Mapping[str, Any], ctx: Ctx) -> int | None:
+    key = "data.block_size"
+    value = ctx.get(d, "data", "block_size", (int, str, type(None)), BLOCK_SIZE)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from dask.utils import parse_bytes
+
+        try:
+            value = parse_bytes(value)
+        except ValueError:
+            raise ctx.error(
+                key, f"{value!r}: expected bytes (67108864), a size ('64MiB') or null"
+            ) from None
+    if value < 1 << 16:
+        raise ctx.error(key, f"{value} bytes is below 64 KiB; blocks that small cost more to plan")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where training rows come from (``train`` files or ``generate``), how they are read and
@@ -156,6 +178,7 @@ class DataConfig:
     bad_rows: BadRowPolicy = field(default_factory=BadRowPolicy)
     holdout: HoldoutConfig | None = None
     backend: str = "auto"
+    block_size: int | None = BLOCK_SIZE  # None: every file is one partition
 
     KEYS: ClassVar[tuple[str, ...]] = (
         "train",
@@ -164,6 +187,7 @@ class DataConfig:
         "bad_rows",
         "holdout",
         "backend",
+        "block_size",
     )
 
     @classmethod
@@ -211,6 +235,7 @@ class DataConfig:
             bad_rows=bad_rows,
             holdout=holdout,
             backend=ctx.get(d, p, "backend", str, "auto", choices=BACKENDS),
+            block_size=_block_size(d, ctx),
         )
 
     @property
@@ -247,4 +272,5 @@ class DataConfig:
             },
             "holdout": self.holdout.to_dict() if self.holdout else None,
             "backend": self.backend,
+            "block_size": self.block_size,
         }

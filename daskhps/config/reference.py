@@ -67,6 +67,10 @@ DOCS: dict[str, tuple[str, ...]] = {
     ),
     "data.holdout.seed": ("int >= 0", "Seed of the fraction split.", "`run.seed`"),
     "data.backend": ("`auto`, `pandas` or `cudf`", "Dataframe backend (auto: cudf on GPU)."),
+    "data.block_size": (
+        "bytes, a size (`64MiB`) or null",
+        "Read plain-text files larger than this in blocks (one partition each); null: whole.",
+    ),
     "passes.epochs": ("int >= 1", "Times every training row is trained on."),
     "passes.examples_per_pass": ("int >= 1", "Examples per pass (the last may be shorter)."),
     "passes.global_batch_size": ("int >= 1", "Examples per optimizer step over all workers."),

@@ -33,10 +33,19 @@ def _keep(
 
 
 def read_train_and_holdout(
-    source: DataSource, holdout: HoldoutConfig | None, backend: str = "auto"
+    source: DataSource,
+    holdout: HoldoutConfig | None,
+    backend: str = "auto",
+    block_size: int | None = None,
 ) -> tuple[ClickLog, ClickLog | None]:
-    """The training log and the holdout log (None without a holdout)."""
-    kw: dict[str, Any] = {"schema": source.schema, "bad_rows": source.bad_rows, "backend": backend}
+    """The training log and the holdout log (None without a holdout); ``block_size`` as
+    :func:`~daskhps.data.readers.read_click_log` takes it."""
+    kw: dict[str, Any] = {
+        "schema": source.schema,
+        "bad_rows": source.bad_rows,
+        "backend": backend,
+        "block_size": block_size,
+    }
     if holdout is None:
         return read_click_log(source, **kw), None
     if holdout.day is not None:

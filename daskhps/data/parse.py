@@ -14,8 +14,11 @@ and a :class:`BadRowReport` of what was dropped. A file read without its label c
 
 from __future__ import annotations
 
+import csv
+import functools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +58,9 @@ class _Raw:
     # Line numbers of blank lines. None: a row without any value is one (with a label column,
     # a real row has at least its label); without one, a row may legitimately be all missing.
     blank_lines: np.ndarray | None = None
+    # A byte range of a file numbers its lines from 1; the lines of the file before it are
+    # counted only when a message names a line (reading the file's prefix costs that much).
+    lines_before: Callable[[], int] = lambda: 0
 
 
 def empty_frame(schema: Schema) -> pd.DataFrame:
@@ -67,7 +73,9 @@ def empty_frame(schema: Schema) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
-def _read_text(path: str, schema: Schema, labels: str) -> _Raw:
+def _read_text(
+    path: str, schema: Schema, labels: str, byte_range: tuple[int, int] | None = None
+) -> _Raw:
     invalid: list[tuple[int, str]] = []
 
     def on_invalid(row: pacsv.InvalidRow) -> str:
@@ -79,13 +87,17 @@ def _read_text(path: str, schema: Schema, labels: str) -> _Raw:
         )
         return "skip"
 
-    text = read_text_bytes(path)  # lines that are not UTF-8 come back as ASCII, and listed
+    # Lines that are not UTF-8 come back as ASCII, and listed.
+    text = read_text_bytes(path, byte_range)
     labelled = text_has_label(text.data, schema, labels)
     used = _used_columns(schema, labelled)
     columns = [c for c in schema.columns if labelled or c != schema.label]
+    header = schema.header and (byte_range is None or byte_range[0] == 0)  # the first block's
+    if schema.header and not header:
+        columns = _header_names(path, schema)  # a later block: the names are the file's
     read = pacsv.ReadOptions(
         use_threads=False,  # row numbers of invalid rows are only known single-threaded
-        column_names=None if schema.header else columns,
+        column_names=None if header else columns,
         autogenerate_column_names=False,
         block_size=1 << 20,  # small blocks stay in cache: faster than large ones here
     )
@@ -102,18 +114,37 @@ def _read_text(path: str, schema: Schema, labels: str) -> _Raw:
         null_values=[""],
         quoted_strings_can_be_null=True,
     )
-    if text.truncated is not None and text.data.size == 0:
-        # Not one complete line before the damage: nothing for the CSV reader.
+    if text.data.size == 0 and (text.truncated is not None or byte_range is not None):
+        # Not one complete line before the damage, or a range in which no line starts:
+        # nothing for the CSV reader.
         empty = _empty_text_table(used)
         return _Raw(empty, np.zeros(0, np.int64), [], truncated=text.truncated, labelled=labelled)
     table = pacsv.read_csv(pa.BufferReader(text.data), read, parse, convert)
-    first = 2 if schema.header else 1
+    first = 2 if header else 1
     total = table.num_rows + len(invalid)
     lines = np.arange(first, first + total, dtype=np.int64)
     if invalid:
         lines = np.delete(lines, np.array([n for n, _ in invalid]) - first)
     blank = None if labelled else blank_lines(text.data)
-    return _Raw(table, lines, invalid, text.undecodable, text.truncated, labelled, blank)
+    raw = _Raw(table, lines, invalid, text.undecodable, text.truncated, labelled, blank)
+    if byte_range is not None and byte_range[0] > 0:
+        raw.lines_before = functools.partial(_lines_before_range, path, byte_range[0])
+    return raw
+
+
+def _header_names(path: str, schema: Schema) -> list[str]:
+    """The column names on the first line of a text file with a header."""
+    with open(path, "rb") as f:
+        first = f.readline().rstrip(b"\r\n").decode("utf-8", "replace")
+    if schema.format == "csv":
+        return next(csv.reader([first], delimiter=schema.delimiter))
+    return first.split(schema.delimiter)
+
+
+def _lines_before_range(path: str, start: int) -> int:
+    from daskhps.data.textfile import line_start, lines_before
+
+    return lines_before(path, line_start(path, start))
 
 
 def _used_columns(schema: Schema, labelled: bool) -> tuple[str, ...]:
@@ -332,13 +363,18 @@ def _first_problem(
             what = f"dense column {col} is not a number: {raw.table[col][i].as_py()!r}"
         cands.append((line, what))
     line, what = min(cands)
+    line += raw.lines_before()
     return (
         f"{path}: {where} {line}: {what} (bad-row policy is 'fail'; use 'skip' to drop such rows)"
     )
 
 
 def read_shard(
-    path: str, schema: Schema, policy: BadRowPolicy | None = None, labels: str = "present"
+    path: str,
+    schema: Schema,
+    policy: BadRowPolicy | None = None,
+    labels: str = "present",
+    byte_range: tuple[int, int] | None = None,
 ) -> tuple[pd.DataFrame, BadRowReport]:
     """Read, validate, transform and hash one file (plain or gzip text, or parquet).
 
@@ -349,6 +385,10 @@ def read_shard(
 
     ``labels`` (``present``, ``absent`` or ``auto``, see :mod:`daskhps.data.labels`): whether
     the file has the label column; rows read without one get a NaN ``label``.
+
+    ``byte_range`` ``(start, stop)``: only the lines of a plain text file that start in those
+    bytes (:func:`daskhps.data.textfile.read_text_bytes`); messages still give the file's own
+    line numbers. A range holding no line is no rows, not an empty shard.
     """
     policy = policy or BadRowPolicy()
     check_label_mode(labels)
@@ -356,7 +396,7 @@ def read_shard(
         raw = (
             _read_parquet(path, schema, labels)
             if schema.format == "parquet"
-            else _read_text(path, schema, labels)
+            else _read_text(path, schema, labels, byte_range)
         )
     except (OSError, pa.ArrowException, KeyError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -368,6 +408,8 @@ def read_shard(
             kind, what = Reason.UNREADABLE_SHARD, f"cannot read the file ({msg})"
         return _shard_problem(path, schema, policy, kind, what, e)
     if raw.table.num_rows == 0 and not raw.invalid and raw.truncated is None:
+        if byte_range is not None and byte_range[0] > 0:
+            return empty_frame(schema), BadRowReport({}, {path: 0})
         return _shard_problem(path, schema, policy, Reason.EMPTY_SHARD, "no rows", None)
     return parse_table(raw, schema, path, policy)
 

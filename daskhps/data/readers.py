@@ -1,20 +1,27 @@
-"""Read click logs as a Dask dataframe: one partition per input file, in sorted path order.
+"""Read click logs as a Dask dataframe: one partition per input file (or per block of a large
+plain-text file), in sorted path order.
 
 ::
 
-    files (sorted)      part-00000.tsv.gz   part-00001.tsv.gz   ...
-                               |                   |
-    read_shard (task)    (frame, report)     (frame, report)      one task per file
-                               |                   |
-    ClickLog.frame       partition 0         partition 1          dd.DataFrame
-    ClickLog.report      ---------- BadRowReport.merge ---------> one report
+    files (sorted)      part-00000.tsv.gz   part-00001.tsv (3 blocks)             ...
+                               |            |            |            |
+    read_shard (task)    (frame, report)  [0, b)       [b, 2b)      [2b, size)   one per part
+                               |            |            |            |
+    ClickLog.frame       partition 0      partition 1  partition 2  partition 3   dd.DataFrame
+    ClickLog.report      ---------------- BadRowReport.merge ------------------> one report
 
-The frame and the report come from the same tasks, so computing or persisting them together
-reads each file once.
+With ``block_size``, a plain-text file larger than it is read in byte ranges of that size; a
+range holds the lines that *start* in it, so the ranges of a file hold each line once. This is
+what lets a pass read only its share of one large file. Compressed files and parquet are read
+whole (one partition each).
+
+The frame and the report come from the same tasks, so computing them together reads each
+part once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -31,9 +38,10 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport
 from daskhps.data.parse import empty_frame, read_shard
 from daskhps.data.schema import Schema, load_schema
 from daskhps.data.source import DataSource, resolve_files
+from daskhps.data.textfile import splittable
 from daskhps.monitor import stage_span
 
-__all__ = ["ClickLog", "read_click_log"]
+__all__ = ["ClickLog", "Part", "read_click_log", "split_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -47,27 +55,73 @@ def _to_backend(frame: pd.DataFrame, backend: str) -> Any:
 
 
 def _read(
-    path: str, schema: Schema, policy: BadRowPolicy, backend: str
+    part: Part, schema: Schema, policy: BadRowPolicy, backend: str
 ) -> tuple[Any, pd.DataFrame]:
     with stage_span("read"):  # parse and validate too; the hashing inside is "hash"
-        frame, report = read_shard(path, schema, policy)
+        frame, report = read_shard(part.path, schema, policy, byte_range=part.byte_range)
         return _to_backend(frame, backend), report.to_frame()
 
 
 @dataclass(frozen=True)
+class Part:
+    """What one partition reads: a whole file, or the lines that start in bytes
+    ``[start, stop)`` of a plain-text file."""
+
+    path: str
+    start: int | None = None
+    stop: int | None = None
+
+    @property
+    def byte_range(self) -> tuple[int, int] | None:
+        return None if self.start is None or self.stop is None else (self.start, self.stop)
+
+    @property
+    def name(self) -> str:
+        """The part in the plan's fingerprint: the path of a whole file, ``path[start:stop]``
+        of a range (so plans of whole files keep the fingerprints they always had)."""
+        r = self.byte_range
+        return self.path if r is None else f"{self.path}[{r[0]}:{r[1]}]"
+
+
+def split_parts(files: Sequence[str], block_size: int | None, schema: Schema) -> list[Part]:
+    """Every file as one part, or as blocks of ``block_size`` bytes when it is plain text and
+    larger than that."""
+    if block_size is None or schema.format == "parquet":
+        return [Part(f) for f in files]
+    parts: list[Part] = []
+    for f in files:
+        size = os.path.getsize(f) if os.path.exists(f) else 0
+        if size <= block_size or not splittable(f):
+            parts.append(Part(f))
+            continue
+        parts.extend(Part(f, a, min(a + block_size, size)) for a in range(0, size, block_size))
+    return parts
+
+
+@dataclass(frozen=True)
 class ClickLog:
-    """A parsed click log: the frame (one partition per file) and its bad-row report."""
+    """A parsed click log: the frame (one partition per part) and its bad-row report."""
 
     frame: dd.DataFrame
-    report: dd.DataFrame  # BadRowReport.to_frame() rows of every shard
+    report: dd.DataFrame  # BadRowReport.to_frame() rows of every part
     files: tuple[str, ...]
     schema: Schema
     backend: str
+    parts: tuple[Part, ...] = ()  # what partition i reads (one per file when empty)
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            object.__setattr__(self, "parts", tuple(Part(f) for f in self.files))
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parts)
 
     def persist(self) -> ClickLog:
-        """Persist frame and report in one graph (each file is read once)."""
+        """Persist frame and report in one graph (each part is read once). Holds the whole
+        log in the workers' memory: training streams it instead."""
         frame, report = dask.persist(self.frame, self.report)
-        return ClickLog(frame, report, self.files, self.schema, self.backend)
+        return dataclasses.replace(self, frame=frame, report=report)
 
     def compute_report(self) -> BadRowReport:
         rep = BadRowReport.from_frame(self.report.compute())
@@ -75,15 +129,16 @@ class ClickLog:
         return rep
 
 
-def _token(path: str, *args: Any) -> str:
-    """Task key of reading one file: its path, size and modification time are part of it, so
-    two logs never share a read task (nor does a file rewritten in place with its old one)."""
+def _token(part: Part, *args: Any) -> str:
+    """Task key of reading one part: its file's path, size and modification time are part of
+    it, so two logs never share a read task (nor does a file rewritten in place with its old
+    one)."""
     try:
-        st = os.stat(path)
+        st = os.stat(part.path)
         stamp: tuple[int, int] = (st.st_size, st.st_mtime_ns)
     except OSError:
         stamp = (-1, -1)  # reading it will report the error
-    return dask.base.tokenize(path, stamp, *args)
+    return dask.base.tokenize(part, stamp, *args)
 
 
 def read_click_log(
@@ -91,12 +146,15 @@ def read_click_log(
     schema: Schema | str | None = None,
     bad_rows: BadRowPolicy | str | None = None,
     backend: str = "auto",
+    block_size: int | None = None,
 ) -> ClickLog:
     """Lazily read every file of ``source`` into a :class:`ClickLog`.
 
     ``source`` is a :class:`DataSource`, or paths (files, directories, globs) together with
     ``schema`` (default Criteo) and ``bad_rows`` (default ``skip``). Paths that match nothing
     raise :class:`~daskhps.errors.DataError` right away; bad rows surface when computed.
+    ``block_size``: read plain-text files larger than this many bytes in blocks (one
+    partition each); None reads every file whole.
     """
     if not isinstance(source, DataSource):
         paths = (source,) if isinstance(source, str) else tuple(map(str, source))
@@ -114,20 +172,27 @@ def read_click_log(
     files = resolve_files(source.paths, source.days, source.require_complete)
     backend = choose_backend(backend)
     schema_, policy = source.schema, source.bad_rows
+    split = split_parts(files, block_size, schema_)
     parts = [
         delayed(_read, pure=True, nout=2)(
-            f,
+            part,
             schema_,
             policy,
             backend,
-            dask_key_name=f"read-shard-{i}-{_token(f, schema_, policy, backend)}",
+            dask_key_name=f"read-shard-{i}-{_token(part, schema_, policy, backend)}",
         )
-        for i, f in enumerate(files)
+        for i, part in enumerate(split)
     ]
     meta = _to_backend(empty_frame(schema_), backend)
     frame = dd.from_delayed([p[0] for p in parts], meta=meta, verify_meta=False)
     report = dd.from_delayed(
         [p[1] for p in parts], meta=BadRowReport().to_frame(), verify_meta=False
     )
-    log.info("click log: %d files, schema %s, backend %s", len(files), schema_.name, backend)
-    return ClickLog(frame, report, tuple(files), schema_, backend)
+    log.info(
+        "click log: %d files in %d parts, schema %s, backend %s",
+        len(files),
+        len(split),
+        schema_.name,
+        backend,
+    )
+    return ClickLog(frame, report, tuple(files), schema_, backend, tuple(split))

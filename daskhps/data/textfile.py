@@ -20,11 +20,20 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TextBytes", "blank_lines", "invalid_utf8", "read_text_bytes"]
+__all__ = [
+    "TextBytes",
+    "blank_lines",
+    "invalid_utf8",
+    "line_start",
+    "lines_before",
+    "read_text_bytes",
+    "splittable",
+]
 
 _CHUNK = 1 << 20  # compressed bytes read at a time
 _NEWLINE = 0x0A
@@ -120,10 +129,66 @@ def invalid_utf8(b: np.ndarray) -> np.ndarray:
     return high[wrong]
 
 
-def read_text_bytes(path: str) -> TextBytes:
+def splittable(path: str) -> bool:
+    """Whether a text file can be read in byte ranges: plain text, not compressed."""
+    return not path.endswith(_COMPRESSED)
+
+
+_COMPRESSED = (".gz", ".bz2", ".zst", ".zstd", ".lz4", ".xz", ".br", ".snappy")
+
+
+def _line_start(f: BinaryIO, at: int) -> int:
+    """The offset of the first line that starts at or after byte ``at``."""
+    if at == 0:
+        return 0
+    f.seek(at - 1)
+    skipped = 0
+    while chunk := f.read(_CHUNK):
+        i = chunk.find(b"\n")
+        if i >= 0:
+            return at - 1 + skipped + i + 1
+        skipped += len(chunk)
+    return at - 1 + skipped  # no newline after it: the end of the file
+
+
+def line_start(path: str, at: int) -> int:
+    """The offset of the first line of ``path`` that starts at or after byte ``at``."""
+    with open(path, "rb") as f:
+        return _line_start(f, at)
+
+
+def _range_bytes(path: str, start: int, stop: int) -> pa.Buffer:
+    """The lines of a plain text file that start in bytes ``[start, stop)``: a line belongs
+    to the range its first byte is in, so consecutive ranges hold every line exactly once."""
+    with open(path, "rb") as f:
+        lo, hi = _line_start(f, start), _line_start(f, stop)
+        f.seek(lo)
+        return pa.py_buffer(f.read(max(hi - lo, 0)))
+
+
+def lines_before(path: str, offset: int) -> int:
+    """The number of lines before byte ``offset`` of a plain text file (line numbers of a
+    range: only counted for a message, so the whole prefix is read only on that path)."""
+    n = 0
+    with open(path, "rb") as f:
+        left = offset
+        while left > 0 and (chunk := f.read(min(_CHUNK * 8, left))):
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+    return n
+
+
+def read_text_bytes(path: str, byte_range: tuple[int, int] | None = None) -> TextBytes:
     """Read ``path`` (plain or compressed by its suffix) for the CSV reader; see the module
-    docstring. Raises OSError (or an Arrow error) when the file cannot be read at all."""
-    buf, truncated = _raw_bytes(path)
+    docstring. ``byte_range`` ``(start, stop)`` reads only the lines that start in it (plain
+    text only, see :func:`splittable`). Raises OSError (or an Arrow error) when the file
+    cannot be read at all."""
+    if byte_range is None:
+        buf, truncated = _raw_bytes(path)
+    else:
+        if not splittable(path):
+            raise ValueError(f"{path}: a compressed file cannot be read in byte ranges")
+        buf, truncated = _range_bytes(path, *byte_range), None
     b = np.frombuffer(buf, dtype=np.uint8)
     bad = invalid_utf8(b)
     if not len(bad):  # the usual case: valid UTF-8, most often plain ASCII

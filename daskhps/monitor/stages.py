@@ -32,6 +32,7 @@ STAGES = (
     "stage",
     "train",
     "eval",
+    "holdout",
     "write-back",
     "checkpoint",
 )

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
         OwnerPlacement,
         owner_keys,
         place_on_workers,
+        place_together,
         plan_owner_keys,
         worker_addresses,
     )
@@ -26,6 +27,7 @@ _LAZY = {
     "OwnerPlacement": "owners",
     "owner_keys": "owners",
     "place_on_workers": "owners",
+    "place_together": "owners",
     "plan_owner_keys": "owners",
     "worker_addresses": "owners",
     "PassPlan": "plan",
@@ -43,6 +45,7 @@ __all__ = [
     "owner_keys",
     "pass_keys",
     "place_on_workers",
+    "place_together",
     "plan_owner_keys",
     "select_examples",
     "split_batch",

@@ -19,12 +19,26 @@ import pyarrow as pa
 from daskhps.data.readers import ClickLog
 from daskhps.monitor import stage_span
 
-__all__ = ["pass_keys", "select_examples"]
+__all__ = ["pass_keys", "pass_partitions", "select_examples"]
 
 
 def _slice(df: Any, bounds: dict[int, tuple[int, int]], partition_info: Any = None) -> Any:
     lo, hi = bounds[partition_info["number"]]
     return df.iloc[lo:hi]
+
+
+def pass_partitions(
+    lengths: Sequence[int], start: int, stop: int
+) -> tuple[slice, tuple[int, ...], int]:
+    """The partitions that hold plan positions ``[start, stop)``: their slice, their lengths
+    and the plan position of their first row (so positions shift to the sub-frame's)."""
+    ends = np.cumsum(lengths)
+    begins = ends - np.asarray(lengths)
+    first = int(np.searchsorted(ends, start, side="right"))
+    last = int(np.searchsorted(begins, stop, side="left"))  # exclusive
+    first = min(first, max(last - 1, 0))
+    last = max(last, first + 1)
+    return slice(first, last), tuple(int(n) for n in lengths[first:last]), int(begins[first])
 
 
 def select_examples(

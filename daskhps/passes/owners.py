@@ -39,6 +39,7 @@ __all__ = [
     "owner_keys",
     "pass_keys",
     "place_on_workers",
+    "place_together",
     "select_examples",
     "worker_addresses",
 ]
@@ -114,23 +115,38 @@ class OwnerPlacement:
 def place_on_workers(
     client: Any, owned: dd.DataFrame, addresses: Sequence[str] | None = None
 ) -> OwnerPlacement:
-    """Compute :func:`owner_keys` output and pin partition ``w`` on worker ``w``.
+    """Compute :func:`owner_keys` output (or any frame of one partition per worker) and pin
+    partition ``w`` on worker ``w``."""
+    (placed,) = place_together(client, [owned], addresses)
+    return placed
 
-    The shuffle runs wherever the scheduler likes; one pinned task per partition then pulls
-    each owner's keys onto its worker (``allow_other_workers=False``).
+
+def place_together(
+    client: Any, frames: Sequence[dd.DataFrame], addresses: Sequence[str] | None = None
+) -> list[OwnerPlacement]:
+    """:func:`place_on_workers` of several frames in one computation, so the tasks they share
+    (reading a pass's partitions) run once.
+
+    The frames are computed wherever the scheduler likes; one pinned task per partition then
+    pulls each worker's partition onto it (``allow_other_workers=False``).
     """
     addresses = list(addresses or worker_addresses(client))
-    if owned.npartitions != len(addresses):
-        raise ValueError(
-            f"{owned.npartitions} owner partitions for {len(addresses)} workers; build the "
-            "shard map with num_workers equal to the number of workers"
-        )
+    for owned in frames:
+        if owned.npartitions != len(addresses):
+            raise ValueError(
+                f"{owned.npartitions} owner partitions for {len(addresses)} workers; build the "
+                "shard map with num_workers equal to the number of workers"
+            )
     # One future per partition, in partition order (computing the list of per-partition
     # delayed objects keeps the order that futures_of would not).
-    parts = client.compute(owned.to_delayed())
-    pinned = tuple(
-        client.submit(_identity, part, workers=[addr], allow_other_workers=False, pure=False)
-        for part, addr in zip(parts, addresses, strict=True)
-    )
+    parts = client.compute([d for f in frames for d in f.to_delayed()])
+    W = len(addresses)
+    out = []
+    for i in range(len(frames)):
+        pinned = tuple(
+            client.submit(_identity, part, workers=[addr], allow_other_workers=False, pure=False)
+            for part, addr in zip(parts[i * W : (i + 1) * W], addresses, strict=True)
+        )
+        out.append(OwnerPlacement(pinned, tuple(addresses)))
     del parts  # the pinned copies are the ones kept
-    return OwnerPlacement(pinned, tuple(addresses))
+    return out

@@ -107,8 +107,9 @@ class PassSpec:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """All passes of one input. ``partition_lengths[i]`` is the number of good rows of input
-    file ``files[i]``, which maps plan positions to (file, row)."""
+    """All passes of one input. ``partition_lengths[i]`` is the number of good rows of
+    partition ``i``, which reads file ``files[i]`` (a large plain-text file is read in blocks,
+    so its path repeats, once per block): together they map plan positions to partitions."""
 
     passes: tuple[PassSpec, ...]
     files: tuple[str, ...]
@@ -173,7 +174,10 @@ def build_plan(
         )
         for i, (a, b) in enumerate(ranges)
     )
-    plan = PassPlan(passes, log_.files, lengths, config, num_workers, seed)
+    files = tuple(p.path for p in log_.parts)
+    if len(files) != len(lengths):
+        raise ValueError(f"{len(lengths)} partition lengths for {len(files)} partitions")
+    plan = PassPlan(passes, files, lengths, config, num_workers, seed)
     log.info("pass plan: %d examples in %d passes", total, len(passes))
     return plan
 

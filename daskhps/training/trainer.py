@@ -10,6 +10,7 @@ One pass, as the driver sees it::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -49,7 +50,9 @@ from daskhps.distributed.comm import CommGroup
 from daskhps.errors import ConfigError, ResumeError, RunExistsError
 from daskhps.monitor import announce_pass
 from daskhps.monitor.progress import BatchProgress
-from daskhps.passes import PassPlan, PassSpec, build_plan, place_on_workers, plan_owner_keys
+from daskhps.passes import PassPlan, PassSpec, build_plan, owner_keys, place_together
+from daskhps.passes.keys import pass_keys, pass_partitions
+from daskhps.passes.scan import LogScan, remove_spill, scan_log
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport, TableSpec
 from daskhps.training import resume as resuming
@@ -65,10 +68,13 @@ from daskhps.training.checkpoint import (
 )
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.examples import route_examples
+from daskhps.training.holdout import HoldoutStream
 from daskhps.training.killpoints import check_env, kill_point, kill_when_running
 from daskhps.training.metrics import evaluate_predictions
 
-__all__ = ["RunResult", "Trainer"]
+__all__ = ["HOLDOUT_SPILL", "RunResult", "Trainer"]
+
+HOLDOUT_SPILL = ".holdout"  # in the stores' folder (worker-local): the holdout's parts
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +274,7 @@ class Trainer:
         """Holdout rows per evaluation step over all workers (``eval.batch_size`` each)."""
         return self.config.eval.batch_size * num_workers
 
-    def _evaluates_each_pass(self, holdout: dict | None) -> bool:
+    def _evaluates_each_pass(self, holdout: HoldoutStream | None) -> bool:
         return holdout is not None and self.config.eval.every_pass
 
     def _score(self, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
@@ -371,7 +377,9 @@ class Trainer:
         if cfg.data.generate is not None:
             cfg.data.generate.ensure(progress=self.progress)
         # Read (lazily) before anything changes: paths that match nothing fail in a second.
-        start.logs = read_train_and_holdout(cfg.data.source, cfg.data.holdout, cfg.data.backend)
+        start.logs = read_train_and_holdout(
+            cfg.data.source, cfg.data.holdout, cfg.data.backend, cfg.data.block_size
+        )
         return start
 
     def _check_gpu(self) -> None:
@@ -409,6 +417,7 @@ class Trainer:
                 stopped = sys.exc_info()[0] is not None
                 try:
                     close_shards(client, addresses, "drop" if stopped else "warn")
+                    client.run(remove_spill, self._stores / HOLDOUT_SPILL)
                 finally:
                     group.close()
         return result
@@ -458,8 +467,19 @@ class Trainer:
         W = len(addresses)
         table = cfg.table.name
         train_log, holdout_log = logs
-        train_log = train_log.persist()
-        plan = self._plan(train_log, W)
+        # One streaming read of the log: good rows per partition (the plan's input), bad rows,
+        # and the holdout written to the workers' disks. Nothing of the log stays in memory:
+        # each pass reads its own partitions again when it is prepared.
+        spill = self._stores / HOLDOUT_SPILL
+        client.run(remove_spill, spill)  # a killed run's
+        scan = scan_log(train_log, holdout_log, spill if holdout_log is not None else None)
+        plan = build_plan(
+            train_log,
+            cfg.passes.plan,
+            W,
+            seed=cfg.run.seed,
+            partition_lengths=scan.lengths,
+        )
         fingerprint = resuming.plan_fingerprint(
             plan.files, plan.partition_lengths, len(plan.passes)
         )
@@ -468,10 +488,9 @@ class Trainer:
         if resumed:
             assert ckpt is not None
             resuming.check_plan(ckpt, fingerprint)
-        report = train_log.compute_report()
-        report.log_summary(log)
-        bad_by_pass = _bad_rows_by_pass(report.by_shard(), plan)
-        holdout = self._place_holdout(client, holdout_log, addresses) if holdout_log else None
+        scan.report.log_summary(log)
+        bad_by_pass = _bad_rows_by_pass(scan.report.by_shard(), plan)
+        holdout = self._holdout(client, scan, addresses) if holdout_log is not None else None
         shard_map = ShardMap(cfg.passes.plan.num_shards, W)
         group.run(worker.setup_trainer, self._train_setup(), what="build dense replicas")
         schedule = self._schedule(plan)
@@ -588,36 +607,42 @@ class Trainer:
         result.dense_state = group.run(worker.model_state, self.run_id, what="dense weights")[0]
         group.run(worker.drop_trainer, self.run_id, what="drop dense replicas")
 
-    def _place_holdout(self, client: Any, holdout: ClickLog, addresses: list[str]) -> dict:
-        holdout = holdout.persist()
-        lengths = holdout.frame.map_partitions(len).compute().tolist()
-        n = int(sum(lengths))
-        W = len(addresses)
-        bs = self._holdout_batch_size(W)
-        routed = route_examples(
-            holdout.frame, lengths, 0, n, batch_size=bs, num_workers=W, order=None
-        )
-        placed = place_on_workers(client, routed, addresses)
-        return {"futures": placed.futures, "batch_size": bs, "num_batches": -(-n // bs), "n": n}
+    def _holdout(self, client: Any, scan: LogScan, addresses: list[str]) -> HoldoutStream | None:
+        """The holdout the scan set aside, evaluated in chunks of at most a pass's size."""
+        if not scan.holdout_rows:
+            log.warning("the holdout has no rows: nothing is evaluated")
+            return None
+        bs = self._holdout_batch_size(len(addresses))
+        chunk = max(self.config.passes.plan.examples_per_pass, bs)
+        return HoldoutStream(client, scan.holdout, addresses, bs, chunk)
 
     def _prepare(self, ctx: _PassContext, spec: PassSpec, position: int) -> _Prepared:
-        """Route a pass's keys to their owners and its examples to their workers, and try to
-        stage the keys (pinned) while the previous pass may still hold its own pins."""
+        """Read the pass's partitions, route its keys to their owners and its examples to
+        their workers, and try to stage the keys (pinned) while the previous pass may still
+        hold its own pins."""
         cfg = self.config
         table = cfg.table.name
         t = time.perf_counter()
-        owned = plan_owner_keys(ctx.train_log, ctx.plan, spec, ctx.shard_map)
-        keys = place_on_workers(ctx.client, owned, ctx.addresses)
+        # The pass's partitions, read, parsed and hashed once for both its keys and its
+        # examples (held until both are placed, then released).
+        where, lengths, offset = pass_partitions(ctx.plan.partition_lengths, spec.start, spec.stop)
+        rows = dataclasses.replace(ctx.train_log, frame=ctx.train_log.frame.partitions[where])
+        rows = dataclasses.replace(rows, frame=rows.frame.persist())
+        start, stop = spec.start - offset, spec.stop - offset
+        owned = owner_keys(
+            pass_keys(rows, lengths, start, stop), ctx.shard_map, ctx.plan.config.shuffle_method
+        )
         routed = route_examples(
-            ctx.train_log.frame,
-            ctx.plan.partition_lengths,
-            spec.start,
-            spec.stop,
+            rows.frame,
+            lengths,
+            start,
+            stop,
             batch_size=cfg.passes.plan.global_batch_size,
             num_workers=len(ctx.addresses),
-            order=spec.order() if spec.shuffled else None,
+            order=spec.order() - offset if spec.shuffled else None,
         )
-        examples = place_on_workers(ctx.client, routed, ctx.addresses)
+        keys, examples = place_together(ctx.client, [owned, routed], ctx.addresses)
+        del rows
         prepared = _Prepared(spec, keys.futures, examples.futures, position)
         prepared.seconds["route"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -638,7 +663,7 @@ class Trainer:
         prepared: _Prepared,
         step: int,
         total_steps: int,
-        holdout: dict | None,
+        holdout: HoldoutStream | None,
         upcoming: Future[_Prepared] | None,
     ) -> dict[str, Any]:
         cfg = self.config
@@ -698,18 +723,18 @@ class Trainer:
         rec["seconds"] = seconds
         return rec
 
-    def _evaluate(self, group: CommGroup, holdout: dict) -> dict[str, float]:
-        info = {"batch_size": holdout["batch_size"], "num_batches": holdout["num_batches"]}
-        outs = group.run(
-            worker.eval_pass,
-            self.run_id,
-            info,
-            rank_args=[(f,) for f in holdout["futures"]],
-            what="eval holdout",
-        )
-        pred = np.concatenate([o[0] for o in outs])
-        label = np.concatenate([o[1] for o in outs])
-        return self._score(pred, label)
+    def _evaluate(self, group: CommGroup, holdout: HoldoutStream) -> dict[str, float]:
+        def run_chunk(placed: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+            info = {"batch_size": holdout.batch_size, "num_batches": placed.num_batches}
+            return group.run(
+                worker.eval_pass,
+                self.run_id,
+                info,
+                rank_args=[(f,) for f in placed.futures],
+                what="eval holdout",
+            )
+
+        return self._score(*holdout.evaluate(run_chunk))
 
     def _summary(self, result: RunResult) -> dict[str, Any]:
         return {
@@ -747,14 +772,17 @@ _DAY = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
 def _bad_rows_by_pass(
     by_file: dict[str, dict[str, int]], plan: PassPlan
 ) -> dict[int, dict[str, int]]:
-    """Skipped rows by reason, attributed to the pass in which each file starts."""
+    """Skipped rows by reason, attributed to the pass in which each file starts (its first
+    block, for a file read in blocks)."""
     lengths = np.asarray(plan.partition_lengths, dtype=np.int64)
     begins = np.cumsum(lengths) - lengths
     starts = np.array([p.start for p in plan.passes], dtype=np.int64)
     out: dict[int, dict[str, int]] = {}
+    seen: set[str] = set()
     for f, b in zip(plan.files, begins, strict=True):
-        if f not in by_file or not len(starts):
+        if f not in by_file or not len(starts) or f in seen:
             continue
+        seen.add(f)
         index = plan.passes[max(int(np.searchsorted(starts, b, side="right")) - 1, 0)].index
         for reason, n in by_file[f].items():
             out.setdefault(index, {})[reason] = out.get(index, {}).get(reason, 0) + int(n)
@@ -767,11 +795,20 @@ def _min_threads(client: Any, addresses: list[str]) -> int:
 
 
 def _tier_summary(stats: list[dict[str, Any]], table: str) -> dict[str, Any]:
-    """Hit rates and store traffic of one table, summed over workers."""
+    """Hit rates and store traffic of one table, summed over workers, and the table's resident
+    bytes on each worker (tiers with their indexes, and the store's key index)."""
     rows_from: dict[str, int] = {}
     store_read = store_written = 0
+    resident = []
     for s in stats:
         t = s["tables"][table]
+        resident.append(
+            int(
+                t.get("device", {}).get("bytes", 0)
+                + t.get("host", {}).get("bytes", 0)
+                + t.get("store", {}).get("index_bytes", 0)
+            )
+        )
         for k, v in t.get("rows_from", {}).items():
             rows_from[k] = rows_from.get(k, 0) + int(v)
         store_read += int(t.get("store", {}).get("rows_read", 0))
@@ -782,4 +819,5 @@ def _tier_summary(stats: list[dict[str, Any]], table: str) -> dict[str, Any]:
         "hit_rate": {k: (v / total if total else 0.0) for k, v in rows_from.items()},
         "store_rows_read": store_read,
         "store_rows_written": store_written,
+        "table_bytes": resident,
     }

@@ -84,7 +84,7 @@ class Built:
     @cached_property
     def logs(self) -> Any:
         data = self.cfg.data  # Trainer.run reads exactly this (before the cluster starts)
-        return read_train_and_holdout(data.source, data.holdout, data.backend)
+        return read_train_and_holdout(data.source, data.holdout, data.backend, data.block_size)
 
     @cached_property
     def plan(self) -> Any:

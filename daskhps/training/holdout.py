@@ -1,0 +1,166 @@
+"""The holdout, evaluated in chunks streamed from the parts the planning scan wrote.
+
+::
+
+    holdout parts (parquet, each on the disk of the worker that wrote it)
+    chunk c = consecutive parts, at most ``chunk_rows`` rows (one part at least)
+      part j of c, on its worker:  read -> rank in the chunk -> split by the rank's worker
+      worker w:                    its pieces of every part, concatenated (ranks ascending)
+      all ranks:                   eval_pass (read-only lookups) -> predictions, labels
+    chunk c+1 is read and routed while chunk c is evaluated; a chunk is released after it
+
+A worker holds at most two chunks of holdout rows, whatever the holdout's size. Rows are cut
+into global batches of ``batch_size`` (per worker) times the number of workers, as a pass's
+examples are (:func:`daskhps.training.examples.worker_of_rank`). Predictions do not depend on
+the batching: evaluation is read-only and the model is in eval mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from daskhps.monitor import stage_span
+from daskhps.passes.scan import HoldoutPart, read_holdout_part
+from daskhps.training.examples import RANK, worker_of_rank
+
+__all__ = ["HoldoutStream", "chunk_parts"]
+
+log = logging.getLogger(__name__)
+
+
+def chunk_parts(parts: Sequence[HoldoutPart], max_rows: int) -> list[tuple[HoldoutPart, ...]]:
+    """Consecutive parts in chunks of at most ``max_rows`` rows (a larger part alone); parts
+    without rows are left out."""
+    chunks: list[tuple[HoldoutPart, ...]] = []
+    current: list[HoldoutPart] = []
+    rows = 0
+    for p in parts:
+        if not p.rows:
+            continue
+        if current and rows + p.rows > max_rows:
+            chunks.append(tuple(current))
+            current, rows = [], 0
+        current.append(p)
+        rows += p.rows
+    if current:
+        chunks.append(tuple(current))
+    return chunks
+
+
+def _split(
+    path: str, first_rank: int, n: int, batch_size: int, num_workers: int
+) -> tuple[pd.DataFrame, ...]:
+    """A part's rows, ranked from ``first_rank`` in a chunk of ``n``, one frame per worker."""
+    with stage_span("holdout"):
+        df = read_holdout_part(path)
+        rank = np.arange(first_rank, first_rank + len(df), dtype=np.int64)
+        df[RANK] = rank
+        worker = worker_of_rank(rank, n, batch_size, num_workers)
+        return tuple(df[worker == w].reset_index(drop=True) for w in range(num_workers))
+
+
+def _piece(split: tuple[pd.DataFrame, ...], w: int) -> pd.DataFrame:
+    return split[w]
+
+
+def _gather(*pieces: pd.DataFrame) -> pd.DataFrame:
+    with stage_span("holdout"):
+        return pd.concat(pieces, ignore_index=True)
+
+
+@dataclass
+class _Placed:
+    """One chunk's rows on their workers: ``futures[w]`` lives on worker ``w``."""
+
+    futures: list[Any]
+    rows: int
+    num_batches: int
+
+
+class HoldoutStream:
+    """Evaluates the holdout chunk by chunk on every rank (see the module docstring).
+
+    ``batch_size``: holdout rows per evaluation step over all workers. ``chunk_rows``: rows a
+    chunk holds at most (over all workers).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        parts: Sequence[HoldoutPart],
+        addresses: Sequence[str],
+        batch_size: int,
+        chunk_rows: int,
+    ) -> None:
+        self.client = client
+        self.addresses = list(addresses)
+        self.batch_size = batch_size
+        self.chunks = chunk_parts(parts, max(chunk_rows, batch_size))
+        self.rows = sum(p.rows for c in self.chunks for p in c)
+
+    def _place(self, chunk: tuple[HoldoutPart, ...]) -> _Placed:
+        W, client = len(self.addresses), self.client
+        n = sum(p.rows for p in chunk)
+        splits, first = [], 0
+        for p in chunk:
+            splits.append(
+                client.submit(
+                    _split,
+                    p.path,
+                    first,
+                    n,
+                    self.batch_size,
+                    W,
+                    workers=[p.address],  # the part is on this worker's disk
+                    allow_other_workers=False,
+                    pure=False,
+                )
+            )
+            first += p.rows
+        futures = []
+        for w, address in enumerate(self.addresses):
+            pieces = [
+                client.submit(
+                    _piece, s, w, workers=[p.address], allow_other_workers=False, pure=False
+                )
+                for s, p in zip(splits, chunk, strict=True)
+            ]
+            futures.append(
+                client.submit(
+                    _gather, *pieces, workers=[address], allow_other_workers=False, pure=False
+                )
+            )
+        return _Placed(futures, n, -(-n // self.batch_size))
+
+    def placed(self) -> Iterator[_Placed]:
+        """Each chunk on its workers, the next one placed while the caller uses this one."""
+        if not self.chunks:
+            return
+        ahead = self._place(self.chunks[0])
+        for i in range(len(self.chunks)):
+            current = ahead
+            if i + 1 < len(self.chunks):
+                ahead = self._place(self.chunks[i + 1])
+            yield current
+            del current  # released before the chunk after next is placed
+
+    def evaluate(
+        self, run_chunk: Callable[[_Placed], list[tuple[np.ndarray, np.ndarray]]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Predictions and labels of every holdout row: ``run_chunk(placed)`` evaluates one
+        chunk on every rank and returns each rank's ``(predictions, labels)``."""
+        preds: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        for placed in self.placed():
+            for pred, label in run_chunk(placed):
+                preds.append(pred)
+                labels.append(label)
+        if not preds:
+            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        return np.concatenate(preds), np.concatenate(labels)
