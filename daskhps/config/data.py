@@ -162,8 +162,8 @@ def _block_size(d: Mapping[str, Any], ctx: Ctx) -> int | None:
             raise ctx.error(
                 key, f"{value!r}: expected bytes (67108864), a size ('64MiB') or null"
             ) from None
-    if value < 1 << 16:
-        raise ctx.error(key, f"{value} bytes is below 64 KiB; blocks that small cost more to plan")
+    if value < 1 << 12:
+        raise ctx.error(key, f"{value} bytes is below 4 KiB; blocks that small cost more to plan")
     return int(value)
 
 

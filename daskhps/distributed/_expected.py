@@ -20,7 +20,13 @@ from pathlib import Path
 
 from daskhps.errors import DaskHPSError
 
-__all__ = ["ExpectedErrorFilter", "quiet_expected_errors", "quiet_worker_kills"]
+__all__ = [
+    "ExpectedErrorFilter",
+    "SyncCancelRaceFilter",
+    "quiet_expected_errors",
+    "quiet_sync_cancel_race",
+    "quiet_worker_kills",
+]
 
 PACKAGE = str(Path(__file__).resolve().parents[1])  # the daskhps folder
 WORKER_LOGGER = "distributed.worker"  # where Worker.execute logs "Compute Failed"
@@ -89,3 +95,27 @@ def quiet_worker_kills() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+class SyncCancelRaceFilter(logging.Filter):
+    """Drops tornado's record of a race in ``distributed.utils.sync``: a Ctrl-C that lands
+    before the synchronous call's coroutine has started makes its ``cancel`` callback read a
+    variable not yet set (``NameError: cannot access free variable 'future'``). Nothing was
+    running, so nothing is lost; the traceback would only bury the line that says where to
+    resume. Any other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        info = record.exc_info
+        if not info or not isinstance(info[1], NameError) or "'future'" not in str(info[1]):
+            return True
+        tb = info[2]
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        return tb is None or tb.tb_frame.f_code.co_name != "cancel"
+
+
+def quiet_sync_cancel_race() -> None:
+    """Install :class:`SyncCancelRaceFilter` on tornado's callback logger (once)."""
+    logger = logging.getLogger("tornado.application")
+    if not any(isinstance(f, SyncCancelRaceFilter) for f in logger.filters):
+        logger.addFilter(SyncCancelRaceFilter())

@@ -17,7 +17,7 @@ from distributed import Client, LocalCluster
 from daskhps._scheduler import scheduler_workers
 from daskhps.distributed._dashboard import repair_dashboard
 from daskhps.distributed._errors import ClusterError
-from daskhps.distributed._expected import quiet_worker_kills
+from daskhps.distributed._expected import quiet_sync_cancel_race, quiet_worker_kills
 from daskhps.distributed._worker_setup import setup_workers
 
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
@@ -112,6 +112,7 @@ def start_cluster(
         Extra environment of worker processes (for instance ``OMP_NUM_THREADS``, which
         Dask sets to 1 in worker processes, for torch's intra-op threads).
     """
+    quiet_sync_cancel_race()  # a Ctrl-C at the wrong instant must not print a traceback
     if address is not None:
         return _connect(address, n_workers, wait_timeout_s)
     use_cuda = gpus is True or (gpus == "auto" and cuda_available())

@@ -187,6 +187,10 @@ def reader_backend(b: Built) -> str:
         return "refused: " + str(e).split(":")[0]
 
 
+def reader_partitions(b: Built) -> int:
+    return int(b.logs[0].frame.npartitions)
+
+
 def schema_names(b: Built) -> tuple[str, str]:
     return b.logs[0].schema.name, b.setup.schema.name
 
@@ -485,6 +489,7 @@ LANDINGS: dict[str, Landing] = {
         READ, holdout_rows, "data.holdout.seed=5", base=("data.holdout.fraction=0.5",)
     ),
     "data.backend": L(READ, reader_backend, f"data.backend={BACKEND}"),
+    "data.block_size": L(READ, reader_partitions, "data.block_size=4096"),
     "passes.epochs": L("the trainer's schedule", schedule_epochs, "passes.epochs=2", expect=[0, 1]),
     "passes.examples_per_pass": L("the pass plan", pass_sizes, "passes.examples_per_pass=300"),
     "passes.global_batch_size": L(

@@ -45,3 +45,49 @@ def test_compute_failed_only_for_what_daskhps_did_not_raise_on_purpose(
     assert "KeyError('missing')" in failed[0] and "_lookup" in failed[0]
     assert "ConfigError" in failed[1] and "_not_daskhps_code" in failed[1]
     assert not any("explode" in m for m in failed)
+
+
+def _sync_cancel_race() -> NameError:
+    """The NameError distributed.utils.sync's ``cancel`` raises when Ctrl-C comes before its
+    coroutine ran: a free variable read before it is set."""
+    future: object
+
+    def cancel() -> None:
+        if future is not None:  # noqa: F821 - the race: not yet set
+            pass
+
+    try:
+        cancel()
+    except NameError as e:
+        return e
+    raise AssertionError("no NameError")
+
+
+def test_the_sync_cancel_race_is_dropped_and_nothing_else() -> None:
+    import sys
+
+    from daskhps.distributed._expected import SyncCancelRaceFilter
+
+    race = _sync_cancel_race()
+    assert "free variable 'future'" in str(race)
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord(
+            "tornado.application",
+            logging.ERROR,
+            __file__,
+            1,
+            "Exception in callback",
+            None,
+            (type(exc), exc, exc.__traceback__),
+        )
+
+    f = SyncCancelRaceFilter()
+    assert not f.filter(record(race))
+    try:
+        raise NameError("name 'future' is not defined")  # raised here, not in a cancel
+    except NameError:
+        other = sys.exc_info()[1]
+    assert other is not None and f.filter(record(other))
+    assert f.filter(record(KeyError("future")))
+    assert f.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, "no exc", None, None))

@@ -4,6 +4,7 @@ that evaluate them, chunk by chunk."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def test_chunks_are_consecutive_bounded_and_greedy(rows: list[int], max_rows: in
     sizes = [sum(p.rows for p in c) for c in chunks]
     for c, size in zip(chunks, sizes, strict=True):
         assert size <= max_rows or len(c) == 1  # a larger part alone
-    for c, nxt in zip(chunks, chunks[1:], strict=False):
+    for c, nxt in itertools.pairwise(chunks):
         assert sum(p.rows for p in c) + nxt[0].rows > max_rows  # nothing more would fit
 
 

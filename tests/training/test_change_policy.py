@@ -45,6 +45,7 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "cluster.processes": (True, True),
     "cluster.threads_per_worker": (True, True),
     "data.backend": (False, True),
+    "data.block_size": (False, True),
     "data.bad_rows.action": (False, True),
     "data.bad_rows.max_fraction": (False, True),
     "data.generate": (False, True),
