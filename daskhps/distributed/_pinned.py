@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -60,8 +59,7 @@ def run_pinned(
     pending = set(futures)
     try:
         while pending:
-            with contextlib.suppress(TimeoutError):
-                wait(list(pending), timeout=_POLL_S, return_when="FIRST_COMPLETED")
+            _wait_a_little(pending)
             for f in [f for f in pending if f.done()]:
                 if f.status == "error":
                     f.result()  # re-raises the worker's exception with its traceback
@@ -83,6 +81,23 @@ def run_pinned(
     finally:
         # Nothing may keep running or waiting after a failure (or Ctrl-C).
         client.cancel([f for f in futures if not f.done()])
+
+
+def _wait_a_little(pending: set[Any]) -> None:
+    """Wait until one of ``pending`` finishes, or ``_POLL_S``.
+
+    ``distributed.wait`` says "not yet" by raising ``TimeoutError`` from inside its ``sync``,
+    whose frame keeps the exception in a closure cell: exception -> traceback -> frames ->
+    that cell -> exception, a reference cycle. Its frames include this call's callers, whose
+    locals hold the pass's futures, so each poll would keep a pass's data on the workers until
+    the cycle collector happens to run (seen as worker memory growing pass after pass, for
+    minutes). Dropping the traceback breaks the cycle at once.
+    """
+    try:
+        wait(list(pending), timeout=_POLL_S, return_when="FIRST_COMPLETED")
+    except TimeoutError as e:
+        e.__traceback__ = None
+        e.__context__ = None
 
 
 def _lost_error(lost: list[int], addresses: Sequence[str], what: str) -> WorkerLostError:

@@ -49,3 +49,13 @@ def die_or_sleep(rank: int) -> None:
         time.sleep(0.3)
         os._exit(1)
     time.sleep(8.0)
+
+
+def slow_len(values: object, seconds: float) -> int:
+    """``len(values)`` after ``seconds``: long enough for the caller to poll a few times."""
+    time.sleep(seconds)
+    return len(values)  # type: ignore[arg-type]
+
+
+def held_keys(dask_worker: object = None) -> list[str]:
+    return [str(k) for k in dask_worker.data]  # type: ignore[attr-defined]
