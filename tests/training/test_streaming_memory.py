@@ -25,7 +25,7 @@ from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.training.trainer import Trainer
 from tests._runs import tiny_config
 
-ROWS = 160_000  # the short log; the long one has 4x
+ROWS = 100_000  # the short log; the long one has 4x
 
 
 def _logs(tmp: Path, name: str, rows: int, parts: int) -> Path:
@@ -40,9 +40,9 @@ def _config(tmp: Path, logs: Path, name: str, address: str) -> RunConfig:
         tmp / name,
         logs,
         run={"seed": 2},
-        data={"holdout": {"fraction": 0.05}, "block_size": "8MiB"},
-        passes={"examples_per_pass": 40_000, "global_batch_size": 4000},
-        eval={"batch_size": 4000},  # a full batch in both logs: memory follows the batch
+        data={"holdout": {"fraction": 0.25}, "block_size": "4MiB"},  # holdout > a chunk
+        passes={"examples_per_pass": 25_000, "global_batch_size": 2500},
+        eval={"batch_size": 2500},  # a full batch in both logs: memory follows the batch
         table={"tiers": {"device": {"rows": 20_000}, "host": {"fraction": 0.02}}},
     )
     d["cluster"] = {"address": address, "gpu": False}  # the test's own LocalCluster
@@ -66,7 +66,7 @@ def test_worker_memory_does_not_grow_with_the_log(tmp_path: Path) -> None:
 
     short = _logs(tmp_path, "short", ROWS, 1)
     long = _logs(tmp_path, "long", 4 * ROWS, 1)
-    assert (next(long.rglob("*.tsv"))).stat().st_size > 8 * (8 << 20)  # many blocks
+    assert (next(long.rglob("*.tsv"))).stat().st_size > 8 * (4 << 20)  # many blocks
     with (
         LocalCluster(
             n_workers=1,
