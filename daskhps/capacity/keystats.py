@@ -131,9 +131,11 @@ def expected_key_stats(cfg: RunConfig, workers: int) -> KeyStats:
 def scan_key_stats(cfg: RunConfig, workers: int, scheduler: str = "threads") -> KeyStats:
     """Count the keys of the training logs as the trainer will plan them for ``workers``.
 
-    Reads the logs once with Dask's local ``scheduler`` (no cluster needed): the pass plan
-    (``max_working_set`` splits included), then every pass's unique keys per owner and the
-    distinct keys per owner over the whole log.
+    Streams the logs with Dask's local ``scheduler`` (no cluster needed): one read for the
+    pass plan (rows per partition; ``max_working_set`` splits read the candidate passes' keys),
+    then one for every pass's unique keys per owner and the distinct keys per owner over the
+    whole log (the passes and the total share each partition's read). Only keys are held, never
+    the log's rows, so a log larger than memory can be scanned.
     """
     # Loaded here: only --scan reads logs with Dask; the estimate and the trainer's check_fits
     # need none of it.
@@ -149,7 +151,6 @@ def scan_key_stats(cfg: RunConfig, workers: int, scheduler: str = "threads") -> 
         train, _ = read_train_and_holdout(
             cfg.data.source, cfg.data.holdout, cfg.data.backend, cfg.data.block_size
         )
-        train = train.persist()
         plan = build_plan(train, plan_cfg, workers, seed=cfg.run.seed)
         shard_map = ShardMap(plan_cfg.num_shards, workers)
         lengths = plan.partition_lengths
