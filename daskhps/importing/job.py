@@ -320,7 +320,7 @@ def import_table(
         "optimizer_state": "given" if source.has_state else "initial",
     }
     try:
-        stores = StagedStores(spec, shard_map, staging.stores)
+        stores = StagedStores(spec, shard_map, staging.stores, chunk_rows)
         try:
             with tqdm(
                 total=source.rows,

@@ -105,6 +105,23 @@ def _as_floats(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _read_rows(a: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Rows ``[start, stop)`` of a ``.npy`` memory map, read with a plain file read when they
+    lie contiguously (C order, as numpy.save writes): the process then holds one chunk, not
+    the mapped pages of every chunk read so far (which the kernel may reclaim, but which count
+    as resident until it does)."""
+    if isinstance(a, np.memmap) and a.flags.c_contiguous and a.filename is not None:
+        per_row = int(np.prod(a.shape[1:], dtype=np.int64))
+        out = np.fromfile(
+            a.filename,
+            dtype=a.dtype,
+            count=(stop - start) * per_row,
+            offset=a.offset + start * per_row * a.dtype.itemsize,
+        )
+        return out.reshape((stop - start, *a.shape[1:]))
+    return np.array(a[start:stop])
+
+
 def _missing(path: Path, flag: str) -> DataError:
     return DataError(f"{path}: no such file ({flag}); check the path")
 
@@ -202,9 +219,9 @@ class NpySource(Source):
         for a in range(0, self.rows, chunk_rows):
             b = min(a + chunk_rows, self.rows)
             yield Chunk(
-                keys=_as_keys(np.asarray(self._keys[a:b])),
-                weights=_as_floats(self._rows[a:b]),
-                state=None if self._state is None else _as_floats(self._state[a:b]),
+                keys=_as_keys(_read_rows(self._keys, a, b)),
+                weights=_as_floats(_read_rows(self._rows, a, b)),
+                state=None if self._state is None else _as_floats(_read_rows(self._state, a, b)),
                 keys_file=str(self.keys_path),
                 rows_file=str(self.rows_path),
                 state_file=state_file,
@@ -214,7 +231,8 @@ class NpySource(Source):
     def key_chunks(self, chunk_rows: int) -> Iterator[tuple[str, int, np.ndarray]]:
         assert self._keys is not None, "check() first"
         for a in range(0, self.rows, chunk_rows):
-            yield str(self.keys_path), a, _as_keys(np.asarray(self._keys[a : a + chunk_rows]))
+            b = min(a + chunk_rows, self.rows)
+            yield str(self.keys_path), a, _as_keys(_read_rows(self._keys, a, b))
 
 
 def _kind(spec: TableSpec) -> str:

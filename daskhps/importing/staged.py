@@ -24,6 +24,8 @@ from daskhps.tiers.zarr_store import ZarrStore
 
 __all__ = ["RepeatedKey", "StagedStores"]
 
+_SEGMENT_ROWS = 65536  # the most rows the store buffers into one segment (write_buffer_rows)
+
 
 class RepeatedKey(Exception):
     """A key an earlier chunk already wrote: ``key`` and where it appears again (``row``).
@@ -37,7 +39,7 @@ class RepeatedKey(Exception):
 class StagedStores:
     """One new store per rank under ``root/<table>/rank-<r>``, written chunk by chunk."""
 
-    def __init__(self, spec: TableSpec, shard_map: ShardMap, root: Path) -> None:
+    def __init__(self, spec: TableSpec, shard_map: ShardMap, root: Path, chunk_rows: int) -> None:
         self.spec = spec
         self.shard_map = shard_map
         self.root = root
@@ -52,6 +54,10 @@ class StagedStores:
                         self.path(r),
                         label=f"{spec.name}/zarr rank-{r}",
                         mode="w",
+                        # A segment (one import chunk's rows of a rank) in one chunk file:
+                        # zarr pads a segment's last chunk file to full size, which would
+                        # cost up to a third more disk with the store's default.
+                        chunk_rows=max(chunk_rows, _SEGMENT_ROWS),
                     )
                 )
         except BaseException:
