@@ -24,7 +24,7 @@ def add_import_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the embeddings: one .npy file (float32[n, table.dim], e.g. an export's "
         "embeddings.npy; keys from --keys), or parquet files, folders or globs (a key column "
-        "and the embedding; see docs/table.md)",
+        "and the embedding; see docs/serving.md)",
     )
     p.add_argument(
         "--keys", metavar="KEYS.npy", help="with .npy --rows: the keys, int64[n] (keys.npy)"
