@@ -44,7 +44,7 @@ from tqdm import tqdm
 from daskhps._paths import check_writable_dir, tree_bytes
 from daskhps.capacity.disk import free_bytes
 from daskhps.config import RunConfig
-from daskhps.errors import DataError, RunExistsError, StoreLockedError
+from daskhps.errors import CapacityError, DataError, RunExistsError, StoreLockedError
 from daskhps.importing.checks import check_chunk, duplicate_error
 from daskhps.importing.sources import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
@@ -166,7 +166,7 @@ def _preflight(config: RunConfig, source: Source, overwrite: bool) -> rundir.Ear
     need = source.rows * (config.table_spec().row_bytes + 8 + _INDEX_BYTES_PER_KEY)
     where, free = free_bytes(store_dir)
     if need > free:
-        raise RunExistsError(
+        raise CapacityError(
             f"{config.source}: importing {source.rows:,} rows needs about {need >> 20} MiB in "
             f"table.tiers.store_dir ({store_dir}), and {where} has {free >> 20} MiB free; free "
             "disk space or set table.tiers.store_dir to a larger disk"
@@ -304,7 +304,9 @@ def import_table(
         accumulator, a key given twice; one line naming the file and the row.
     RunExistsError
         run.dir or the stores hold a run and ``overwrite`` is false, or they hold published
-        versions (always refused), or the disk is too small.
+        versions (always refused).
+    CapacityError
+        The disk of the stores cannot hold the rows.
     """
     t0 = time.perf_counter()
     spec = config.table_spec()

@@ -102,7 +102,10 @@ def _as_keys(a: np.ndarray) -> np.ndarray:
 
 
 def _as_floats(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
+    # float64 beyond float32's range becomes an infinity, which the value checks then name
+    # (in one line: no numpy overflow warning before it)
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _read_rows(a: np.ndarray, start: int, stop: int) -> np.ndarray:
@@ -256,7 +259,7 @@ def parquet_files(patterns: Sequence[str]) -> list[Path]:
                 raise DataError(f"{p}: a folder with no .parquet file (--rows); check the path")
         elif p.is_file():
             found = [p]
-        elif glob.has_magic(pattern):
+        elif any(ch in pattern for ch in "*?["):
             found = sorted(Path(f) for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
             if not found:
                 raise DataError(f"{pattern}: matches no file (--rows); check the pattern")

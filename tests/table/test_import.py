@@ -299,6 +299,10 @@ def test_bad_npy_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         "neg.npy row 9",
         "Adagrad accumulator (state column 1) is -1.0",
     )
+    huge = rows.astype(np.float64)
+    huge[11, 3] = 1e300  # beyond float32: an infinity once rounded to the table's type
+    hugef = _save(tmp_path, huge=huge)["huge"]
+    _fails(capsys, config, ["--keys", good["keys"], "--rows", hugef], "huge.npy row 11", "inf")
     ints = _save(tmp_path, ints=keys.astype(np.int32))["ints"]
     _fails(capsys, config, ["--keys", ints, "--rows", good["rows"]], "ints.npy", "int64")
     _fails(capsys, config, ["--rows", good["rows"]], "--keys")
@@ -340,6 +344,21 @@ def test_bad_parquet_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     )
     _fails(capsys, config, ["--rows", str(tmp_path / "none-*.parquet")], "matches no file")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_cluster_address_needs_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tiny_config(tmp_path / "run", tmp_path / "logs")
+    d["cluster"] = {"address": "tcp://127.0.0.1:1", "gpu": False}
+    config = write_config(tmp_path / "run.yaml", d)
+    paths = _save(tmp_path, keys=_keys(40), rows=_rows(40))
+    _fails(capsys, config, _npy_args(paths), "cluster.address", "--workers N")
+    rc, err = _import(capsys, config, *_npy_args(paths), "--workers", "3")
+    assert rc == 0, err
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert ckpt is not None and ckpt.num_workers == 3
+    assert _table_rows(tmp_path / "run", _keys(40))[1] == 0
 
 
 def test_an_existing_run_is_refused_and_overwrite_replaces_it(
