@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from daskhps.errors import DataError
-from daskhps.importing.sources import Chunk
+from daskhps.importing.source import Chunk
 from daskhps.table.spec import TableSpec
 
 __all__ = ["check_chunk", "duplicate_error", "duplicate_pair", "first_non_finite"]

@@ -77,7 +77,7 @@ def add_import_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_import(args: argparse.Namespace) -> int:
     from daskhps.importing.job import CHUNK_ROWS, import_table
-    from daskhps.importing.sources import open_source
+    from daskhps.importing.source import open_source
 
     config = load_config(args.config, args.overrides)
     if args.workers is None and not config.cluster.local:

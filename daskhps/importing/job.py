@@ -46,7 +46,7 @@ from daskhps.capacity.disk import free_bytes
 from daskhps.config import RunConfig
 from daskhps.errors import CapacityError, DataError, RunExistsError, StoreLockedError
 from daskhps.importing.checks import check_chunk, duplicate_error
-from daskhps.importing.sources import Source
+from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
 from daskhps.sharding import ShardMap
 from daskhps.tiers._lock import WriterLock

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from daskhps._paths import tree_bytes
-from daskhps.importing.sources import Chunk
+from daskhps.importing.source import Chunk
 from daskhps.sharding import ShardMap
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
