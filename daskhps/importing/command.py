@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 
 from daskhps.cli import positive_int
 from daskhps.config.commands import add_config_arguments
@@ -113,7 +112,7 @@ def run_import(args: argparse.Namespace) -> int:
     print(
         f"imported {res.rows:,} rows ({state} optimizer state) into {res.workers} rank "
         f"store(s) in {res.stores_dir} in {res.seconds:.1f} s ({res.rows_per_second:,.0f} "
-        f"rows/s); checkpoint {res.checkpoint}",
+        f"rows/s); checkpoint {res.checkpoint}"
     )
-    print(f"train on top of them with: {shlex.join(train)}", file=sys.stdout)
+    print(f"train on top of them with: {shlex.join(train)}")
     return 0
