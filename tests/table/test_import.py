@@ -194,6 +194,31 @@ def test_parquet_list_and_numbered_columns(
     assert unseen == 0 and np.array_equal(_bits(got[:, :DIM]), _bits(rows))
 
 
+def test_parquet_optimizer_state_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    n = 200
+    keys, rows, state = _keys(n), _rows(n), np.abs(_rows(n, seed=4))
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    _parquet(a, {"key": keys[:120], "embedding": list(rows[:120]), "acc": list(state[:120])})
+    numbered = {f"acc_{j}": state[120:, j] for j in range(DIM)}
+    _parquet(b, {"key": keys[120:], "embedding": list(rows[120:]), **numbered})
+    config = _config(tmp_path)
+    rc, err = _import(capsys, config, "--rows", str(a), str(b), "--state-column", "acc")
+    assert rc == 0, err
+    got, unseen = _table_rows(tmp_path / "run", keys)
+    assert unseen == 0 and np.array_equal(_bits(got), _bits(np.concatenate([rows, state], 1)))
+    # the state for some files only: which rows would start from the initial state is unclear
+    other = _config(tmp_path / "other")
+    _parquet(b, {"key": keys[120:], "embedding": list(rows[120:])})
+    _fails(
+        capsys,
+        other,
+        ["--rows", str(a), str(b), "--state-column", "acc"],
+        f"{b}: no optimizer state column (acc)",
+    )
+
+
 @pytest.mark.parametrize(
     "optimizer",
     [
