@@ -195,6 +195,13 @@ COMMANDS: dict[str, Command] = {
         "add_export_arguments",
         "run_export",
     ),
+    "import": _lazy(
+        "import",
+        "load existing embeddings as a new run's table (then: daskhps train CONFIG --resume)",
+        "daskhps.importing.command",
+        "add_import_arguments",
+        "run_import",
+    ),
     "retrain": _lazy(
         "retrain",
         "train on new complete log days and publish if the guard holds (cron-friendly exit codes)",

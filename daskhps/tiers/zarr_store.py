@@ -662,6 +662,11 @@ class ZarrStore(Tier):
     def keys(self) -> torch.Tensor:
         return self._index.items()[0]
 
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """``bool[n]``: whether each key has a row here (the index only; no row is read)."""
+        keys = check_keys(keys, f"{self.name}: contains").cpu()
+        return self._index.get(keys)[1].cpu()
+
     def __len__(self) -> int:
         return len(self._index)
 

@@ -39,6 +39,7 @@ __all__ = [
     "TrainSetup",
     "bag_pooling",
     "batch_forward",
+    "build_dense",
     "dense_checkpoint",
     "drop_trainer",
     "eval_pass",
@@ -192,30 +193,37 @@ class TrainSetup:
     threads: int | None = None
 
 
+def build_dense(setup: TrainSetup) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The dense model and optimizer a run starts from: seeded, so every rank builds the
+    same weights, and ``daskhps import`` writes the same start into its checkpoint."""
+    schema = setup.schema
+    torch.manual_seed(setup.seed)
+    model = setup.model.build(
+        num_dense=len(schema.dense_names),
+        num_fields=len(schema.categorical_names),
+        embedding_dim=setup.embedding_dim,
+    )
+    params = list(model.parameters())
+    kind, lr, wd = setup.optimizer, setup.lr, setup.weight_decay
+    opt: torch.optim.Optimizer
+    if kind == "sgd":
+        opt = torch.optim.SGD(params, lr=lr, weight_decay=wd)
+    elif kind == "adagrad":
+        opt = torch.optim.Adagrad(params, lr=lr, weight_decay=wd)
+    else:
+        opt = torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    return model, opt
+
+
 class _Replica:
     def __init__(self, comm: Comm, setup: TrainSetup) -> None:
         if setup.threads:
             torch.set_num_threads(setup.threads)
         self.setup = setup
-        schema = setup.schema
-        torch.manual_seed(setup.seed)  # the same initial dense weights on every rank
-        self.model = setup.model.build(
-            num_dense=len(schema.dense_names),
-            num_fields=len(schema.categorical_names),
-            embedding_dim=setup.embedding_dim,
-        )
-        params = list(self.model.parameters())
-        kind, lr, wd = setup.optimizer, setup.lr, setup.weight_decay
-        self.opt: torch.optim.Optimizer
-        if kind == "sgd":
-            self.opt = torch.optim.SGD(params, lr=lr, weight_decay=wd)
-        elif kind == "adagrad":
-            self.opt = torch.optim.Adagrad(params, lr=lr, weight_decay=wd)
-        else:
-            self.opt = torch.optim.Adam(params, lr=lr, weight_decay=wd)
+        self.model, self.opt = build_dense(setup)
         self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size))
         self.shards = local_shards()
-        self.pooling = bag_pooling(schema)
+        self.pooling = bag_pooling(setup.schema)
         self.step = 0
 
 

@@ -96,3 +96,12 @@ def test_bench_checkpoint_quick() -> None:
     for r in deltas:
         assert r["value"] >= r["touched_row_kib"]  # the touched rows are in the delta
         assert r["ratio"] < 0.1  # and the delta is a small part of the whole table
+
+
+@pytest.mark.slow
+def test_bench_import_quick() -> None:
+    (rec,) = run_script("bench_import.py", "--quick")
+    assert rec["unit"] == "rows/s" and rec["value"] > 0
+    assert "np.save" in rec["baseline_name"]
+    # 50,000 rows x (64 + 64) floats, each rank's keys and index snapshot beside them
+    assert rec["store_bytes"] >= 50_000 * 128 * 4

@@ -99,6 +99,21 @@ def test_rows_survive_bit_for_bit_across_reopen(path: Path) -> None:
         assert len(s) == len(keys)
 
 
+def test_contains_reads_the_index_of_buffered_written_and_committed_rows(path: Path) -> None:
+    probe = keys_of(-(2**63), 3, 7, 1 << 40, 9)
+    with store(path, mode="w", write_buffer_rows=4) as s:
+        assert s.contains(probe).tolist() == [False] * 5
+        s.upsert(keys_of(3), rows_of(keys_of(3)))  # in the open segment
+        s.upsert(keys_of(-(2**63), 1 << 40, 11, 12), rows_of(keys_of(1, 2, 11, 12)))  # on disk
+        assert s.contains(probe).tolist() == [True, True, False, True, False]
+        assert s.stats.rows_read == 0
+        s.commit("c0")
+    with store(path, mode="r") as s:
+        assert s.contains(probe).tolist() == [True, True, False, True, False]
+        with pytest.raises(DataError, match="contains"):
+            s.contains(torch.zeros(2, dtype=torch.int32))
+
+
 def test_overwrites_and_reopen_at_each_commit(path: Path) -> None:
     k = keys_of(1, 2, 3, 4)
     with store(path, mode="w", snapshot_every=2) as s:

@@ -1,0 +1,367 @@
+"""``daskhps import``: existing embeddings become the starting state of a run.
+
+What it leaves is exactly what a run's first checkpoint would be, taken before any training::
+
+    <table.tiers.store_dir>/<table>/rank-<r>     one store per worker (cluster.n_workers), each
+                                                 key in its owner's (ShardMap, as in training),
+                                                 committed as pass-000000
+    <run.dir>/checkpoints/pass-000000/           a checkpoint after 0 passes: the dense model a
+                                                 new run starts with, step 0, no plan yet
+    <run.dir>/config.yaml
+
+so ``daskhps train CONFIG --resume`` continues from it like from any checkpoint: the stores
+are reopened at that commit (re-sharded if the cluster has another worker count), the dense
+model is the one a fresh run would build (same seed), and the first pass stages the imported
+rows from the stores instead of initialising them. No new way for a run to start was needed.
+
+Order of work, so that a failure at any point leaves nothing behind::
+
+    check the input's metadata, the folders, the earlier run (refused without --overwrite)
+    write the stores and the checkpoint in staging folders beside their final places,
+        checking each chunk's values and keys on the way
+    move them into place (renames; with --overwrite, the earlier run is moved aside first
+        and deleted only once everything is in place, put back otherwise)
+
+A failure before the renames removes the staging folders; the run directory and the store
+folder are as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from daskhps._paths import check_writable_dir, tree_bytes
+from daskhps.capacity.disk import free_bytes
+from daskhps.config import RunConfig
+from daskhps.errors import CapacityError, DataError, RunExistsError, StoreLockedError
+from daskhps.importing.checks import check_chunk, duplicate_error
+from daskhps.importing.source import Source
+from daskhps.importing.staged import RepeatedKey, StagedStores
+from daskhps.sharding import ShardMap
+from daskhps.tiers._lock import WriterLock
+from daskhps.tiers._segments import fsync_dir
+from daskhps.training import rundir
+from daskhps.training.checkpoint import (
+    checkpoint_name,
+    checkpoints_dir,
+    finish_checkpoint,
+    remove_checkpoint,
+    write_payload,
+)
+
+__all__ = ["CHUNK_ROWS", "COMMIT", "ImportResult", "import_table"]
+
+log = logging.getLogger(__name__)
+
+COMMIT = checkpoint_name(0)  # the checkpoint (and store commit) of a run 0 passes in
+CHUNK_ROWS = 1 << 18  # rows read, checked and routed at a time: bounds memory
+_STAGING = ".import"
+_INDEX_BYTES_PER_KEY = 16  # the commit's index snapshot: key and location
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    run_dir: Path
+    stores_dir: Path
+    checkpoint: Path
+    rows: int
+    workers: int
+    state: str  # "given" or "initial"
+    seconds: float
+    bytes: int
+    shards: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir),
+            "stores_dir": str(self.stores_dir),
+            "checkpoint": str(self.checkpoint),
+            "rows": self.rows,
+            "workers": self.workers,
+            "optimizer_state": self.state,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rows_per_second, 1),
+            "bytes": self.bytes,
+            "shards": self.shards,
+        }
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """Where an import writes before anything is in place: beside the stores (a rename
+    must stay on their file system) and inside run.dir."""
+
+    stores: Path
+    checkpoints: Path
+    created: tuple[Path, ...]  # folders above them that did not exist: removed with them
+
+    @classmethod
+    def of(cls, run_dir: Path, store_dir: Path) -> _Staging:
+        stores = store_dir.parent / f".{store_dir.name}{_STAGING}"
+        checkpoints = run_dir / _STAGING
+        created: set[Path] = set()
+        for p in (stores.parent, checkpoints.parent):
+            while not p.exists() and p != p.parent:
+                created.add(p)
+                p = p.parent
+        return cls(stores, checkpoints, tuple(sorted(created, key=lambda p: -len(p.parts))))
+
+    def clear_stale(self) -> None:
+        """Remove what a killed import left; refuse while another import is writing."""
+        for store in sorted(self.stores.glob("*/rank-*")):
+            try:
+                WriterLock(store, "staged store").acquire().release()
+            except StoreLockedError as e:
+                raise RunExistsError(
+                    f"another daskhps import is writing {self.stores} ({e}); wait for it to "
+                    "finish, or give this one other folders (run.dir, table.tiers.store_dir)"
+                ) from None
+        self.remove()
+
+    def remove(self) -> None:
+        for p in (self.stores, self.checkpoints):
+            shutil.rmtree(p, ignore_errors=True)
+        for p in self.created:  # deepest first; a folder the import filled stays
+            with contextlib.suppress(OSError):
+                p.rmdir()
+
+
+def _preflight(config: RunConfig, source: Source, overwrite: bool) -> rundir.EarlierRun | None:
+    """Every check that reads no row: the input's metadata, the folders, the earlier run, the
+    disk. Returns the earlier run ``--overwrite`` replaces."""
+    source.check()
+    if source.rows == 0:
+        raise DataError(f"{', '.join(source.files())}: no rows; nothing to import")
+    run_dir, store_dir = Path(config.run.dir), Path(config.table.tiers.store_dir)
+    check_writable_dir(run_dir, "the run", "set run.dir to a writable folder")
+    check_writable_dir(
+        store_dir, "the table's stores", "set table.tiers.store_dir to a writable folder"
+    )
+    rundir.ensure_no_run_dir_clash(run_dir, store_dir)
+    rundir.settle_interrupted(run_dir)  # a killed `train --overwrite`, put right first
+    rundir.refuse_published(run_dir, store_dir, config.source)
+    earlier = rundir.find_earlier_run(run_dir, store_dir)
+    if earlier is not None and not overwrite:
+        raise RunExistsError(
+            f"{config.source}: {run_dir} already holds a run ({earlier.describe()}); an import "
+            "starts a new run: pass --overwrite to replace it (the earlier run is deleted once "
+            "the import is complete, and kept if it fails), or set run.dir and "
+            "table.tiers.store_dir to new folders"
+        )
+    need = source.rows * (config.table_spec().row_bytes + 8 + _INDEX_BYTES_PER_KEY)
+    where, free = free_bytes(store_dir)
+    if need > free:
+        raise CapacityError(
+            f"{config.source}: importing {source.rows:,} rows needs about {need >> 20} MiB in "
+            f"table.tiers.store_dir ({store_dir}), and {where} has {free >> 20} MiB free; free "
+            "disk space or set table.tiers.store_dir to a larger disk"
+        )
+    return earlier
+
+
+def _earlier_row(source: Source, key: int, chunk_rows: int) -> str:
+    """Where ``key`` first appears in the input (the keys are read again: an error path)."""
+    for file, start, keys in source.key_chunks(chunk_rows):
+        hit = np.flatnonzero(keys == key)
+        if hit.size:
+            return f"{file} row {start + int(hit[0])}"
+    return "an earlier row"  # not reached: the store holds it, so a chunk had it
+
+
+def _dense_start(config: RunConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The dense model and optimizer state a new run of ``config`` starts from: each rank
+    builds them from the same :class:`TrainSetup` fields (the trainer's ``_train_setup``;
+    tests/table/test_import.py keeps the two equal)."""
+    from daskhps.training import worker
+
+    opt = config.dense_optimizer
+    setup = worker.TrainSetup(
+        run_id="import",
+        table=config.table.name,
+        schema=config.data.schema,
+        model=config.model,
+        embedding_dim=config.table.dim,
+        num_shards=config.passes.plan.num_shards,
+        seed=config.run.seed,
+        optimizer=opt.kind,
+        lr=opt.lr,
+        weight_decay=opt.weight_decay,
+        grad_clip_norm=opt.grad_clip_norm,
+    )
+    model, optimizer = worker.build_dense(setup)
+    return model.state_dict(), optimizer.state_dict()
+
+
+def _write_checkpoint(
+    folder: Path,
+    config: RunConfig,
+    stores_dir: Path,
+    workers: int,
+    shards: list[dict[str, int]],
+    imported: dict[str, Any],
+    seconds: float,
+) -> None:
+    model, optimizer = _dense_start(config)
+    folder.mkdir(parents=True)
+    state = {"epoch": 0, "pass": 0, "pass_in_epoch": 0, "passes_done": 0, "step": 0}
+    files = write_payload(
+        folder, model=model, optimizer=optimizer, rng=[], state={**state, "record": {}}
+    )
+    finish_checkpoint(
+        folder,
+        files,
+        {
+            "kind": "base",
+            **state,
+            "commit": COMMIT,
+            "stores_dir": str(stores_dir.resolve()),
+            "num_workers": workers,
+            "num_shards": config.passes.plan.num_shards,
+            "table": config.table_spec().layout(),
+            "config": config.to_dict(),
+            "metrics": {},
+            "train_loss": None,
+            "days": [],
+            "plan": None,  # no plan yet: the run that resumes from here makes its own
+            "shards": [
+                {
+                    "rank": s["rank"],
+                    "device_rows": 0,
+                    "host_rows": 0,
+                    "store_bytes": s["store_bytes"],
+                }
+                for s in shards
+            ],
+            "imported": imported,
+            "seconds": seconds,
+        },
+    )
+
+
+def _place(staging: _Staging, config: RunConfig, earlier: rundir.EarlierRun | None) -> Path:
+    """Move the staged stores and checkpoint into place; returns the checkpoint's folder."""
+    run_dir, store_dir = Path(config.run.dir), Path(config.table.tiers.store_dir)
+    aside = rundir.move_aside(earlier, 0, config.source) if earlier is not None else None
+    target = checkpoints_dir(run_dir) / COMMIT
+    empty_store_dir = store_dir.is_dir()  # an empty folder: no run (find_earlier_run)
+    placed_stores = placed_checkpoint = False
+    try:
+        store_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging.stores, store_dir)  # onto a missing or empty folder
+        placed_stores = True
+        fsync_dir(store_dir.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging.checkpoints / COMMIT, target)  # visible last: the run exists
+        placed_checkpoint = True
+        fsync_dir(target.parent)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+    except BaseException:
+        if placed_checkpoint:
+            remove_checkpoint(target)
+        if placed_stores:
+            shutil.rmtree(store_dir, ignore_errors=True)
+            if empty_store_dir:
+                store_dir.mkdir(exist_ok=True)
+        if aside is not None:
+            aside.restore()
+        raise
+    if aside is not None:
+        aside.discard()
+    return target
+
+
+def import_table(
+    config: RunConfig,
+    source: Source,
+    *,
+    workers: int | None = None,
+    overwrite: bool = False,
+    chunk_rows: int = CHUNK_ROWS,
+    progress: bool = True,
+) -> ImportResult:
+    """Write ``source``'s rows as the starting state of ``config``'s run (module docstring),
+    in ``workers`` rank stores (default ``cluster.n_workers``).
+
+    Raises
+    ------
+    DataError
+        A bad input: a missing file, a wrong width, a NaN or infinity, a negative
+        accumulator, a key given twice; one line naming the file and the row.
+    RunExistsError
+        run.dir or the stores hold a run and ``overwrite`` is false, or they hold published
+        versions (always refused).
+    CapacityError
+        The disk of the stores cannot hold the rows.
+    """
+    t0 = time.perf_counter()
+    spec = config.table_spec()
+    run_dir, store_dir = Path(config.run.dir), Path(config.table.tiers.store_dir)
+    workers = workers or config.cluster.n_workers
+    shard_map = ShardMap(config.passes.plan.num_shards, workers)
+    earlier = _preflight(config, source, overwrite)
+    staging = _Staging.of(run_dir, store_dir)
+    staging.clear_stale()
+    imported = {
+        "rows": source.rows,
+        "files": source.files(),
+        "optimizer_state": "given" if source.has_state else "initial",
+    }
+    try:
+        stores = StagedStores(spec, shard_map, staging.stores, chunk_rows)
+        try:
+            with tqdm(
+                total=source.rows,
+                unit="row",
+                unit_scale=True,
+                desc="importing",
+                disable=not progress,
+            ) as bar:
+                for chunk in source.chunks(chunk_rows):
+                    check_chunk(chunk, spec)
+                    stores.write(chunk)
+                    bar.update(len(chunk))
+            shards = stores.finish(COMMIT, {"checkpoint": COMMIT, "imported": source.rows})
+        finally:
+            stores.close()
+        _write_checkpoint(
+            staging.checkpoints / COMMIT,
+            config,
+            store_dir,
+            workers,
+            shards,
+            imported,
+            time.perf_counter() - t0,
+        )
+        checkpoint = _place(staging, config, earlier)
+    except RepeatedKey as e:
+        first = _earlier_row(source, e.key, chunk_rows)
+        raise duplicate_error(e.key, first, e.row) from None
+    finally:
+        staging.remove()
+    log.info("imported %d rows into %s: %s", source.rows, store_dir, json.dumps(shards))
+    return ImportResult(
+        run_dir=run_dir,
+        stores_dir=store_dir,
+        checkpoint=checkpoint,
+        rows=source.rows,
+        workers=workers,
+        state=str(imported["optimizer_state"]),
+        seconds=time.perf_counter() - t0,
+        bytes=tree_bytes(store_dir / spec.name),
+        shards=shards,
+    )
