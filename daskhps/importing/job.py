@@ -185,24 +185,10 @@ def _earlier_row(source: Source, key: int, chunk_rows: int) -> str:
 
 def _dense_start(config: RunConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """The dense model and optimizer state a new run of ``config`` starts from: each rank
-    builds them from the same :class:`TrainSetup` fields (the trainer's ``_train_setup``;
-    tests/table/test_import.py keeps the two equal)."""
+    builds them from :meth:`TrainSetup.from_config`, as the trainer does."""
     from daskhps.training import worker
 
-    opt = config.dense_optimizer
-    setup = worker.TrainSetup(
-        run_id="import",
-        table=config.table.name,
-        schema=config.data.schema,
-        model=config.model,
-        embedding_dim=config.table.dim,
-        num_shards=config.passes.plan.num_shards,
-        seed=config.run.seed,
-        optimizer=opt.kind,
-        lr=opt.lr,
-        weight_decay=opt.weight_decay,
-        grad_clip_norm=opt.grad_clip_norm,
-    )
+    setup = worker.TrainSetup.from_config(config, "import")
     model, optimizer = worker.build_dense(setup)
     return model.state_dict(), optimizer.state_dict()
 

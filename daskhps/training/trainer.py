@@ -235,21 +235,7 @@ class Trainer:
 
     def _train_setup(self) -> worker.TrainSetup:
         """What every rank builds its dense replica from (model, dense optimizer, schema)."""
-        cfg = self.config
-        opt = cfg.dense_optimizer
-        return worker.TrainSetup(
-            run_id=self.run_id,
-            table=cfg.table.name,
-            schema=cfg.data.schema,
-            model=cfg.model,
-            embedding_dim=cfg.table.dim,
-            num_shards=cfg.passes.plan.num_shards,
-            seed=cfg.run.seed,
-            optimizer=opt.kind,
-            lr=opt.lr,
-            weight_decay=opt.weight_decay,
-            grad_clip_norm=opt.grad_clip_norm,
-        )
+        return worker.TrainSetup.from_config(self.config, self.run_id)
 
     def _plan(self, train_log: ClickLog, num_workers: int) -> PassPlan:
         return build_plan(

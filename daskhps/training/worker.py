@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,9 @@ from daskhps.models import ModelSpec, pool
 from daskhps.monitor.progress import report_batches
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import WorkerExamples
+
+if TYPE_CHECKING:  # the config is what the driver builds the setup from
+    from daskhps.config import RunConfig
 
 __all__ = [
     "BagPooling",
@@ -191,6 +194,25 @@ class TrainSetup:
     weight_decay: float
     grad_clip_norm: float | None
     threads: int | None = None
+
+    @classmethod
+    def from_config(cls, config: RunConfig, run_id: str) -> TrainSetup:
+        """The setup of ``config``'s dense model (model, dense optimizer, schema, seed): the
+        trainer's, and the start ``daskhps import`` writes into its checkpoint."""
+        opt = config.dense_optimizer
+        return cls(
+            run_id=run_id,
+            table=config.table.name,
+            schema=config.data.schema,
+            model=config.model,
+            embedding_dim=config.table.dim,
+            num_shards=config.passes.plan.num_shards,
+            seed=config.run.seed,
+            optimizer=opt.kind,
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            grad_clip_norm=opt.grad_clip_norm,
+        )
 
 
 def build_dense(setup: TrainSetup) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
