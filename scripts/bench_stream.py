@@ -54,14 +54,16 @@ def _logs(out: Path, rows: int, parts: int) -> Path:
     return out
 
 
-def config(tmp: Path, logs: Path, name: str, address: str, pass_rows: int) -> RunConfig:
+def config(
+    tmp: Path, logs: Path, name: str, address: str, pass_rows: int, holdout: float
+) -> RunConfig:
     """Small model and tiers, so the data side is what the worker's memory is made of."""
     return RunConfig.from_dict(
         {
             "run": {"name": name, "dir": str(tmp / name), "seed": 2, "quiet": True},
             "data": {
                 "train": {"paths": [str(logs)]},
-                "holdout": {"fraction": 0.25},  # larger than an evaluation chunk
+                "holdout": {"fraction": holdout},
                 "block_size": "4MiB",
             },
             "passes": {
@@ -105,12 +107,12 @@ def _measure(client: Any, cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def measure(tmp: Path, rep: Reporter, rows: int, workers: int, limit: int) -> None:
+def measure(tmp: Path, rep: Reporter, rows: int, workers: int, limit: int, holdout: float) -> None:
     from dask.utils import format_bytes
     from distributed import Client, LocalCluster
 
     parts = max(1, rows // 4_000_000)  # large files, read in blocks
-    pass_rows = max(2_500, min(1_000_000, rows // 16))
+    pass_rows = max(2_500, min(250_000, rows // 16))
     long = _logs(tmp / "long", rows, parts)
     short = _logs(tmp / "short", rows // 4, max(1, parts // 4))
     warm = _logs(tmp / "warm", max(rows // 16, 10_000), 1)
@@ -126,9 +128,9 @@ def measure(tmp: Path, rep: Reporter, rows: int, workers: int, limit: int) -> No
     ):
         address = cluster.scheduler_address
         # A warmed worker (imports, the process group, the allocator) for both measured runs.
-        Trainer(config(tmp, warm, "warm-up", address, pass_rows), progress=False).run()
-        small = _measure(client, config(tmp, short, "quarter", address, pass_rows))
-        big = _measure(client, config(tmp, long, "long", address, pass_rows))
+        Trainer(config(tmp, warm, "warm-up", address, pass_rows, holdout), progress=False).run()
+        small = _measure(client, config(tmp, short, "quarter", address, pass_rows, holdout))
+        big = _measure(client, config(tmp, long, "long", address, pass_rows, holdout))
     rest = [p - t for p, t in zip(big["peak"], big["table"], strict=True)]
     rest_small = [p - t for p, t in zip(small["peak"], small["table"], strict=True)]
     parsed = rows * parsed_row_bytes()
@@ -164,6 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--memory-limit", default="1GiB", help="per worker (default 1GiB)")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument(
+        "--holdout",
+        type=float,
+        default=0.25,
+        help="holdout fraction (default 0.25: more than a chunk in both logs at small sizes)",
+    )
     ap.add_argument("--out", default=None, help="folder for the logs and runs (default: temp)")
     ap.add_argument("--keep", action="store_true", help="keep the logs and runs")
     args = ap.parse_args(argv)
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-stream-"))
     tmp.mkdir(parents=True, exist_ok=True)
     try:
-        measure(tmp, rep, rows, args.workers, limit)
+        measure(tmp, rep, rows, args.workers, limit, args.holdout)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -122,6 +122,17 @@ class PassPlan:
     def num_examples(self) -> int:
         return int(sum(self.partition_lengths))
 
+    def passes_per_partition(self) -> np.ndarray:
+        """How many passes read each partition (a pass reads every partition it overlaps)."""
+        lengths = np.asarray(self.partition_lengths, dtype=np.int64)
+        ends = np.cumsum(lengths)
+        begins = ends - lengths
+        starts = np.array([p.start for p in self.passes], dtype=np.int64)
+        stops = np.array([p.stop for p in self.passes], dtype=np.int64)
+        first = np.searchsorted(stops, begins, side="right")  # first pass ending after begin
+        last = np.searchsorted(starts, ends, side="left")  # passes starting before end
+        return np.where(lengths > 0, np.maximum(last - first, 0), 0)
+
     def summary(self) -> dict[str, Any]:
         return {
             "examples": self.num_examples,

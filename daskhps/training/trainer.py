@@ -466,6 +466,7 @@ class Trainer:
             seed=cfg.run.seed,
             partition_lengths=scan.lengths,
         )
+        _warn_rereads(plan)
         fingerprint = resuming.plan_fingerprint(
             plan.files, plan.partition_lengths, len(plan.passes)
         )
@@ -773,6 +774,23 @@ def _bad_rows_by_pass(
         for reason, n in by_file[f].items():
             out.setdefault(index, {})[reason] = out.get(index, {}).get(reason, 0) + int(n)
     return out
+
+
+def _warn_rereads(plan: PassPlan) -> None:
+    """A partition read by many passes costs a read each (a compressed file is read whole):
+    say which, and what would fix it."""
+    reads = plan.passes_per_partition()
+    many = np.flatnonzero(reads > 2)
+    if len(many):
+        worst = int(many[np.argmax(reads[many])])
+        log.warning(
+            "%d input partitions are each read by more than 2 passes (%s by %d): each pass "
+            "reads a partition whole; split such files into parts of about a pass "
+            "(passes.examples_per_pass rows), or decompress them so data.block_size can",
+            len(many),
+            plan.files[worst],
+            int(reads[worst]),
+        )
 
 
 def _min_threads(client: Any, addresses: list[str]) -> int:

@@ -143,3 +143,29 @@ def test_pass_config_from_dict() -> None:
         PassConfig.from_dict(
             {"examples_per_pass": 10, "global_batch_size": 1, "shuffle_method": "magic"}
         )
+
+
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=12),
+    per_pass=st.integers(1, 40),
+)
+def test_passes_per_partition_counts_the_passes_that_read_it(
+    lengths: list[int], per_pass: int
+) -> None:
+    from daskhps.passes.config import PassConfig
+    from daskhps.passes.plan import PassPlan, PassSpec
+
+    total = sum(lengths)
+    passes = tuple(
+        PassSpec(i, a, min(a + per_pass, total), per_pass, 1, 0)
+        for i, a in enumerate(range(0, total, per_pass))
+    )
+    files = tuple(f"f{i}" for i in range(len(lengths)))
+    plan = PassPlan(passes, files, tuple(lengths), PassConfig(per_pass, per_pass), 1, 0)
+    got = plan.passes_per_partition()
+    begin = 0
+    for i, n in enumerate(lengths):
+        rows = set(range(begin, begin + n))
+        want = sum(1 for p in passes if rows & set(range(p.start, p.stop)))
+        assert got[i] == want
+        begin += n
