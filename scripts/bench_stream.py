@@ -55,7 +55,13 @@ def _logs(out: Path, rows: int, parts: int) -> Path:
 
 
 def config(
-    tmp: Path, logs: Path, name: str, address: str, pass_rows: int, holdout: float
+    tmp: Path,
+    logs: Path,
+    name: str,
+    address: str,
+    pass_rows: int,
+    holdout: float,
+    block: str = "4MiB",
 ) -> RunConfig:
     """Small model and tiers, so the data side is what the worker's memory is made of."""
     return RunConfig.from_dict(
@@ -64,7 +70,7 @@ def config(
             "data": {
                 "train": {"paths": [str(logs)]},
                 "holdout": {"fraction": holdout},
-                "block_size": "4MiB",
+                "block_size": block,
             },
             "passes": {
                 "epochs": 1,
@@ -112,7 +118,10 @@ def measure(tmp: Path, rep: Reporter, rows: int, workers: int, limit: int, holdo
     from distributed import Client, LocalCluster
 
     parts = max(1, rows // 4_000_000)  # large files, read in blocks
-    pass_rows = max(2_500, min(250_000, rows // 16))
+    # Passes of at most 100k rows and blocks of about a third of a pass: a 1 GiB worker holds
+    # a pass being read, two routed and the shuffles' buffers well below Dask's pause.
+    pass_rows = max(2_500, min(100_000, rows // 16))
+    block = "4MiB" if rows < 2_000_000 else "8MiB"
     long = _logs(tmp / "long", rows, parts)
     short = _logs(tmp / "short", rows // 4, max(1, parts // 4))
     warm = _logs(tmp / "warm", max(rows // 16, 10_000), 1)
@@ -128,9 +137,11 @@ def measure(tmp: Path, rep: Reporter, rows: int, workers: int, limit: int, holdo
     ):
         address = cluster.scheduler_address
         # A warmed worker (imports, the process group, the allocator) for both measured runs.
-        Trainer(config(tmp, warm, "warm-up", address, pass_rows, holdout), progress=False).run()
-        small = _measure(client, config(tmp, short, "quarter", address, pass_rows, holdout))
-        big = _measure(client, config(tmp, long, "long", address, pass_rows, holdout))
+        Trainer(
+            config(tmp, warm, "warm-up", address, pass_rows, holdout, block), progress=False
+        ).run()
+        small = _measure(client, config(tmp, short, "quarter", address, pass_rows, holdout, block))
+        big = _measure(client, config(tmp, long, "long", address, pass_rows, holdout, block))
     rest = [p - t for p, t in zip(big["peak"], big["table"], strict=True)]
     rest_small = [p - t for p, t in zip(small["peak"], small["table"], strict=True)]
     parsed = rows * parsed_row_bytes()

@@ -629,7 +629,7 @@ class Trainer:
             order=spec.order() - offset if spec.shuffled else None,
         )
         keys, examples = place_together(ctx.client, [owned, routed], ctx.addresses)
-        del rows
+        del rows, owned, routed  # their graphs hold the read partitions: released with them
         prepared = _Prepared(spec, keys.futures, examples.futures, position)
         prepared.seconds["route"] = time.perf_counter() - t
         t = time.perf_counter()
