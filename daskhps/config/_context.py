@@ -17,7 +17,7 @@ from typing import Any
 
 from daskhps.errors import ConfigError
 
-__all__ = ["MISSING", "Ctx", "closest", "join"]
+__all__ = ["MISSING", "Ctx", "closest", "join", "size_bytes"]
 
 MISSING: Any = object()
 _KEY = re.compile(r"^[A-Za-z_][\w.\[\]]*$")
@@ -153,3 +153,16 @@ class Ctx:
                 key = join(prefix, key)
             return ConfigError(f"{self.where(key)}: {key}: {tail}")
         return ConfigError(f"{self.where(prefix)}: {prefix}: {rest}")
+
+
+def size_bytes(ctx: Ctx, key: str, value: int | str, forms: str) -> int:
+    """A byte count given as an int or a size (``'64MiB'``, ``'500MB'``); a string that is
+    not a size is a :class:`ConfigError` naming ``key`` and the ``forms`` it takes."""
+    if not isinstance(value, str):
+        return int(value)
+    from dask.utils import parse_bytes  # dask only when a size is written as text
+
+    try:
+        return int(parse_bytes(value))
+    except ValueError:
+        raise ctx.error(key, f"{value!r}: expected {forms}") from None

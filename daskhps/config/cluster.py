@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from daskhps.config._context import Ctx
+from daskhps.config._context import Ctx, size_bytes
 
 __all__ = ["ClusterConfig"]
 
@@ -18,15 +18,7 @@ def _memory_limit(d: dict[str, Any], ctx: Ctx) -> int | None:
     value = ctx.get(d, "cluster", "memory_limit", (int, str, type(None)), None)
     if value is None or value == "auto":
         return None  # Dask's "auto": the machine's memory split evenly between workers
-    if isinstance(value, str):
-        from dask.utils import parse_bytes
-
-        try:
-            value = parse_bytes(value)
-        except ValueError:
-            raise ctx.error(
-                key, f"{value!r}: expected bytes (4294967296), a size ('4GiB', '500MB') or auto"
-            ) from None
+    value = size_bytes(ctx, key, value, "bytes (4294967296), a size ('4GiB', '500MB') or auto")
     if value < 1 << 26:
         raise ctx.error(key, f"{value} bytes is below 64 MiB; too small for a worker")
     return int(value)

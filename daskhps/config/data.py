@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from daskhps.config._context import Ctx
+from daskhps.config._context import Ctx, size_bytes
 from daskhps.data.backend import BACKENDS
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, load_schema
@@ -153,15 +153,7 @@ def _block_size(d: Mapping[str, Any], ctx: Ctx) -> int | None:
     value = ctx.get(d, "data", "block_size", (int, str, type(None)), BLOCK_SIZE)
     if value is None:
         return None
-    if isinstance(value, str):
-        from dask.utils import parse_bytes
-
-        try:
-            value = parse_bytes(value)
-        except ValueError:
-            raise ctx.error(
-                key, f"{value!r}: expected bytes (67108864), a size ('64MiB') or null"
-            ) from None
+    value = size_bytes(ctx, key, value, "bytes (67108864), a size ('64MiB') or null")
     if value < 1 << 12:
         raise ctx.error(key, f"{value} bytes is below 4 KiB; blocks that small cost more to plan")
     return int(value)

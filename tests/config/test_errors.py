@@ -21,6 +21,8 @@ CASES = [
     (MINIMAL + "run:\n  name: 'a b'\n", "run.name", 4, "letters"),
     ("data:\n  generate:\n    days: 0\n", "data.generate.days", 3, "must be >= 1"),
     ("data:\n  generate:\n    ctr: 2\n", "data.generate.ctr", 3, "(0, 1)"),
+    ("data:\n  generate: {}\n  block_size: lots\n", "data.block_size", 3, "'64MiB'"),
+    ("data:\n  generate: {}\n  block_size: 100\n", "data.block_size", 3, "below 4 KiB"),
     ("data:\n  train: {paths: x}\n  generate: {}\n", "data", 1, "exactly one of train"),
     ("data:\n  train:\n    paths: []\n", "data.train.paths", 3, "non-empty"),
     ("data:\n  train:\n    paths: x\n    schema: criteo\n", "data.train.schema", 4, "unknown"),
