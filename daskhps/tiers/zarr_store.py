@@ -198,6 +198,7 @@ class ZarrStore(Tier):
         self._lock = None if mode == "r" else WriterLock(self.path, f"store of {self.name}")
         self._segments: dict[int, _Segment] = {}
         self._maps: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._folder_bytes: dict[tuple[str, int, int], int] = {}  # see _disk_bytes
         self._manifests: list[Manifest] = []
         self._damaged: dict[int, tuple[Path, str]] = {}
         self._chain = _Chain()
@@ -675,12 +676,41 @@ class ZarrStore(Tier):
         live_rows = sum(self._segments[s].n for s in self._chain.refs if s in self._segments)
         self._stats.extra = {
             "segments": float(len(self._chain.refs)),
-            "bytes_on_disk": float(tree_bytes(self.path)),
+            "bytes_on_disk": float(self._disk_bytes()),
             "stale_fraction": 1.0 - len(self) / live_rows if live_rows else 0.0,
             "commits": float(len(self._manifests)),
             "index_bytes": float(self._index.nbytes),
         }
         return self._stats
+
+    def _disk_bytes(self) -> int:
+        """Bytes of the store's files, without walking every chunk file on every call.
+
+        Segments and snapshots are written whole and never changed after, so each folder's
+        size is walked once and remembered, keyed by its name, inode and modification time (a
+        folder deleted and made again, by this process or a writer elsewhere, is walked
+        again). The rest of the store (metadata, manifests) is walked each time; it holds a
+        few files. ``stats`` is polled every pass and by the dashboard: its cost follows the
+        number of segments, not the number of chunk files, which grows with the table.
+        """
+        total = 0
+        sizes: dict[tuple[str, int, int], int] = {}
+        for entry in os.scandir(self.path):
+            if entry.name not in ("segments", "index") or not entry.is_dir():
+                total += tree_bytes(entry.path)
+                continue
+            for sub in os.scandir(entry.path):
+                if not sub.is_dir():
+                    total += sub.stat().st_size
+                    continue
+                key = (sub.path, sub.inode(), sub.stat().st_mtime_ns)
+                size = self._folder_bytes.get(key)
+                if size is None:
+                    size = tree_bytes(sub.path)
+                sizes[key] = size
+                total += size
+        self._folder_bytes = sizes  # folders gone since are forgotten
+        return total
 
     def close(self) -> None:
         """Release the writer lock and memory maps. Uncommitted writes are not committed."""

@@ -634,3 +634,28 @@ def test_buffered_rows_are_lost_in_a_crash_like_any_uncommitted_write(path: Path
         s.upsert(keys_of(2), rows_of(keys_of(2)))  # buffered, never committed
     with store(path) as s:
         assert s.lookup(keys_of(1, 2)).found.tolist() == [True, False]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=st.lists(st.sampled_from(["write", "commit", "drop", "compact"]), max_size=14))
+def test_bytes_on_disk_is_the_folder_size_after_every_step(tmp_path: Path, ops: list[str]) -> None:
+    """``stats`` remembers the sizes of segments and snapshots (written once) instead of
+    walking every chunk file on each call; it must still equal a full walk of the folder."""
+    from daskhps._paths import tree_bytes
+
+    path = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+    with store(path, mode="w", snapshot_every=2) as s:
+        for i, op in enumerate(ops):
+            if op == "write":
+                keys = torch.arange(i * 50, i * 50 + 300)
+                s.upsert(keys, rows_of(keys, float(i)))
+                s.flush()
+            elif op == "commit":
+                s.commit(f"c{i}")
+            elif op == "drop":
+                s.drop_commits(keep=1)
+            else:
+                s.compact(min_stale=0.1)
+            assert s.stats.extra["bytes_on_disk"] == tree_bytes(path), (i, op)
