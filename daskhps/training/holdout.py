@@ -4,8 +4,9 @@
 
     holdout parts (parquet, each on the disk of the worker that wrote it)
     chunk c = consecutive parts, at most ``chunk_rows`` rows (one part at least)
-      part j of c, on its worker:  read -> rank in the chunk -> split by the rank's worker
-      worker w:                    its pieces of every part, concatenated (ranks ascending)
+      on each worker holding parts of c: read them -> rank in the chunk -> split by the
+                                   worker that evaluates each row (one task per worker)
+      worker w:                    its pieces from every holder, concatenated, by rank
       all ranks:                   eval_pass (read-only lookups) -> predictions, labels
     chunk c+1 is read and routed while chunk c is evaluated; a chunk is released after it
 
@@ -54,14 +55,18 @@ def chunk_parts(parts: Sequence[HoldoutPart], max_rows: int) -> list[tuple[Holdo
 
 
 def _split(
-    path: str, first_rank: int, n: int, batch_size: int, num_workers: int
+    paths: list[str], firsts: list[int], n: int, batch_size: int, num_workers: int
 ) -> tuple[pd.DataFrame, ...]:
-    """A part's rows, ranked from ``first_rank`` in a chunk of ``n``, one frame per worker."""
+    """Parts on this worker's disk, part ``i`` ranked from ``firsts[i]`` in a chunk of ``n``
+    rows, one frame per worker that evaluates them."""
     with stage_span("holdout"):
-        df = read_holdout_part(path)
-        rank = np.arange(first_rank, first_rank + len(df), dtype=np.int64)
-        df[RANK] = rank
-        worker = worker_of_rank(rank, n, batch_size, num_workers)
+        frames = []
+        for path, first in zip(paths, firsts, strict=True):
+            df = read_holdout_part(path)
+            df[RANK] = np.arange(first, first + len(df), dtype=np.int64)
+            frames.append(df)
+        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        worker = worker_of_rank(df[RANK].to_numpy(), n, batch_size, num_workers)
         return tuple(df[worker == w].reset_index(drop=True) for w in range(num_workers))
 
 
@@ -70,8 +75,10 @@ def _piece(split: tuple[pd.DataFrame, ...], w: int) -> pd.DataFrame:
 
 
 def _gather(*pieces: pd.DataFrame) -> pd.DataFrame:
+    """A worker's rows of a chunk, ranks ascending (batches are cut by rank)."""
     with stage_span("holdout"):
-        return pd.concat(pieces, ignore_index=True)
+        df = pd.concat(pieces, ignore_index=True) if len(pieces) > 1 else pieces[0]
+        return df.sort_values(RANK, kind="stable").reset_index(drop=True)
 
 
 @dataclass
@@ -107,29 +114,34 @@ class HoldoutStream:
     def _place(self, chunk: tuple[HoldoutPart, ...]) -> _Placed:
         W, client = len(self.addresses), self.client
         n = sum(p.rows for p in chunk)
-        splits, first = [], 0
+        # One reading task per worker that holds parts of the chunk (not one per part: a
+        # small holdout fraction of a long log is many small parts).
+        held: dict[str, tuple[list[str], list[int]]] = {}
+        first = 0
         for p in chunk:
-            splits.append(
-                client.submit(
-                    _split,
-                    p.path,
-                    first,
-                    n,
-                    self.batch_size,
-                    W,
-                    workers=[p.address],  # the part is on this worker's disk
-                    allow_other_workers=False,
-                    pure=False,
-                )
-            )
+            paths, firsts = held.setdefault(p.address, ([], []))
+            paths.append(p.path)
+            firsts.append(first)
             first += p.rows
+        splits = {
+            address: client.submit(
+                _split,
+                paths,
+                firsts,
+                n,
+                self.batch_size,
+                W,
+                workers=[address],  # the parts are on this worker's disk
+                allow_other_workers=False,
+                pure=False,
+            )
+            for address, (paths, firsts) in held.items()
+        }
         futures = []
         for w, address in enumerate(self.addresses):
             pieces = [
-                client.submit(
-                    _piece, s, w, workers=[p.address], allow_other_workers=False, pure=False
-                )
-                for s, p in zip(splits, chunk, strict=True)
+                client.submit(_piece, s, w, workers=[holder], allow_other_workers=False, pure=False)
+                for holder, s in splits.items()
             ]
             futures.append(
                 client.submit(
