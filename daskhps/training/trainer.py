@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -466,7 +468,7 @@ class Trainer:
             seed=cfg.run.seed,
             partition_lengths=scan.lengths,
         )
-        _warn_rereads(plan)
+        _warn_rereads(plan, cfg.data.block_size)
         fingerprint = resuming.plan_fingerprint(
             plan.files, plan.partition_lengths, len(plan.passes)
         )
@@ -776,17 +778,27 @@ def _bad_rows_by_pass(
     return out
 
 
-def _warn_rereads(plan: PassPlan) -> None:
-    """A partition read by many passes costs a read each (a compressed file is read whole):
-    say which, and what would fix it."""
+def _warn_rereads(plan: PassPlan, block_size: int | None) -> None:
+    """A partition read by many passes costs a read each, and a file that could not be cut
+    into blocks (compressed, parquet, or ``data.block_size: null``) is read whole: say which,
+    and what would fix it. Files within a block cost little to read again, and say nothing."""
     reads = plan.passes_per_partition()
-    many = np.flatnonzero(reads > 2)
-    if len(many):
-        worst = int(many[np.argmax(reads[many])])
+    limit = block_size or 0
+    parts_of = Counter(plan.files)  # a file read in blocks is several partitions
+    many = [
+        i
+        for i in np.flatnonzero(reads > 2).tolist()
+        if parts_of[plan.files[i]] == 1
+        and os.path.exists(plan.files[i])
+        and os.path.getsize(plan.files[i]) > limit
+    ]
+    if many:
+        worst = max(many, key=lambda i: int(reads[i]))
         log.warning(
-            "%d input partitions are each read by more than 2 passes (%s by %d): each pass "
-            "reads a partition whole; split such files into parts of about a pass "
-            "(passes.examples_per_pass rows), or decompress them so data.block_size can",
+            "%d input files are each read whole by more than 2 passes (%s by %d): each pass "
+            "reads a file that cannot be cut into blocks whole; split such files into parts "
+            "of about a pass (passes.examples_per_pass rows), or decompress them so "
+            "data.block_size can cut them",
             len(many),
             plan.files[worst],
             int(reads[worst]),

@@ -3,6 +3,8 @@ equal a reference computed directly in pandas."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dask
 import numpy as np
 import pandas as pd
@@ -169,3 +171,26 @@ def test_passes_per_partition_counts_the_passes_that_read_it(
         want = sum(1 for p in passes if rows & set(range(p.start, p.stop)))
         assert got[i] == want
         begin += n
+
+
+def test_a_run_warns_of_files_read_whole_by_many_passes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only files that could not be cut into blocks and are larger than one say so."""
+    from daskhps.passes.config import PassConfig
+    from daskhps.passes.plan import PassPlan, PassSpec
+    from daskhps.training.trainer import _warn_rereads
+
+    big, small = tmp_path / "big.tsv.gz", tmp_path / "small.tsv"
+    big.write_bytes(b"x" * 5000)
+    small.write_bytes(b"x" * 100)
+    passes = tuple(PassSpec(i, 10 * i, 10 * i + 10, 5, 1, 0) for i in range(6))
+    plan = PassPlan(passes, (str(big), str(small)), (30, 30), PassConfig(10, 5), 1, 0)
+    with caplog.at_level("WARNING"):
+        _warn_rereads(plan, 1000)
+    (record,) = [r for r in caplog.records if "read whole" in r.getMessage()]
+    assert "1 input files" in record.getMessage() and "big.tsv.gz by 3" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _warn_rereads(plan, 10_000)  # both within a block: cheap to read again
+    assert not [r for r in caplog.records if "read whole" in r.getMessage()]
