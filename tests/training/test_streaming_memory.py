@@ -22,6 +22,6 @@ from tests._scripts import run_script
 @pytest.mark.slow
 def test_worker_memory_does_not_grow_with_the_log() -> None:
     (rec,) = run_script("bench_stream.py", "--rows", "400000", timeout=600)
-    assert rec["passes"] == 12  # 300k training rows in passes of 25k: many passes, many blocks
+    assert rec["passes"] >= 12, rec  # 300k training rows in passes of 25k: many, in many blocks
     assert rec["peak_over_limit"] < 0.8  # never where Dask pauses a worker
     assert rec["ratio"] <= 1.10, rec
