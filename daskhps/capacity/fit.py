@@ -178,10 +178,15 @@ def worker_memory(cfg: RunConfig, keys: KeyStats, memory_limit: int | None) -> W
         row = _example_bytes(cfg)
         per_pass = -(-min(cfg.passes.plan.examples_per_pass, keys.examples) // W)
         # The log is streamed: what a worker holds of it is the pass being prepared (its
-        # partitions read once for keys and examples), two passes of routed examples (one
+        # partitions, read once for keys and examples), two passes of routed examples (one
         # trains, the next is staged) with a rank column, and their keys (worker, shard, key)
         # on their owners.
-        examples = per_pass * row + 2 * per_pass * (row + _RANK) + 2 * batch * 3 * 8
+        # A pass reads every partition it overlaps whole: up to a partition (a block of
+        # data.block_size, or a whole file) beyond each end of the pass, never more than the
+        # worker's share of the log.
+        block_rows = (cfg.data.block_size or 1 << 30) // max(row, 1)
+        read = min(-(-keys.examples // W), per_pass + 2 * block_rows)
+        examples = read * row + 2 * per_pass * (row + _RANK) + 2 * batch * 3 * 8
         holdout = keys_holdout(cfg, keys)
         if holdout:
             # Evaluated in chunks of at most a pass: two chunks in flight, read and routed.
