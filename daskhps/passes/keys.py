@@ -45,16 +45,12 @@ def select_examples(
     frame: dd.DataFrame, lengths: Sequence[int], start: int, stop: int
 ) -> dd.DataFrame:
     """Rows at plan positions ``[start, stop)`` of a frame with the given partition lengths."""
-    ends = np.cumsum(lengths)
-    begins = ends - np.asarray(lengths)
-    first = int(np.searchsorted(ends, start, side="right"))
-    last = int(np.searchsorted(begins, stop, side="left"))  # exclusive
-    first = min(first, max(last - 1, 0))
-    bounds = {
-        i - first: (max(start - int(begins[i]), 0), min(stop, int(ends[i])) - int(begins[i]))
-        for i in range(first, max(last, first + 1))
-    }
-    sub = frame.partitions[first : max(last, first + 1)]
+    where, sub_lengths, begin = pass_partitions(lengths, start, stop)
+    bounds = {}
+    for j, n in enumerate(sub_lengths):
+        bounds[j] = (max(start - begin, 0), min(stop, begin + n) - begin)
+        begin += n
+    sub = frame.partitions[where]
     return sub.map_partitions(_slice, bounds, meta=frame._meta)
 
 

@@ -30,6 +30,7 @@ from daskhps.data.hashing import missing_key
 from daskhps.data.keylists import key_list_columns, pack_key_lists, packed_meta, unpack_key_lists
 from daskhps.data.schema import LABEL, Schema
 from daskhps.errors import DataError
+from daskhps.passes.keys import pass_partitions
 
 __all__ = ["WorkerExamples", "bag_keys", "route_examples", "worker_of_rank"]
 
@@ -93,20 +94,17 @@ def route_examples(
     n = stop - start
     if n <= 0:
         raise DataError(f"route_examples: empty range [{start}, {stop})")
-    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
-    begins = ends - np.asarray(lengths, dtype=np.int64)
-    first = int(np.searchsorted(ends, start, side="right"))
-    last = int(np.searchsorted(begins, stop, side="left"))
+    where, sub_lengths, begin = pass_partitions(lengths, start, stop)
     bounds = {}
-    for j, i in enumerate(range(first, last)):
-        lo = max(start - int(begins[i]), 0)
-        hi = min(stop, int(ends[i])) - int(begins[i])
-        bounds[j] = (lo, hi, int(begins[i]) + lo)
+    for j, rows in enumerate(sub_lengths):
+        lo = max(start - begin, 0)
+        bounds[j] = (lo, min(stop, begin + rows) - begin, begin + lo)
+        begin += rows
     rank_of = None
     if order is not None:
         rank_of = np.empty(n, dtype=np.int64)
         rank_of[np.asarray(order, dtype=np.int64) - start] = np.arange(n, dtype=np.int64)
-    sub = frame.partitions[first:last]
+    sub = frame.partitions[where]
     meta = frame._meta.assign(**{RANK: np.int64(0), WORKER: np.int64(0)}).iloc[:0]
     # Multi-hot columns cross the shuffle packed as bytes: p2p cannot rebuild Arrow list
     # dtypes on the receiving worker (see daskhps.data.keylists).
