@@ -11,7 +11,7 @@ what the real object reports in ``stats()`` (``bytes``, ``index_bytes``)::
     zarr store (memory)
       index       KeyIndex of the shard's stored keys (grows by doubling)
       write buffer min(65536, keys) x (8 + 4w)   the open segment (resident as rows arrive)
-      mapped      keys x 4w              segment pages read back through memory maps
+      mapped      min(keys, 65536) x 4w  one chunk file's pages, mapped while its rows are read
     dense model   params x 4 x (weights + grads + optimizer state)
     examples      the pass being read, two passes of routed examples, two holdout chunks
 
@@ -45,7 +45,6 @@ _SCRATCH_CHUNK = 1 << 19  # KeyIndex probes at most this many keys at once
 _SCRATCH_MIN = 1024  # buffers are never smaller
 WRITE_BUFFER_ROWS = 65536  # ZarrStore's default write_buffer_rows
 _STORE_INDEX_START = 1024  # ZarrStore starts with KeyIndex(1024)
-_OPEN_CHUNK_MAPS = 256  # ZarrStore keeps at most this many chunk files mapped
 # Optimizer state tensors per dense parameter (torch: Adam keeps exp_avg and exp_avg_sq,
 # Adagrad its sum; each also keeps a scalar step, negligible).
 DENSE_STATE = {"sgd": 0, "adagrad": 1, "adam": 2}
@@ -133,10 +132,10 @@ def store_memory_bytes(keys: int, width: int, *, batch_keys: int = 0) -> int:
 
 
 def store_mapped_bytes(keys: int, width: int, chunk_rows: int = 65536) -> int:
-    """Pages of segment files a store maps while reading rows back: at most its live rows,
-    and at most its 256 open chunk maps. They count in the worker's RSS (which Dask's memory
-    limit watches) although the kernel can drop them under pressure."""
-    return min(keys, _OPEN_CHUNK_MAPS * chunk_rows) * 4 * width
+    """Pages of segment files a store maps while reading rows back: one chunk file at a time
+    (each is unmapped once its rows are copied out), at most its live rows. They count in the
+    worker's RSS (which Dask's memory limit watches) while mapped."""
+    return min(keys, chunk_rows) * 4 * width
 
 
 def dense_bytes(params: int, optimizer: str) -> int:

@@ -258,6 +258,15 @@ class KeyIndex:
 
         ``absent`` promises that no key is present yet, which skips looking them up.
         """
+        if keys.numel() > _CHUNK:
+            # As lookups do: the insert's scratch (windows of buckets per pending key, a few
+            # hundred bytes a key) would otherwise scale with the batch; opening a store puts
+            # its whole snapshot at once, and the freed scratch stayed in the process.
+            if keys.numel() + self._len > self.load_factor * self.slots:
+                self._rebuild(self._len + keys.numel())  # once, not once per chunk
+            for k, v in zip(keys.split(_CHUNK), values.split(_CHUNK), strict=True):
+                self.put(k, v, absent=absent)
+            return
         special = keys == _EMPTY
         if bool(special.any()):
             self._len += self._special is None

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -69,7 +68,6 @@ _SHIFT = 32
 _OFFSET_MASK = (1 << _SHIFT) - 1
 _MAX_SEGMENT_ID = (1 << 31) - 1  # locations stay non-negative int64
 _SNAPSHOT_CHUNK_ROWS = 1 << 20
-_OPEN_CHUNK_MAPS = 256  # each cached memory map holds a file descriptor
 
 
 @dataclass(frozen=True)
@@ -197,7 +195,6 @@ class ZarrStore(Tier):
         self._chunk_rows = chunk_rows
         self._lock = None if mode == "r" else WriterLock(self.path, f"store of {self.name}")
         self._segments: dict[int, _Segment] = {}
-        self._maps: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._folder_bytes: dict[tuple[str, int, int], int] = {}  # see _disk_bytes
         self._manifests: list[Manifest] = []
         self._damaged: dict[int, tuple[Path, str]] = {}
@@ -540,19 +537,14 @@ class ZarrStore(Tier):
             chunk = off // cr
             for c0, c1 in _runs(chunk):
                 c = int(chunk[c0])
-                out[to[c0:c1]] = self._chunk_map(seg, c)[off[c0:c1] - c * cr]
-
-    def _chunk_map(self, seg: _Segment, c: int) -> np.ndarray:
-        key = (seg.id, c)
-        mm = self._maps.get(key)
-        if mm is None:
-            mm = np.asarray(seg.rows.memmap(c))
-            self._maps[key] = mm
-            if len(self._maps) > _OPEN_CHUNK_MAPS:
-                self._maps.popitem(last=False)
-        else:
-            self._maps.move_to_end(key)
-        return mm
+                # A map lives for one chunk's rows only. The pages it touches (and the
+                # kernel's fault-around of each) count in the process's RSS for as long as
+                # it is mapped, and Dask pauses a worker on RSS: maps kept open across
+                # lookups grew a worker by the size of the rows it had read, up to the whole
+                # store. Unmapped, they stay in the page cache, which RSS does not count.
+                mm = seg.rows.memmap(c)
+                out[to[c0:c1]] = mm[off[c0:c1] - c * cr]
+                del mm
 
     def upsert(self, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
         """Append one segment holding ``rows`` (``dirty`` is irrelevant at the bottom)."""
@@ -713,8 +705,7 @@ class ZarrStore(Tier):
         return total
 
     def close(self) -> None:
-        """Release the writer lock and memory maps. Uncommitted writes are not committed."""
-        self._maps.clear()
+        """Release the writer lock. Uncommitted writes are not committed."""
         self._buf_sid, self._buf_n = None, 0  # uncommitted rows are dropped, as in a crash
         if self._lock is not None:
             self._lock.release()
@@ -973,8 +964,6 @@ class ZarrStore(Tier):
     def _forget_segment(self, sid: int) -> None:
         self._segments.pop(sid, None)
         self._unsynced.discard(sid)
-        for key in [k for k in self._maps if k[0] == sid]:
-            del self._maps[key]
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:

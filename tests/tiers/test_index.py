@@ -104,6 +104,14 @@ def test_large_batches_go_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     small = KeyIndex(10)
     small.get(keys[:100])
     assert ix.scratch_bytes == small.scratch_bytes  # sized by the chunk, not the batch
+    # puts go in chunks too: overwrites and new keys mixed, and a promised-absent batch
+    more = torch.cat([keys[1::2], torch.arange(600) + 20_000])
+    ix.put(more, more * 5)
+    fresh = torch.arange(700) + 90_000
+    ix.put(fresh, fresh * 7, absent=True)
+    values, found = ix.get(torch.cat([more, fresh]))
+    assert found.all() and torch.equal(values, torch.cat([more * 5, fresh * 7]))
+    assert len(ix) == 500 + 600 + 700 and ix.load <= ix.load_factor
 
 
 def test_put_absent_skips_the_lookup() -> None:

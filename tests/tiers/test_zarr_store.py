@@ -659,3 +659,31 @@ def test_bytes_on_disk_is_the_folder_size_after_every_step(tmp_path: Path, ops: 
             else:
                 s.compact(min_stale=0.1)
             assert s.stats.extra["bytes_on_disk"] == tree_bytes(path), (i, op)
+
+
+def _file_pages_resident() -> int:
+    """Bytes of file-backed pages mapped into this process (RssFile): memory maps' pages."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_reading_rows_back_keeps_no_store_pages_resident(tmp_path: Path) -> None:
+    """Rows read through memory maps count in the process's RSS while mapped, and Dask pauses
+    a worker on RSS: a store must not keep what it read mapped. Here 100,000 rows (25 MB)
+    read back in random batches would leave all of them resident."""
+    n, width = 100_000, 64
+    layout = {**LAYOUT, "width": width}
+    s = store(tmp_path / "s", width=width, layout=layout, chunk_rows=4096, write_buffer_rows=n)
+    keys = torch.arange(n, dtype=torch.int64) * 7919
+    s.upsert(keys, torch.rand(n, width))
+    s.commit("c")
+    s.close()
+    s = store(tmp_path / "s", width=width, layout=layout, chunk_rows=4096, mode="r")
+    before = _file_pages_resident()
+    for batch in torch.randperm(n).split(10_000):
+        got = s.lookup(keys[batch])
+        assert bool(got.found.all())
+    grown = _file_pages_resident() - before
+    assert grown < 4 * 4096 * width * 4, f"{grown / 2**20:.1f} MiB of store pages stay mapped"
