@@ -74,10 +74,12 @@ def _rows(cfg: RunConfig, workers: int) -> dict[int, np.ndarray]:
     return out
 
 
-def _max_pass_working_set(logs: Path) -> int:
+def _working_sets(logs: Path, rows: int) -> tuple[int, int]:
+    """The largest pass's distinct keys (passes of ``rows`` rows) and the day's."""
     frame = read_click_log(sorted(str(p) for p in logs.glob("day=*01/*.tsv"))).frame.compute()
     cats = frame[[c for c in frame.columns if c.startswith("C")]].to_numpy()
-    return max(len(np.unique(cats[a : a + PASS])) for a in range(0, len(cats), PASS))
+    largest = max(len(np.unique(cats[a : a + rows])) for a in range(0, len(cats), rows))
+    return largest, len(np.unique(cats))
 
 
 def _run(cfg: RunConfig) -> RunResult:
@@ -90,8 +92,11 @@ def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
     tmp_path: Path, logs: Path, threads: int
 ) -> None:
     """With 2 threads per worker pass k+1 is staged while pass k trains (or, where both
-    working sets do not fit, right after); the model must not notice either way."""
-    just_fits = _max_pass_working_set(logs)
+    working sets do not fit, right after); the model must not notice either way. Passes of
+    half the usual size make the table more than 3x what the tiers hold."""
+    small_pass = PASS // 2
+    just_fits, table_keys = _working_sets(logs, small_pass)
+    assert table_keys >= 3 * just_fits  # the tiers' whole budget: device rows, no host
     tiny_cfg = _config(
         tmp_path / "tiny",
         logs,
@@ -99,7 +104,7 @@ def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
         **{
             "table.optimizer": {"kind": "adagrad", "lr": 0.05},
             "table.tiers": {"device": {"rows": just_fits}, "host": {"fraction": 0.0}},
-            "passes.epochs": 2,
+            "passes.examples_per_pass": small_pass,
             "cluster.threads_per_worker": threads,
         },
     )
@@ -109,7 +114,7 @@ def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
         workers=1,
         **{
             "table.optimizer": {"kind": "adagrad", "lr": 0.05},
-            "passes.epochs": 2,
+            "passes.examples_per_pass": small_pass,
             "cluster.threads_per_worker": threads,
         },
     )
@@ -125,6 +130,7 @@ def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
         assert torch.equal(v, roomy.dense_state[k]), k
     rows_tiny, rows_roomy = _rows(tiny_cfg, 1), _rows(roomy_cfg, 1)
     assert rows_tiny.keys() == rows_roomy.keys()
+    assert len(rows_tiny) >= 3 * just_fits  # a table 3x the tiers, bit-identical
     for k, v in rows_tiny.items():
         assert np.array_equal(v.view(np.int32), rows_roomy[k].view(np.int32)), k
 
