@@ -56,7 +56,14 @@ from daskhps.tiers._manifest import (
     scan_manifests,
     write_manifest,
 )
-from daskhps.tiers._segments import RawArray, fsync_dir, fsync_tree, write_array, write_group
+from daskhps.tiers._segments import (
+    RawArray,
+    fsync_dir,
+    fsync_tree,
+    read_around_pays,
+    write_array,
+    write_group,
+)
 from daskhps.tiers.base import Evicted, Lookup, Tier, TierStats, check_keys, check_rows
 
 __all__ = ["CommitInfo", "CompactReport", "ZarrStore"]
@@ -542,7 +549,8 @@ class ZarrStore(Tier):
                 # it is mapped, and Dask pauses a worker on RSS: maps kept open across
                 # lookups grew a worker by the size of the rows it had read, up to the whole
                 # store. Unmapped, they stay in the page cache, which RSS does not count.
-                mm = seg.rows.memmap(c)
+                sparse = not read_around_pays(c1 - c0, cr, 4 * self.width)
+                mm = seg.rows.memmap(c, sparse=sparse)
                 out[to[c0:c1]] = mm[off[c0:c1] - c * cr]
                 del mm
 

@@ -28,6 +28,7 @@ from daskhps.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
+from daskhps.tiers._segments import read_around_pays
 from daskhps.tiers.zarr_store import ZarrStore
 from tests.tiers.conformance import MakeTier, TierConformance, odd_bits_rows, same_bits
 
@@ -687,3 +688,31 @@ def test_reading_rows_back_keeps_no_store_pages_resident(tmp_path: Path) -> None
         assert bool(got.found.all())
     grown = _file_pages_resident() - before
     assert grown < 4 * 4096 * width * 4, f"{grown / 2**20:.1f} MiB of store pages stay mapped"
+
+
+def test_sparse_reads_map_rows_for_random_access(tmp_path: Path) -> None:
+    """A map without MADV_RANDOM reads ahead 128 KiB around every fault, which read a store
+    that had outgrown the page cache from disk many times over: rows read sparsely are mapped
+    with the advice (the kernel shows it as ``rr``), dense reads without it."""
+    s = store(tmp_path / "s", chunk_rows=64)
+    s.upsert(keys_of(*range(100)), rows_of(keys_of(*range(100))))
+    s.commit("c")
+    (sid,) = s.segment_ids
+    rows = s._segments[sid].rows  # the chunk files the store maps
+    path = str(rows.chunk_file(0))
+
+    def flags() -> str:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.endswith(path):
+                return next(v for v in lines[i + 1 :] if v.startswith("VmFlags:"))
+        raise AssertionError("the chunk file is not mapped")
+
+    for sparse in (True, False):
+        mapped = rows.memmap(0, sparse=sparse)
+        assert mapped.shape == (64, W) and mapped[3, 0] == 30.0
+        assert (" rr" in flags()) == sparse, flags()
+        del mapped
+    # 772-byte rows (dim 64, Adam): a read-around window holds about 170 of them
+    assert not read_around_pays(90_000 // 380, 65_536, 772)  # a pass's rows over 25M
+    assert read_around_pays(100_000 // 30, 65_536, 772)  # 100k rows over 2M
