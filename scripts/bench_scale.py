@@ -160,7 +160,7 @@ def run_config(
         "passes": {
             "epochs": 1,
             "examples_per_pass": pass_rows,
-            "global_batch_size": 2048,
+            "global_batch_size": min(2048, pass_rows // 4),
         },
         "eval": {"batch_size": 8192},
         "table": {
@@ -234,9 +234,10 @@ def plan(config: Path, *args: str) -> dict[str, Any]:
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    if out.returncode not in (0, 1):  # 1: it does not fit, which the report says
-        raise SystemExit(f"daskhps plan failed: {out.stderr[-2000:]}")
-    return dict(json.loads(out.stdout))
+    try:  # exit 1 with a report: it does not fit, which the report says
+        return dict(json.loads(out.stdout))
+    except ValueError:
+        raise SystemExit(f"daskhps plan failed: {out.stderr[-2000:]}") from None
 
 
 class Sampler:
@@ -473,6 +474,11 @@ def probe_in_subprocess(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def progress(line: str) -> None:
+    """Stage progress, on stderr (stdout holds the figures, JSON lines with ``--json``)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
 # -- stages ----------------------------------------------------------------------------------
 
 
@@ -485,10 +491,10 @@ class Bench:
         )
         self.log = out / "bench.log"
 
-    def save(self, stage: str, result: dict[str, Any]) -> None:
-        self.results[stage] = result
+    def save(self, stage: str, result: dict[str, Any], seconds: float) -> None:
+        self.results[stage] = {**result, "stage_seconds": round(seconds, 1)}
         self.results_path.write_text(json.dumps(self.results, indent=2))
-        print(f"[{time.strftime('%H:%M:%S')}] {stage}: {json.dumps(result)}", flush=True)
+        progress(f"{stage}: {json.dumps(self.results[stage])}")
 
     @property
     def pass_rows(self) -> int:
@@ -540,7 +546,7 @@ class Bench:
             t0 = time.perf_counter()
             write_input(folder, rows, self.hot() if hot else np.zeros(0, np.int64), seed)
             marker.write_text(json.dumps(made))
-            print(f"  input of {rows:,} rows written in {time.perf_counter() - t0:.0f} s")
+            progress(f"  input of {rows:,} rows written in {time.perf_counter() - t0:.0f} s")
         imp = import_table(config, folder, self.out / f"{name}.log")
         return config, imp
 
@@ -603,6 +609,10 @@ class Bench:
         r = self.results
         small, big, kill = r.get("small"), r.get("big"), r.get("kill")
         limit = parse_bytes(self.args.memory_limit)
+        runs = [small, big] + ([kill["killed"], kill["resumed"]] if kill else [])
+        runs = [x for x in runs if x]
+        peak = max((max(x["peaks"]) for x in runs), default=0)
+        problems = sum(len(x["memory_problems"]) for x in runs)
         if small and big:
             self.rep.emit(
                 f"train examples/s, table of {self.args.rows:,} rows",
@@ -612,8 +622,8 @@ class Bench:
                 baseline_name=f"a table of the {r['logs']['hot_keys']:,} keys the logs use",
                 table=format_bytes(self.args.rows * ROW_BYTES),
                 over_ram=round(self.args.rows * ROW_BYTES / psutil.virtual_memory().total, 2),
-                peak_over_limit=round(max(big["peaks"][:1] + small["peaks"][:1]) / limit, 3),
-                memory_problems=len(big["memory_problems"]),
+                peak_over_limit=round(peak / limit, 3),
+                memory_problems=problems,
                 staged_from=big["staged_from"],
                 # Same logs, plan and starting rows: the keys the logs use end with the same
                 # rows and the dense model with the same weights, whatever else the table holds.
@@ -625,18 +635,38 @@ class Bench:
             )
         if big and kill:
             same = big["digest"] == kill["digest"]
-            print(
-                f"killed at {KILL_AT} and resumed: digest "
-                f"{'matches' if same else 'DIFFERS FROM'} the uninterrupted run's "
-                f"({kill['digest']['checkpoint']}, {sum(kill['digest']['rows']):,} rows)"
+            self.rep.emit(
+                f"killed at {KILL_AT}, resumed: rows and dense weights as uninterrupted",
+                1.0 if same else 0.0,
+                "(1: identical)",
+                checkpoint=kill["digest"]["checkpoint"],
+                rows=sum(kill["digest"]["rows"]),
             )
         sizes = {**(r.get("costs") or {})}
         if big:
             sizes[str(self.args.rows)] = {"import": big["import"], **big["probe"]}
-        if sizes:
-            for rows, c in sorted(sizes.items(), key=lambda kv: int(kv[0])):
-                print(f"probe at {int(rows):>12,} table rows: " + json.dumps(c))
-            plot(sizes, self.out / "scale-costs.svg")
+        sizes.pop("stage_seconds", None)
+        if not sizes:
+            return
+        ordered = sorted(sizes.values(), key=lambda c: int(c["rows"]))
+        for c in ordered:
+            self.rep.emit(
+                f"store of {int(c['rows']):,} rows (one rank's)",
+                c["open_s"],
+                "s to open",
+                **{k: v for k, v in c.items() if k not in ("rows", "open_s")},
+            )
+        if len(ordered) > 1:
+            lo, hi = ordered[0], ordered[-1]
+            grown = hi["ram_per_row"] * hi["rows"] - lo["ram_per_row"] * lo["rows"]
+            self.rep.emit(
+                "RAM per stored row, smallest to largest store",
+                grown / (hi["rows"] - lo["rows"]),
+                "bytes",
+                baseline=hi["index_bytes_per_row"],
+                baseline_name="the key index's own bytes per row",
+            )
+        plot(sizes, self.out / "scale-costs.svg")
 
 
 # -- the log-log plot (no plotting library: a few SVG lines) ---------------------------------
@@ -663,7 +693,7 @@ def plot(sizes: dict[str, dict[str, Any]], path: Path) -> None:
         f'height="{math.ceil(len(_SERIES) / cols) * h}" font-family="sans-serif" '
         'font-size="11">'
     ]
-    pts = sorted((int(c["rows"]), c) for c in sizes.values())
+    pts = sorted(((int(c["rows"]), c) for c in sizes.values()), key=lambda p: p[0])
     xs = [math.log10(p[0]) for p in pts]
     for i, (key, title) in enumerate(_SERIES):
         ox, oy = (i % cols) * w, (i // cols) * h
@@ -744,8 +774,10 @@ def main(argv: list[str] | None = None) -> None:
         if stage == "report":
             bench.report()
         elif stage not in bench.results or args.redo:
-            print(f"[{time.strftime('%H:%M:%S')}] {stage} ...", flush=True)
-            bench.save(stage, getattr(bench, f"stage_{stage}")())
+            progress(f"{stage} ...")
+            t0 = time.perf_counter()
+            result = getattr(bench, f"stage_{stage}")()
+            bench.save(stage, result, time.perf_counter() - t0)
     # A stage that failed leaves everything in place, so the run resumes at it; a benchmark
     # that ran through removes what it wrote (the figures stay in results.json with --out).
     if not args.keep:

@@ -105,3 +105,34 @@ def test_bench_import_quick() -> None:
     assert "np.save" in rec["baseline_name"]
     # 50,000 rows x (64 + 64) floats, each rank's keys and index snapshot beside them
     assert rec["store_bytes"] >= 50_000 * 128 * 4
+
+
+@pytest.mark.slow
+def test_bench_scale_quick(tmp_path: Path) -> None:
+    """Every stage at a toy size on one worker: the table of cold keys around the logs' keys
+    trains the same model as the table of the logs' keys only, and the run killed mid-pass
+    resumes to the uninterrupted run's rows and weights."""
+    recs = run_script(
+        "bench_scale.py",
+        "--out",
+        str(tmp_path),
+        "--rows",
+        "40000",
+        "--log-rows",
+        "5000",
+        "--workers",
+        "1",
+        "--memory-limit",
+        "1GiB",
+        timeout=600,
+    )
+    by_name = {r["name"].split(",")[0]: r for r in recs}
+    train = by_name["train examples/s"]
+    assert train["same_model_as_baseline"] is True
+    assert train["memory_problems"] == 0 and train["peak_over_limit"] < 0.8
+    assert train["staged_from"]["store"] > 0  # the passes read rows back from the store
+    assert by_name[next(n for n in by_name if n.startswith("killed"))]["value"] == 1.0
+    stores = [r for r in recs if r["name"].startswith("store of")]
+    assert len(stores) == 3 and all(r["delta_commit_s"] > 0 for r in stores)
+    assert (tmp_path / "scale-costs.svg").stat().st_size > 0
+    assert not (tmp_path / "runs").exists()  # what it wrote is removed, the figures kept
