@@ -187,6 +187,9 @@ def run_config(
             "processes": True,
             "gpu": False,
             "dashboard_address": None,
+            # Staging from a store five times the page cache is disk-bound: a rank can read
+            # for minutes while its peer waits in a collective (60 s by default).
+            "dist_timeout_s": 900.0,
         },
     }
     path = folder / "run.yaml"

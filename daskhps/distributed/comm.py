@@ -171,8 +171,10 @@ class Comm:
         except Exception as e:  # gloo: peer closed the connection, or timed out
             raise CommError(
                 f"rank {self.rank} of {self.world_size}: {op} failed: {e}; a peer rank was "
-                f"lost (its worker died) or stalled for more than {self.timeout_s:g} s: the "
-                "run cannot continue, restart it (it resumes from its last checkpoint)"
+                f"lost (its worker died) or stalled for more than {self.timeout_s:g} s "
+                "(cluster.dist_timeout_s: raise it where one rank's work between collectives, "
+                "such as staging from a store the page cache cannot hold, can take longer): "
+                "the run cannot continue, resume it with --resume"
             ) from e
 
     def __repr__(self) -> str:
