@@ -1,4 +1,5 @@
-"""End-to-end training on a real LocalCluster with a real gloo group.
+"""End-to-end training on a real LocalCluster with a real gloo group (warm clusters shared by
+the runs, tests/_clusters.py; the last test starts its own through the command line).
 
 * transparency (invariant 1): one worker whose host tier holds nothing and whose device tier
   just fits a pass ends bit-identical to one whose tiers hold everything;
@@ -22,6 +23,7 @@ from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
 from daskhps.table import EmbeddingTable
 from daskhps.training.trainer import RunResult, Trainer
+from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 
 PASS = 1000
@@ -32,7 +34,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generated_logs(tmp_path_factory, days=2, rows_per_day=3000, parts_per_day=2, seed=3)
 
 
-def _config(tmp: Path, logs: Path, *, workers: int, **over: Any) -> RunConfig:
+def _config(tmp: Path, logs: Path, cluster: dict[str, Any], **over: Any) -> RunConfig:
     d: dict[str, Any] = {
         "run": {"name": "e2e", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
         "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
@@ -44,13 +46,7 @@ def _config(tmp: Path, logs: Path, *, workers: int, **over: Any) -> RunConfig:
         },
         "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
         "dense_optimizer": {"kind": "sgd", "lr": 0.05},
-        "cluster": {
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "memory_limit": "1GiB",
-            "gpu": False,
-            "dashboard_address": None,
-        },
+        "cluster": cluster,
     }
     for key, value in over.items():
         node = d
@@ -87,31 +83,27 @@ def _run(cfg: RunConfig) -> RunResult:
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2], ids=["sequential", "pipelined"])
 def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
-    tmp_path: Path, logs: Path, threads: int
+    tmp_path: Path, logs: Path, shared_clusters: SharedClusters, threads: int
 ) -> None:
     """With 2 threads per worker pass k+1 is staged while pass k trains (or, where both
     working sets do not fit, right after); the model must not notice either way."""
     just_fits = _max_pass_working_set(logs)
+    cluster = shared_clusters.section(workers=1, threads=threads)
     tiny_cfg = _config(
         tmp_path / "tiny",
         logs,
-        workers=1,
+        cluster,
         **{
             "table.optimizer": {"kind": "adagrad", "lr": 0.05},
             "table.tiers": {"device": {"rows": just_fits}, "host": {"fraction": 0.0}},
             "passes.epochs": 2,
-            "cluster.threads_per_worker": threads,
         },
     )
     roomy_cfg = _config(
         tmp_path / "roomy",
         logs,
-        workers=1,
-        **{
-            "table.optimizer": {"kind": "adagrad", "lr": 0.05},
-            "passes.epochs": 2,
-            "cluster.threads_per_worker": threads,
-        },
+        cluster,
+        **{"table.optimizer": {"kind": "adagrad", "lr": 0.05}, "passes.epochs": 2},
     )
     tiny, roomy = _run(tiny_cfg), _run(roomy_cfg)
     assert len(tiny.passes) == len(roomy.passes) == 6
@@ -139,7 +131,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     [("sgd", 1e-5, 100), ("adagrad", 1e-3, 60)],  # adagrad: 3000 / 60 = 50 steps
 )
 def test_one_and_two_workers_train_the_same_model(
-    tmp_path: Path, logs: Path, kind: str, tol: float, batch: int
+    tmp_path: Path, logs: Path, shared_clusters: SharedClusters, kind: str, tol: float, batch: int
 ) -> None:
     over = {
         "table.optimizer": {"kind": kind, "lr": 0.05},
@@ -147,8 +139,8 @@ def test_one_and_two_workers_train_the_same_model(
         "passes.global_batch_size": batch,
         "passes.examples_per_pass": 3000,
     }
-    one_cfg = _config(tmp_path / "one", logs, workers=1, **over)
-    two_cfg = _config(tmp_path / "two", logs, workers=2, **over)
+    one_cfg = _config(tmp_path / "one", logs, shared_clusters.section(workers=1, threads=1), **over)
+    two_cfg = _config(tmp_path / "two", logs, shared_clusters.section(workers=2, threads=1), **over)
     one, two = _run(one_cfg), _run(two_cfg)
     assert sum(len(p["batch_losses"]) for p in one.passes) == 3000 // batch
     dense_one = np.concatenate([v.numpy().ravel() for v in one.dense_state.values()])
