@@ -6,7 +6,9 @@ every embedding row, every batch loss), a torn checkpoint is never loaded, and t
 driver's workers are gone (their store locks free). Resuming on 2 workers instead of 1
 re-shards the stores and ends within the worker-count tolerance of docs/invariants.md (invariant 3).
 The runs in this process (the reference, the full disk) use a shared warm cluster of the same
-shape (tests/_clusters.py); those killed and resumed start their own, as a user's would.
+shape (tests/_clusters.py); those killed and resumed start their own, as a user's would; the
+resumes refused before any cluster starts go through the command line's ``main`` in this
+process (tests/_runs.py ``cli_here``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint,
 from daskhps.training.trainer import RunResult, Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
-from tests._runs import cli
+from tests._runs import cli, cli_here
 
 pytestmark = pytest.mark.slow
 
@@ -201,15 +203,22 @@ def test_resume_checks_the_config_then_reshards_to_two_workers(
     tmp_path: Path,
     logs: Path,
     reference: tuple[RunResult, Checkpoint, dict[int, np.ndarray]],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     ref, ref_ckpt, ref_rows = reference
     config = _write_config(tmp_path, logs)
-    nothing = _cli(config, "--resume")
+    nothing = cli_here(capfd, caplog, "train", str(config), "--resume")
     assert nothing.returncode == 1
     assert "holds no complete checkpoint" in nothing.stderr and "Traceback" not in nothing.stderr
 
     _killed(config, "after_checkpoint:0")  # one pass done on one worker
-    refused = _cli(config, "--resume", "--set", "table.dim=8", "--set", "dense_optimizer.kind=sgd")
+    refused = cli_here(
+        capfd,
+        caplog,
+        *("train", str(config), "--resume"),
+        *("--set", "table.dim=8", "--set", "dense_optimizer.kind=sgd"),
+    )
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     line = refused.stderr.strip().splitlines()[-1]
     assert "table.dim: 4 -> 8" in line and "dense_optimizer.kind: 'adam' -> 'sgd'" in line
