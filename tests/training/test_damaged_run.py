@@ -162,12 +162,17 @@ def test_stores_without_checksums_still_open_and_inspect(
 
 
 def test_predict_and_export_take_the_named_checkpoint(
-    run: Path, trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    run: Path,
+    trained: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shared_clusters: SharedClusters,
 ) -> None:
     out = tmp_path / "pred"
     data = ["--data", trained["holdout"][0]]
     args = ["predict", "--model", str(run), "--checkpoint", "pass-000002", *data]
-    assert main([*args, "--out", str(out), "--workers", "1"]) == 0
+    scheduler = shared_clusters.address(workers=1, threads=2)
+    assert main([*args, "--out", str(out), "--scheduler", scheduler]) == 0
     summary = json.loads((out / SUMMARY).read_text())
     assert summary["model"] == summary["commit"] == "pass-000002"
     assert (

@@ -1,5 +1,5 @@
 """End-to-end training on a real LocalCluster with a real gloo group (warm clusters shared by
-the runs, tests/_clusters.py; the last test starts its own through the command line).
+the runs, tests/_clusters.py).
 
 * transparency (invariant 1): one worker whose host tier holds nothing and whose device tier
   just fits a pass ends bit-identical to one whose tiers hold everything;
@@ -10,8 +10,6 @@ the runs, tests/_clusters.py; the last test starts its own through the command l
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from daskhps.table import EmbeddingTable
 from daskhps.training.trainer import RunResult, Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
+from tests._runs import cli_here
 
 PASS = 1000
 
@@ -155,7 +154,9 @@ def test_one_and_two_workers_train_the_same_model(
     assert abs(one.final_eval["auc"] - two.final_eval["auc"]) < 0.003
 
 
-def test_bad_data_path_is_one_clear_line(tmp_path: Path) -> None:
+def test_bad_data_path_is_one_clear_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = tmp_path / "bad.yaml"
     run, missing = tmp_path / "run", tmp_path / "nothing-here"
     cfg.write_text(
@@ -163,13 +164,7 @@ def test_bad_data_path_is_one_clear_line(tmp_path: Path) -> None:
         f"data: {{train: {{paths: [{missing}]}}}}\n"
         "cluster: {n_workers: 1, gpu: false, dashboard_address: null}\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "train", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    res = cli_here(capfd, caplog, "train", str(cfg))  # refused before any cluster starts
     assert res.returncode == 1
     assert "nothing-here" in res.stderr
     assert "Traceback" not in res.stderr
