@@ -1,4 +1,5 @@
-"""``daskhps plan`` and ``train``'s early refusal, through the real command line."""
+"""``daskhps plan`` and ``train``'s early refusal, through the real command line (the refusals,
+which start no cluster, through its ``main`` in this process: tests/_runs.py ``cli_here``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from daskhps.config import load_config
 from daskhps.data.readers import read_click_log
 from daskhps.sharding import ShardMap
 from tests._logs import generated_logs
+from tests._runs import cli_here
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,16 +89,19 @@ def test_plan_prints_every_part_and_json_agrees(tmp_path: Path, logs: Path) -> N
 
 @pytest.mark.slow
 def test_plan_and_train_refuse_a_pass_larger_than_the_device_tier(
-    tmp_path: Path, logs: Path
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # 200k expected keys: a pass of 1000 examples x 26 fields stages ~13k per worker.
     path = _write(tmp_path, logs, expected_keys=200_000)
-    plan = _cli("plan", str(path))
+    plan = cli_here(capfd, caplog, "plan", str(path))
     assert plan.returncode == 1
     refusal = plan.stderr.strip().splitlines()
     assert len(refusal) == 1 and "device tier holds 5,000 rows" in refusal[0]
     assert refusal[0].startswith("daskhps plan: error: ") and "Traceback" not in plan.stderr
-    train = _cli("train", str(path))
+    train = cli_here(capfd, caplog, "train", str(path))
     assert train.returncode == 1 and "Traceback" not in train.stderr
     lines = train.stderr.strip().splitlines()
     assert lines[-1].removeprefix("daskhps train: error: ") == refusal[0].removeprefix(
@@ -106,9 +111,14 @@ def test_plan_and_train_refuse_a_pass_larger_than_the_device_tier(
 
 
 @pytest.mark.slow
-def test_plan_refuses_a_store_larger_than_the_free_disk(tmp_path: Path, logs: Path) -> None:
+def test_plan_refuses_a_store_larger_than_the_free_disk(
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     path = _write(tmp_path, logs, expected_keys=10**13, tiers={"device": {"rows": 10**5}})
-    plan = _cli("plan", str(path))
+    plan = cli_here(capfd, caplog, "plan", str(path))
     assert plan.returncode == 1
     assert "free" in plan.stderr and "table.tiers.store_dir" in plan.stderr
 
