@@ -1,6 +1,6 @@
 """Tiny training runs for the end-to-end tests: one config shape, and the command line in a
-subprocess (the way a user runs it: its own interpreter, its own LocalCluster) or, for a
-refusal that ends before any cluster starts, through its ``main`` in the test's process."""
+subprocess (the way a user runs it: its own interpreter, its own LocalCluster) or, where that
+process is not what a test checks, through its ``main`` in the test's process."""
 
 from __future__ import annotations
 
@@ -80,9 +80,10 @@ def cli_here(
 ) -> subprocess.CompletedProcess:
     """``daskhps ARGS`` through the command line's own ``main`` in this process: the code
     :func:`cli` runs, less a fresh interpreter's start (seconds of imports each time), for a
-    command that must stop before any cluster starts. ``stderr`` holds every record it logged,
-    formatted as the command line prints them (a logged traceback shows as it would there),
-    then what it printed."""
+    command whose process is not what the test checks (a refusal before any cluster starts,
+    a plan; never a kill, a signal or workers that must exit with it). ``stderr`` holds every
+    record it logged, formatted as the command line prints them (a logged traceback shows as
+    it would there), then what it printed."""
     from daskhps.cli import main
 
     assert ENV not in os.environ  # no kill point armed in this process

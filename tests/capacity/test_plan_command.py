@@ -1,11 +1,10 @@
-"""``daskhps plan`` and ``train``'s early refusal, through the real command line (the refusals,
-which start no cluster, through its ``main`` in this process: tests/_runs.py ``cli_here``)."""
+"""``daskhps plan`` and ``train``'s early refusal, through the command line's ``main`` in this
+process (tests/_runs.py ``cli_here``: the code ``python -m daskhps.cli`` runs, without a fresh
+interpreter's imports each time; none of them starts a cluster)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,6 @@ from daskhps.data.readers import read_click_log
 from daskhps.sharding import ShardMap
 from tests._logs import generated_logs
 from tests._runs import cli_here
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +37,6 @@ def _write(tmp: Path, logs: Path, **table: object) -> Path:
     path = tmp / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def test_scan_counts_match_a_brute_force_count(tmp_path: Path, logs: Path) -> None:
@@ -74,13 +60,18 @@ def test_scan_counts_match_a_brute_force_count(tmp_path: Path, logs: Path) -> No
 
 
 @pytest.mark.slow
-def test_plan_prints_every_part_and_json_agrees(tmp_path: Path, logs: Path) -> None:
+def test_plan_prints_every_part_and_json_agrees(
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     path = _write(tmp_path, logs)
-    text = _cli("plan", str(path), "--scan")
+    text = cli_here(capfd, caplog, "plan", str(path), "--scan")
     assert text.returncode == 0, text.stderr
     for part in ("device tier", "host tier", "zarr store", "dense model", "fits: yes"):
         assert part in text.stdout
-    out = _cli("plan", str(path), "--scan", "--json")
+    out = cli_here(capfd, caplog, "plan", str(path), "--scan", "--json")
     report = json.loads(out.stdout)
     direct = size_run(load_config(path), scan=True)
     assert report["memory_per_worker"]["total"] == direct.memory.total  # type: ignore[union-attr]
