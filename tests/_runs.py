@@ -1,15 +1,18 @@
 """Tiny training runs for the end-to-end tests: one config shape, and the command line in a
-subprocess (the way a user runs it: its own interpreter, its own LocalCluster)."""
+subprocess (the way a user runs it: its own interpreter, its own LocalCluster) or, where that
+process is not what a test checks, through its ``main`` in the test's process."""
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from daskhps.training.killpoints import ENV
@@ -70,3 +73,24 @@ def cli(*args: str, kill_at: str | None = None, timeout: int = 400) -> subproces
         check=False,
         env=env,
     )
+
+
+def cli_here(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, *args: str
+) -> subprocess.CompletedProcess:
+    """``daskhps ARGS`` through the command line's own ``main`` in this process: the code
+    :func:`cli` runs, less a fresh interpreter's start (seconds of imports each time), for a
+    command whose process is not what the test checks (a refusal before any cluster starts,
+    a plan; never a kill, a signal or workers that must exit with it). ``stderr`` holds every
+    record it logged, formatted as the command line prints them (a logged traceback shows as
+    it would there), then what it printed."""
+    from daskhps.cli import main
+
+    assert ENV not in os.environ  # no kill point armed in this process
+    capfd.readouterr()
+    caplog.clear()
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    form = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+    logged = "".join(f"{form.format(r)}\n" for r in caplog.records)
+    return subprocess.CompletedProcess(["daskhps", *args], code, out, logged + err)

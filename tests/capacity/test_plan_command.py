@@ -1,10 +1,10 @@
-"""``daskhps plan`` and ``train``'s early refusal, through the real command line."""
+"""``daskhps plan`` and ``train``'s early refusal, through the command line's ``main`` in this
+process (tests/_runs.py ``cli_here``: the code ``python -m daskhps.cli`` runs, without a fresh
+interpreter's imports each time; none of them starts a cluster)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +17,7 @@ from daskhps.config import load_config
 from daskhps.data.readers import read_click_log
 from daskhps.sharding import ShardMap
 from tests._logs import generated_logs
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests._runs import cli_here
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +37,6 @@ def _write(tmp: Path, logs: Path, **table: object) -> Path:
     path = tmp / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def test_scan_counts_match_a_brute_force_count(tmp_path: Path, logs: Path) -> None:
@@ -72,13 +60,18 @@ def test_scan_counts_match_a_brute_force_count(tmp_path: Path, logs: Path) -> No
 
 
 @pytest.mark.slow
-def test_plan_prints_every_part_and_json_agrees(tmp_path: Path, logs: Path) -> None:
+def test_plan_prints_every_part_and_json_agrees(
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     path = _write(tmp_path, logs)
-    text = _cli("plan", str(path), "--scan")
+    text = cli_here(capfd, caplog, "plan", str(path), "--scan")
     assert text.returncode == 0, text.stderr
     for part in ("device tier", "host tier", "zarr store", "dense model", "fits: yes"):
         assert part in text.stdout
-    out = _cli("plan", str(path), "--scan", "--json")
+    out = cli_here(capfd, caplog, "plan", str(path), "--scan", "--json")
     report = json.loads(out.stdout)
     direct = size_run(load_config(path), scan=True)
     assert report["memory_per_worker"]["total"] == direct.memory.total  # type: ignore[union-attr]
@@ -87,16 +80,19 @@ def test_plan_prints_every_part_and_json_agrees(tmp_path: Path, logs: Path) -> N
 
 @pytest.mark.slow
 def test_plan_and_train_refuse_a_pass_larger_than_the_device_tier(
-    tmp_path: Path, logs: Path
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # 200k expected keys: a pass of 1000 examples x 26 fields stages ~13k per worker.
     path = _write(tmp_path, logs, expected_keys=200_000)
-    plan = _cli("plan", str(path))
+    plan = cli_here(capfd, caplog, "plan", str(path))
     assert plan.returncode == 1
     refusal = plan.stderr.strip().splitlines()
     assert len(refusal) == 1 and "device tier holds 5,000 rows" in refusal[0]
     assert refusal[0].startswith("daskhps plan: error: ") and "Traceback" not in plan.stderr
-    train = _cli("train", str(path))
+    train = cli_here(capfd, caplog, "train", str(path))
     assert train.returncode == 1 and "Traceback" not in train.stderr
     lines = train.stderr.strip().splitlines()
     assert lines[-1].removeprefix("daskhps train: error: ") == refusal[0].removeprefix(
@@ -106,9 +102,14 @@ def test_plan_and_train_refuse_a_pass_larger_than_the_device_tier(
 
 
 @pytest.mark.slow
-def test_plan_refuses_a_store_larger_than_the_free_disk(tmp_path: Path, logs: Path) -> None:
+def test_plan_refuses_a_store_larger_than_the_free_disk(
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     path = _write(tmp_path, logs, expected_keys=10**13, tiers={"device": {"rows": 10**5}})
-    plan = _cli("plan", str(path))
+    plan = cli_here(capfd, caplog, "plan", str(path))
     assert plan.returncode == 1
     assert "free" in plan.stderr and "table.tiers.store_dir" in plan.stderr
 

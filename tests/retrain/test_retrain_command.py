@@ -3,8 +3,6 @@ configs and bad versions, each with its exit code and message."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import yaml
 from daskhps.cli import main
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, RetrainLock
+from tests._runs import cli_here
 
 
 def _day(root: Path, day: str, complete: bool = True) -> None:
@@ -105,15 +104,11 @@ def test_missing_log_folder_is_an_error(tmp_path: Path, capsys: pytest.CaptureFi
     assert "does not exist; check data.train.paths" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # a fresh interpreter importing torch: ~10 s on 2 busy cores
-def test_bad_config_is_one_line_without_traceback(tmp_path: Path) -> None:
+def test_bad_config_is_one_line_without_traceback(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = _config(tmp_path, retrain={"max_auc_drop": -1})
-    res = subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "retrain", str(cfg)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    res = cli_here(capfd, caplog, "retrain", str(cfg))  # every logged line in its stderr too
     assert res.returncode == ExitCode.BAD_CONFIG
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "retrain.max_auc_drop: must be >= 0.0" in lines[0], res.stderr

@@ -1,5 +1,7 @@
 """Scheduled retraining end to end: real generated day partitions, real training on a
-LocalCluster (1 worker, gloo), real zarr stores, the command line's exit codes.
+LocalCluster (1 worker, gloo), real zarr stores, the command line's exit codes. The killed run
+starts its own cluster, as a scheduled job would; the runs in this process use the session's
+warm shared cluster of the same shape (tests/_clusters.py).
 
 One scenario, day by day (each step depends on the previous, so it is one test):
 
@@ -35,6 +37,7 @@ from daskhps.config import load_config
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, Registry
 from daskhps.training.checkpoint import load_checkpoint
+from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 
 pytestmark = pytest.mark.slow
@@ -59,7 +62,8 @@ def _arrive(all_days: Path, logs: Path, day: str, complete: bool = True) -> None
         (dst / SUCCESS).write_text("")
 
 
-def _config(tmp: Path, logs: Path) -> Path:
+def _config(tmp: Path, logs: Path, cluster: dict[str, Any] | None = None) -> Path:
+    """The retraining config; ``cluster``: its section (default: its own LocalCluster)."""
     d: dict[str, Any] = {
         "run": {"name": "rt", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
         "data": {"train": {"paths": [str(logs)], "require_complete": True}},
@@ -71,7 +75,8 @@ def _config(tmp: Path, logs: Path) -> Path:
         },
         "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
         "dense_optimizer": {"kind": "adam", "lr": 0.01},
-        "cluster": {
+        "cluster": cluster
+        or {
             "n_workers": 1,
             "threads_per_worker": 2,
             "memory_limit": "1GiB",
@@ -82,7 +87,7 @@ def _config(tmp: Path, logs: Path) -> Path:
         # Tiny days make noisy AUCs: a loose guard, so the publishing steps publish.
         "retrain": {"max_auc_drop": 0.05, "max_logloss_rise": 0.05},
     }
-    path = tmp / "retrain.yaml"
+    path = tmp / ("retrain.yaml" if cluster is None else "retrain-shared.yaml")
     path.write_text(yaml.safe_dump(d))
     return path
 
@@ -99,10 +104,14 @@ def _committed_rows(version_dir: Path) -> dict[int, list[float]]:
 
 
 def test_a_few_days_of_retraining(
-    all_days: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    all_days: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shared_clusters: SharedClusters,
 ) -> None:
     logs = tmp_path / "logs"
-    cfg = _config(tmp_path, logs)
+    own = _config(tmp_path, logs)  # the killed run's
+    cfg = _config(tmp_path, logs, shared_clusters.section(workers=1, threads=2))
     registry = Registry(tmp_path / "run" / "versions")
 
     # 1. first run: two complete days, the third still being written
@@ -110,7 +119,7 @@ def test_a_few_days_of_retraining(
     _arrive(all_days, logs, DAYS[1])
     _arrive(all_days, logs, DAYS[2], complete=False)
     killed = subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "retrain", str(cfg)],
+        [sys.executable, "-m", "daskhps.cli", "retrain", str(own)],
         env={**os.environ, "DASKHPS_KILL_AT": "after_checkpoint"},
         capture_output=True,
         text=True,

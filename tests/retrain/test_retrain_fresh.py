@@ -1,7 +1,8 @@
 """``daskhps retrain configs/retrain.yaml`` as the README lists it, on a fresh checkout: the
 config's ``data.generate`` section writes its days on the first run (no `daskhps generate`
 first), and raising ``data.generate.days`` brings the next day. The shipped config, shrunk
-with ``--set`` to a few thousand rows on one worker, in a folder with no logs."""
+with ``--set`` to a few thousand rows on one worker, in a folder with no logs. The run that finds
+nothing new goes through the command line's ``main`` in this process (it starts no cluster)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from daskhps.cli import main
 from daskhps.retrain import ExitCode, Registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,14 +31,17 @@ SMALL = [
 ]
 
 
+def _args(*sets: str) -> list[str]:
+    return ["retrain", "configs/retrain.yaml", *(a for s in (*SMALL, *sets) for a in ("--set", s))]
+
+
 def _retrain(folder: Path, *sets: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    args = [a for s in (*SMALL, *sets) for a in ("--set", s)]
     return subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "retrain", "configs/retrain.yaml", *args],
+        [sys.executable, "-m", "daskhps.cli", *_args(*sets)],
         capture_output=True,
         text=True,
         cwd=folder,  # the config's relative paths (data/retrain, runs/retrain) land here
@@ -46,7 +51,9 @@ def _retrain(folder: Path, *sets: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_shipped_retrain_config_runs_on_a_fresh_checkout(tmp_path: Path) -> None:
+def test_shipped_retrain_config_runs_on_a_fresh_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "configs").mkdir()
     shutil.copy(ROOT / "configs" / "retrain.yaml", tmp_path / "configs" / "retrain.yaml")
     assert not (tmp_path / "data").exists()
@@ -57,8 +64,10 @@ def test_shipped_retrain_config_runs_on_a_fresh_checkout(tmp_path: Path) -> None
     days = sorted(p.name for p in (tmp_path / "data" / "retrain").glob("day=*"))
     assert days == ["day=2024-01-01", "day=2024-01-02", "day=2024-01-03"]
 
-    again = _retrain(tmp_path)
-    assert again.returncode == ExitCode.NOTHING_NEW, again.stderr[-3000:]
+    with monkeypatch.context() as here:
+        here.chdir(tmp_path)  # the config's relative paths, as for the subprocesses
+        again = main(_args())
+    assert again == ExitCode.NOTHING_NEW, capsys.readouterr().err[-3000:]
 
     later = _retrain(tmp_path, "data.generate.days=4")  # the next day arrives
     assert later.returncode in (ExitCode.PUBLISHED, ExitCode.REJECTED), later.stderr[-3000:]

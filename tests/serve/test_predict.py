@@ -1,5 +1,8 @@
 """Batch scoring and export against a real small training run (LocalCluster, gloo, zarr).
 
+The run, and the jobs given a scheduler, use the session's warm shared clusters
+(tests/_clusters.py); the job given none starts its own.
+
 The reference is computed here without the serving code: the dense model from the checkpoint
 and each row looked up with ``EmbeddingTable.peek`` in its rank store, in one batch.
 """
@@ -34,13 +37,14 @@ from daskhps.table.init import init_embedding
 from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.trainer import Trainer
+from tests._clusters import SharedClusters
 from tests.serve import standalone
 from tests.serve.helpers import bits, reference_rows, tree_state
 
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp: Path, logs: Path) -> RunConfig:
+def _config(tmp: Path, logs: Path, cluster: dict[str, Any]) -> RunConfig:
     return RunConfig.from_dict(
         {
             "run": {"name": "serve", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
@@ -53,20 +57,16 @@ def _config(tmp: Path, logs: Path) -> RunConfig:
             },
             "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
             "dense_optimizer": {"kind": "adam", "lr": 0.01},
-            "cluster": {
-                "n_workers": 2,
-                "threads_per_worker": 1,
-                "memory_limit": "1GiB",
-                "gpu": False,
-                "dashboard_address": None,
-            },
+            "cluster": cluster,
         },
         source="test",
     )
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run(
+    tmp_path_factory: pytest.TempPathFactory, shared_clusters: SharedClusters
+) -> dict[str, Any]:
     """A 2-worker training run with a checkpoint, its holdout files and reference rows."""
     tmp = tmp_path_factory.mktemp("serve-run")
     logs = tmp / "logs"
@@ -74,7 +74,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         GeneratorConfig(days=2, rows_per_day=2000, parts_per_day=2, seed=4, vocab_scale=0.01),
         str(logs),
     )
-    cfg = _config(tmp, logs)
+    cfg = _config(tmp, logs, shared_clusters.section(workers=2, threads=1))
     result = Trainer(cfg, progress=False).run()  # checkpoints after each of its 2 passes
     servable = load_servable(cfg.run.dir)
     holdout = sorted(str(p) for p in logs.glob("day=*02/part-*"))
@@ -141,14 +141,12 @@ def test_predict_equals_the_trainers_evaluation(run: dict[str, Any]) -> None:
 
 
 def test_cli_predict_and_its_bad_inputs(
-    run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str], shared_clusters: SharedClusters
 ) -> None:
     """Through ``--scheduler``: an existing cluster serves two jobs (the second fails)."""
     run_dir, tmp = run["cfg"].run.dir, run["tmp"]
     out = tmp / "cli-pred"
-    cluster = start_cluster(
-        n_workers=1, threads_per_worker=2, memory_limit="1GiB", dashboard_address=None
-    )
+    cluster = start_cluster(address=shared_clusters.address(workers=1, threads=2))
     with cluster:
         address = cluster.client.scheduler.address
         args = ["predict", "--model", run_dir, "--out", str(out), "--scheduler", address]
@@ -210,11 +208,9 @@ def _cli_cases(
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
+def client(shared_clusters: SharedClusters) -> Iterator[Any]:
     """One small cluster for the predict jobs below (a job without one starts its own)."""
-    with start_cluster(
-        n_workers=1, threads_per_worker=2, memory_limit="1GiB", dashboard_address=None
-    ) as handle:
+    with start_cluster(address=shared_clusters.address(workers=1, threads=2)) as handle:
         yield handle.client
 
 

@@ -1,8 +1,8 @@
 """``daskhps import``: existing embeddings become a run's starting table.
 
 Real files (numpy ``.npy``, parquet), real zarr stores, the command line in process (``main``)
-and, for the training check, in a subprocess with its own LocalCluster. Every bad input ends
-in one line naming the file and the row, and leaves the folders exactly as they were.
+and, for the training check, runs on a real LocalCluster. Every bad input ends in one line
+naming the file and the row, and leaves the folders exactly as they were.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from daskhps.sharding import ShardMap
 from daskhps.training import worker
 from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.training.trainer import Trainer
-from tests._runs import cli, tiny_config, write_config
+from tests._clusters import SharedClusters
+from tests._runs import tiny_config, write_config
 
 DIM = 4
 
@@ -423,47 +424,49 @@ def test_an_existing_run_is_refused_and_overwrite_replaces_it(
 
 
 @pytest.mark.slow
-def test_train_resumes_from_the_imported_rows(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_train_resumes_from_the_imported_rows(
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    shared_clusters: SharedClusters,
+) -> None:
     """A run trained from scratch initialises every row of its first pass; the same run after
-    importing that run's exported rows stages every one of them from the stores instead."""
+    importing that run's exported rows stages every one of them from the stores instead.
+    Both train in this process on the session's warm clusters (tests/_clusters.py): one worker
+    from scratch, two on top of the import."""
     import json
 
+    from daskhps.config.runconfig import load_config
     from tests._logs import generated_logs
 
     logs = generated_logs(tmp_path_factory, days=1, rows_per_day=600, parts_per_day=1, seed=3)
     tmp = tmp_path_factory.mktemp("import-train")
 
     def config(name: str, workers: int) -> Path:
-        d = tiny_config(tmp / name, logs, cluster={"n_workers": workers})
+        d = tiny_config(tmp / name, logs)
+        d["cluster"] = shared_clusters.section(workers=workers, threads=1)
         return write_config(tmp / f"{name}.yaml", d)
 
     def first_pass(run_dir: Path) -> dict[str, Any]:
         return dict(json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0]))
 
     scratch = config("scratch", 1)
-    res = cli("train", str(scratch))
-    assert res.returncode == 0, res.stderr[-3000:]
+    Trainer(load_config(str(scratch)), progress=False).run()
     fresh = first_pass(tmp / "scratch")
     assert fresh["staged_from"]["init"] == fresh["rows_staged"] > 0
 
     exported = export_model(load_servable(tmp / "scratch"), tmp / "export")
     imported = config("imported", 2)
-    res = cli(
-        "import",
-        str(imported),
-        "--keys",
-        str(tmp / "export" / "keys.npy"),
-        "--rows",
-        str(tmp / "export" / "embeddings.npy"),
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f"daskhps train {imported} --resume" in res.stdout
-    keys = np.load(tmp / "export" / "keys.npy")
+    keys_npy, rows_npy = tmp / "export" / "keys.npy", tmp / "export" / "embeddings.npy"
+    args = ["--keys", str(keys_npy), "--rows", str(rows_npy), "--workers", "2"]  # 2 rank stores
+    rc = main(["import", str(imported), *args])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert f"daskhps train {imported} --resume" in out.out
+    keys = np.load(keys_npy)
     before, unseen = _table_rows(tmp / "imported", keys)
     assert unseen == 0 and exported.keys == len(keys)
 
-    res = cli("train", str(imported), "--resume")
-    assert res.returncode == 0, res.stderr[-3000:]
+    Trainer(load_config(str(imported)), progress=False).run(resume=True)
     on_top = first_pass(tmp / "imported")
     assert on_top["rows_staged"] == fresh["rows_staged"]
     assert on_top["staged_from"]["init"] == 0

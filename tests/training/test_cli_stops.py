@@ -2,7 +2,8 @@
 
 * a bad row under ``bad_rows: fail`` (quiet or not): the file and line, no ``Compute Failed``;
 * a store or run folder that cannot be written: the path and the key to change, before any
-  worker starts;
+  worker starts (through the command line's ``main`` in this process, tests/_runs.py
+  ``cli_here``: nothing starts that could add noise, and every logged line is in its stderr);
 * Ctrl-C (SIGINT to the whole process group, as a terminal sends it): where to resume, exit
   status 130, the stores' locks free.
 """
@@ -25,6 +26,7 @@ from daskhps.config.commands import train_interrupted
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.checkpoint import latest_checkpoint
 from tests._logs import generated_logs
+from tests._runs import cli_here
 
 NOISE = ("Traceback", "Compute Failed", "commit()", "still alive", "Errno")
 
@@ -111,13 +113,17 @@ def test_a_bad_row_under_fail_is_one_line_without_dask_tracebacks(
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_a_store_folder_that_cannot_be_created_is_named_before_any_worker(
-    tmp_path: Path, logs: Path
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = _config(tmp_path, logs)
-    res = _train(config, "--set", "table.tiers.store_dir=/proc/daskhps-x")
+    train = ("train", str(config))
+    res = cli_here(capfd, caplog, *train, "--set", "table.tiers.store_dir=/proc/daskhps-x")
     _one_error_line(res, "/proc/daskhps-x", "set table.tiers.store_dir to a writable folder")
     assert "dashboard" not in res.stderr and not (tmp_path / "run").exists()
-    res = _train(config, "--set", "run.dir=/proc/daskhps-x")
+    res = cli_here(capfd, caplog, *train, "--set", "run.dir=/proc/daskhps-x")
     _one_error_line(res, "cannot write the run to /proc/daskhps-x", "set run.dir to a writable")
 
 

@@ -1,8 +1,9 @@
 """Damaged checkpoints and store segments of a real run folder are found and named.
 
-One small run (1 worker, 3 passes, a checkpoint after each) is trained once for the module;
-each test damages its own copy (the manifests' ``stores_dir`` pointed at the copy's stores)
-and checks what ``daskhps inspect``, ``latest_checkpoint``, ``predict`` and ``export`` say.
+One small run (1 worker, 3 passes, a checkpoint after each) is trained once for the module, on
+the session's warm shared cluster (tests/_clusters.py); each test damages its own copy (the
+manifests' ``stores_dir`` pointed at the copy's stores) and checks what ``daskhps inspect``,
+``latest_checkpoint``, ``predict`` and ``export`` say.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from daskhps.serve.export import META
 from daskhps.serve.predict import SUMMARY
 from daskhps.training.checkpoint import DENSE, MANIFEST, latest_checkpoint, scan_checkpoints
 from daskhps.training.trainer import Trainer
+from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 from tests._runs import tiny_config
 
@@ -30,7 +32,9 @@ NAMES = ["pass-000001", "pass-000002", "pass-000003"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def trained(
+    tmp_path_factory: pytest.TempPathFactory, shared_clusters: SharedClusters
+) -> dict[str, Any]:
     logs = generated_logs(tmp_path_factory, days=2, rows_per_day=600, parts_per_day=1, seed=5)
     root = tmp_path_factory.mktemp("damaged-run")
     d = tiny_config(
@@ -40,6 +44,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         passes={"examples_per_pass": 200},
         checkpoint={"every_passes": 1, "keep": 5},
     )
+    d["cluster"] = shared_clusters.section(workers=1, threads=2)
     cfg = RunConfig.from_dict(d, source="test")
     Trainer(cfg, progress=False).run()
     assert [c.name for c in scan_checkpoints(cfg.run.dir)[0]] == NAMES
@@ -157,12 +162,17 @@ def test_stores_without_checksums_still_open_and_inspect(
 
 
 def test_predict_and_export_take_the_named_checkpoint(
-    run: Path, trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    run: Path,
+    trained: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shared_clusters: SharedClusters,
 ) -> None:
     out = tmp_path / "pred"
     data = ["--data", trained["holdout"][0]]
     args = ["predict", "--model", str(run), "--checkpoint", "pass-000002", *data]
-    assert main([*args, "--out", str(out), "--workers", "1"]) == 0
+    scheduler = shared_clusters.address(workers=1, threads=2)
+    assert main([*args, "--out", str(out), "--scheduler", scheduler]) == 0
     summary = json.loads((out / SUMMARY).read_text())
     assert summary["model"] == summary["commit"] == "pass-000002"
     assert (

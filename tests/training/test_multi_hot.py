@@ -22,6 +22,7 @@ from daskhps.table import EmbeddingTable, TableSpec
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.training.examples import RANK, WorkerExamples, bag_keys
 from daskhps.training.worker import BagPooling, bag_pooling, batch_forward
+from tests._clusters import SharedClusters
 
 ROOT = Path(__file__).resolve().parents[2]
 DIM = 4
@@ -222,7 +223,10 @@ def _write_ads_log(root: Path, rows_per_day: int = 240) -> None:
         )
 
 
-def _ads_config(tmp_path: Path, logs: Path, n_workers: int, name: str = "mh") -> Any:
+def _ads_config(
+    tmp_path: Path, logs: Path, clusters: SharedClusters, n_workers: int, name: str = "mh"
+) -> Any:
+    """The ads log's run on a shared warm cluster of ``n_workers`` (tests/_clusters.py)."""
     from daskhps.config import RunConfig
 
     schema = load_schema(ROOT / "configs/schemas/ads_multi_hot.yaml")
@@ -242,43 +246,46 @@ def _ads_config(tmp_path: Path, logs: Path, n_workers: int, name: str = "mh") ->
             },
             "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
             "dense_optimizer": {"kind": "adam", "lr": 0.01},
-            "cluster": {
-                "n_workers": n_workers,
-                "threads_per_worker": 1,
-                "memory_limit": "1GiB",
-                "gpu": False,
-                "dashboard_address": None,
-            },
+            "cluster": clusters.section(workers=n_workers, threads=1),
         },
         source="test",
     )
 
 
-def _stored_keys(cfg: Any) -> set[int]:
+def _stored_keys(cfg: Any, n_workers: int) -> set[int]:
     """Every key committed to the table's stores, over all ranks."""
     spec = cfg.table_spec()
     out: set[int] = set()
-    for rank in range(cfg.cluster.n_workers):
+    for rank in range(n_workers):
         path = Path(cfg.table.tiers.store_dir) / spec.name / f"rank-{rank}"
         with EmbeddingTable.open(spec, path, device_rows=16, mode="r") as table:
             out |= set(table.store.keys().tolist())
     return out
 
 
-@pytest.mark.slow
-def test_trainer_runs_a_multi_hot_log_end_to_end(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def one_worker(
+    tmp_path_factory: pytest.TempPathFactory, shared_clusters: SharedClusters
+) -> tuple[Path, Any, Any]:
+    """The ads log, trained once on one worker: its logs, config and result (read only)."""
     from daskhps.training.trainer import Trainer
 
-    logs = tmp_path / "logs"
+    tmp = tmp_path_factory.mktemp("multi-hot")
+    logs = tmp / "logs"
     _write_ads_log(logs)
-    cfg = _ads_config(tmp_path, logs, n_workers=1)
-    result = Trainer(cfg, progress=False).run()
+    cfg = _ads_config(tmp, logs, shared_clusters, n_workers=1, name="one")
+    return logs, cfg, Trainer(cfg, progress=False).run()
+
+
+@pytest.mark.slow
+def test_trainer_runs_a_multi_hot_log_end_to_end(one_worker: tuple[Path, Any, Any]) -> None:
+    _, cfg, result = one_worker
     assert len(result.passes) == 2
     losses = [x for p in result.passes for x in p["batch_losses"]]
     assert len(losses) == 6 and all(np.isfinite(losses))
     assert all(0.0 <= p["eval"]["auc"] <= 1.0 for p in result.passes)
     # the interest keys (and the field's missing key) were trained and committed
-    stored = _stored_keys(cfg)
+    stored = _stored_keys(cfg, 1)
     interests = hash_column(["sport", "cars", "food", "music", "travel", "tech"], "interests")
     assert set(interests.tolist()) | {missing_key("interests")} <= stored
 
@@ -318,23 +325,22 @@ def _cells(col: pd.Series) -> list[list[int] | None]:
 
 
 @pytest.mark.slow
-def test_two_workers_train_a_multi_hot_log_like_one(tmp_path: Path) -> None:
+def test_two_workers_train_a_multi_hot_log_like_one(
+    tmp_path: Path, shared_clusters: SharedClusters, one_worker: tuple[Path, Any, Any]
+) -> None:
     """The shipped multi-hot schema on two workers (its default): same passes, same keys
     committed (split over two rank stores) and a learning curve close to one worker's."""
     from daskhps.training.trainer import Trainer
 
-    logs = tmp_path / "logs"
-    _write_ads_log(logs)
-    one = _ads_config(tmp_path, logs, n_workers=1, name="one")
-    two = _ads_config(tmp_path, logs, n_workers=2, name="two")
-    r1 = Trainer(one, progress=False).run()
+    logs, one, r1 = one_worker
+    two = _ads_config(tmp_path, logs, shared_clusters, n_workers=2, name="two")
     r2 = Trainer(two, progress=False).run()
     assert len(r2.passes) == len(r1.passes) == 2
     l1 = [x for p in r1.passes for x in p["batch_losses"]]
     l2 = [x for p in r2.passes for x in p["batch_losses"]]
     assert len(l2) == len(l1) == 6 and all(np.isfinite(l2))
     np.testing.assert_allclose(l2, l1, rtol=1e-3)
-    assert _stored_keys(two) == _stored_keys(one)
+    assert _stored_keys(two, 2) == _stored_keys(one, 1)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["index_add", "grouped"])

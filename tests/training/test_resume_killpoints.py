@@ -5,6 +5,10 @@ resumed run must end bit-identical to one uninterrupted run (dense weights, opti
 every embedding row, every batch loss), a torn checkpoint is never loaded, and the killed
 driver's workers are gone (their store locks free). Resuming on 2 workers instead of 1
 re-shards the stores and ends within the worker-count tolerance of docs/invariants.md (invariant 3).
+The runs in this process (the reference, the full disk) use a shared warm cluster of the same
+shape (tests/_clusters.py); those killed and resumed start their own, as a user's would; the
+resumes refused before any cluster starts go through the command line's ``main`` in this
+process (tests/_runs.py ``cli_here``).
 """
 
 from __future__ import annotations
@@ -24,15 +28,16 @@ import torch
 import yaml
 
 from daskhps.cli import main as cli_main
-from daskhps.config import load_config
+from daskhps.config import RunConfig, load_config
 from daskhps.errors import CheckpointError
 from daskhps.table import EmbeddingTable
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.training.trainer import RunResult, Trainer
+from tests._clusters import SharedClusters
 from tests._logs import generated_logs
-from tests._runs import cli
+from tests._runs import cli, cli_here
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +78,13 @@ def _write_config(folder: Path, logs: Path, **cluster: Any) -> Path:
     return path
 
 
+def _in_process(config: Path, clusters: SharedClusters) -> RunConfig:
+    """``config`` for a run in this process, on the shared cluster of its shape."""
+    d = yaml.safe_load(config.read_text())
+    d["cluster"] = clusters.section(workers=1, threads=2)
+    return RunConfig.from_dict(d, source=str(config))
+
+
 def _cli(config: Path, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
     return cli("train", str(config), *args, kill_at=kill_at, timeout=300)
 
@@ -108,11 +120,11 @@ def _lock_holders(run_dir: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def reference(
-    tmp_path_factory: pytest.TempPathFactory, logs: Path
+    tmp_path_factory: pytest.TempPathFactory, logs: Path, shared_clusters: SharedClusters
 ) -> tuple[RunResult, Checkpoint, dict[int, np.ndarray]]:
     """One uninterrupted run (in this process): its result, final checkpoint and rows."""
     config = _write_config(tmp_path_factory.mktemp("reference"), logs)
-    result = Trainer(load_config(config), progress=False).run()
+    result = Trainer(_in_process(config, shared_clusters), progress=False).run()
     ckpt = latest_checkpoint(load_config(config).run.dir)
     assert ckpt is not None and ckpt.passes_done == 3 == len(result.passes)
     return result, ckpt, _rows(ckpt)
@@ -191,15 +203,22 @@ def test_resume_checks_the_config_then_reshards_to_two_workers(
     tmp_path: Path,
     logs: Path,
     reference: tuple[RunResult, Checkpoint, dict[int, np.ndarray]],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     ref, ref_ckpt, ref_rows = reference
     config = _write_config(tmp_path, logs)
-    nothing = _cli(config, "--resume")
+    nothing = cli_here(capfd, caplog, "train", str(config), "--resume")
     assert nothing.returncode == 1
     assert "holds no complete checkpoint" in nothing.stderr and "Traceback" not in nothing.stderr
 
     _killed(config, "after_checkpoint:0")  # one pass done on one worker
-    refused = _cli(config, "--resume", "--set", "table.dim=8", "--set", "dense_optimizer.kind=sgd")
+    refused = cli_here(
+        capfd,
+        caplog,
+        *("train", str(config), "--resume"),
+        *("--set", "table.dim=8", "--set", "dense_optimizer.kind=sgd"),
+    )
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     line = refused.stderr.strip().splitlines()[-1]
     assert "table.dim: 4 -> 8" in line and "dense_optimizer.kind: 'adam' -> 'sgd'" in line
@@ -233,12 +252,13 @@ def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
     reference: tuple[RunResult, Checkpoint, dict[int, np.ndarray]],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    shared_clusters: SharedClusters,
 ) -> None:
     """The disk fills up half-way through pass 2's dense.pt: the run stops with a clear
     error, pass 1's checkpoint stays the latest and loads; resuming ends like the reference;
     ``daskhps inspect`` then tells what the run's checkpoints hold."""
     ref, ref_ckpt, ref_rows = reference
-    cfg = load_config(_write_config(tmp_path, logs))
+    cfg = _in_process(_write_config(tmp_path, logs), shared_clusters)
     run_dir = tmp_path / "run"
     real_file, real_all = ck._write_file, ck._write_all
     writing: list[Path] = []

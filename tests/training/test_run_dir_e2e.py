@@ -5,7 +5,9 @@ checkpoint discards the later ones only with ``--overwrite``.
 
 One trained run (1 worker, 2 passes, real LocalCluster, ``python -m daskhps.cli`` in a
 subprocess) serves the whole module; the tests run in file order, those that change the run
-last.
+last. The trains refused before any cluster starts go through the command line's ``main`` in
+this process (tests/_runs.py ``cli_here``); every run that trains, fails on the cluster, is
+killed or interrupted is a subprocess of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.training.rundir import ASIDE
 from tests._logs import generated_logs
-from tests._runs import cli, tiny_config, write_config
+from tests._runs import cli, cli_here, tiny_config, write_config
 from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
@@ -95,11 +97,16 @@ def _digest(config: Path) -> str:
     ],
 )
 def test_a_bad_input_is_one_line_and_changes_nothing(
-    trained: Path, sets: list[str], args: list[str], needles: list[str]
+    trained: Path,
+    sets: list[str],
+    args: list[str],
+    needles: list[str],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     before = _digest(trained)
     overrides = [a for s in sets for a in ("--set", s)]
-    _one_line_error(_train(trained, *overrides, *args), *needles)
+    _one_line_error(cli_here(capfd, caplog, "train", str(trained), *overrides, *args), *needles)
     assert _digest(trained) == before
 
 
@@ -120,14 +127,16 @@ def test_a_failure_before_the_first_checkpoint_puts_the_earlier_run_back(
     assert not (trained.parent / "run" / ASIDE).exists()
 
 
-def test_a_killed_overwrite_is_put_right_by_the_next_train(trained: Path) -> None:
+def test_a_killed_overwrite_is_put_right_by_the_next_train(
+    trained: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     before = _digest(trained)
     run = _train(trained, "--overwrite", "--set", "run.seed=2", kill_at="mid_pass:0")
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
     assert (trained.parent / "run" / ASIDE).is_dir()  # the earlier run, aside
     # The next train of any kind settles it first: the new run left no checkpoint, so the
     # earlier run comes back (and this plain train is then refused, as it holds a run).
-    _one_line_error(_train(trained), "already holds a run")
+    _one_line_error(cli_here(capfd, caplog, "train", str(trained)), "already holds a run")
     assert _digest(trained) == before
 
 

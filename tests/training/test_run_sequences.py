@@ -15,8 +15,11 @@ arrive, and ``predict``. After every step:
 
 Every step kind (and every bad input) occurs at least once per sequence, in an order drawn
 from the seed, with one more step drawn at random; a failure names the seed and the steps so
-far. A sequence costs a few minutes of training, so CI runs one fixed seed;
-``DASKHPS_SEQUENCE_SEEDS=1,2,3`` runs others.
+far. The steps refused before any cluster starts (a train into a folder that holds a run, the
+bad inputs but the malformed row) go through the command line's ``main`` in this process
+(tests/_runs.py ``cli_here``); every other step is a subprocess of its own. A sequence costs a
+few minutes of training, so CI runs one fixed seed; ``DASKHPS_SEQUENCE_SEEDS=1,2,3`` runs
+others.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import random
 import shutil
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.version import Servable, load_servable
 from daskhps.training.checkpoint import list_checkpoints
-from tests._runs import cli, tiny_config, write_config
+from tests._runs import cli, cli_here, tiny_config, write_config
 from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
@@ -103,8 +107,11 @@ BAD_INPUTS: list[tuple[str, ...]] = [
 class RunFolders:
     """A training folder T and a retraining folder R, and what each must still serve."""
 
-    def __init__(self, root: Path, pool: Path) -> None:
+    def __init__(
+        self, root: Path, pool: Path, here: Callable[..., subprocess.CompletedProcess]
+    ) -> None:
         self.dir = root
+        self.here = here  # the command line in this process, for refusals
         self.logs = self.dir / "train-logs"  # two days, both trained on
         for day in DAYS[:2]:
             shutil.copytree(pool / f"day={day}", self.logs / f"day={day}")
@@ -200,7 +207,7 @@ class RunFolders:
 
     def train_again_is_refused(self) -> None:
         before = tree_digest(self.dir / "T")
-        run = _cli("train", str(self.train_cfg), *self._same_run())
+        run = self.here("train", str(self.train_cfg), *self._same_run())
         assert run.returncode == 1 and "already holds a run" in run.stderr, run.stderr[-2000:]
         assert tree_digest(self.dir / "T") == before
 
@@ -214,7 +221,9 @@ class RunFolders:
 
     def a_bad_train_changes_nothing(self, bad: tuple[str, ...]) -> None:
         args = list(bad)
-        if args[-1] == "BADROWS":
+        command = self.here  # refused before any cluster starts
+        if args[-1] == "BADROWS":  # fails on the cluster: a run of its own
+            command = _cli
             broken = self.dir / "broken-logs"
             if not broken.exists():
                 shutil.copytree(self.logs, broken)
@@ -223,14 +232,15 @@ class RunFolders:
                     f.write("not\ta\trow\n")
             args[-1] = f"data.train.paths=[{broken}]"
         before = tree_digest(self.dir / "T")
-        run = _cli("train", str(self.train_cfg), *self._same_run(), *args)
+        run = command("train", str(self.train_cfg), *self._same_run(), *args)
         assert run.returncode != 0, run.stderr[-2000:]
         assert tree_digest(self.dir / "T") == before
 
     def train_into_the_retraining_folder_is_refused(self) -> None:
         published = self.dir / "R" / "versions"
         before = tree_digest(self.dir / "R") if published.exists() else None
-        run = _cli("train", str(self.retrain_cfg), "--overwrite")
+        command = _cli if before is None else self.here  # refused, or a run of its own
+        run = command("train", str(self.retrain_cfg), "--overwrite")
         if before is not None:
             assert run.returncode == 1 and "daskhps retrain" in run.stderr, run.stderr[-2000:]
             assert tree_digest(self.dir / "R") == before
@@ -300,8 +310,14 @@ _SEEDS = [int(x) for x in os.environ.get("DASKHPS_SEQUENCE_SEEDS", "0").split(",
 
 
 @pytest.mark.parametrize("seed", _SEEDS)
-def test_run_folders_survive_any_sequence(tmp_path: Path, seed: int) -> None:
-    folders = RunFolders(tmp_path / "folders", _pool(tmp_path))  # trains T first
+def test_run_folders_survive_any_sequence(
+    tmp_path: Path,
+    seed: int,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    here = partial(cli_here, capfd, caplog)
+    folders = RunFolders(tmp_path / "folders", _pool(tmp_path), here)  # trains T first
     folders.check()
     done: list[str] = []
     for name, step in _sequence(random.Random(seed), folders):

@@ -1,7 +1,9 @@
-"""End-to-end training on a real LocalCluster with a real gloo group.
+"""End-to-end training on a real LocalCluster with a real gloo group (warm clusters shared by
+the runs, tests/_clusters.py).
 
 * transparency (invariant 1): one worker whose host tier holds nothing and whose device tier
-  just fits a pass ends bit-identical to one whose tiers hold everything;
+  just fits a pass ends bit-identical to one whose tiers hold everything, whether the next
+  pass is staged ahead or not;
 * worker count (invariant 3): 1 and 2 workers on the same global batches end within 1e-5
   with SGD, within 1e-3 after 50 steps with Adagrad;
 * bad input ends in one clear line and a non-zero exit code.
@@ -9,8 +11,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ from daskhps.config import RunConfig
 from daskhps.data.readers import read_click_log
 from daskhps.table import EmbeddingTable
 from daskhps.training.trainer import RunResult, Trainer
+from tests._clusters import SharedClusters
 from tests._logs import generated_logs
+from tests._runs import cli_here
 
 PASS = 1000
 
@@ -32,7 +34,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generated_logs(tmp_path_factory, days=2, rows_per_day=3000, parts_per_day=2, seed=3)
 
 
-def _config(tmp: Path, logs: Path, *, workers: int, **over: Any) -> RunConfig:
+def _config(tmp: Path, logs: Path, cluster: dict[str, Any], **over: Any) -> RunConfig:
     d: dict[str, Any] = {
         "run": {"name": "e2e", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
         "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
@@ -44,13 +46,7 @@ def _config(tmp: Path, logs: Path, *, workers: int, **over: Any) -> RunConfig:
         },
         "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
         "dense_optimizer": {"kind": "sgd", "lr": 0.05},
-        "cluster": {
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "memory_limit": "1GiB",
-            "gpu": False,
-            "dashboard_address": None,
-        },
+        "cluster": cluster,
     }
     for key, value in over.items():
         node = d
@@ -74,6 +70,9 @@ def _rows(cfg: RunConfig, workers: int) -> dict[int, np.ndarray]:
     return out
 
 
+SMALL_PASS = PASS // 2  # passes of half the usual size: the table is 3x what the tiers hold
+
+
 def _working_sets(logs: Path, rows: int) -> tuple[int, int]:
     """The largest pass's distinct keys (passes of ``rows`` rows) and the day's."""
     frame = read_click_log(sorted(str(p) for p in logs.glob("day=*01/*.tsv"))).frame.compute()
@@ -86,49 +85,61 @@ def _run(cfg: RunConfig) -> RunResult:
     return Trainer(cfg, progress=False).run()
 
 
+@pytest.fixture(scope="module")
+def roomy(
+    tmp_path_factory: pytest.TempPathFactory, logs: Path, shared_clusters: SharedClusters
+) -> tuple[RunResult, dict[int, np.ndarray]]:
+    """Tiers that hold everything, pass k+1 staged while pass k trains (2 threads): the run
+    both tiny-tier runs below must match, bit for bit (read only)."""
+    cfg = _config(
+        tmp_path_factory.mktemp("roomy"),
+        logs,
+        shared_clusters.section(workers=1, threads=2),
+        **{
+            "table.optimizer": {"kind": "adagrad", "lr": 0.05},
+            "passes.examples_per_pass": SMALL_PASS,
+        },
+    )
+    return _run(cfg), _rows(cfg, 1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2], ids=["sequential", "pipelined"])
 def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
-    tmp_path: Path, logs: Path, threads: int
+    tmp_path: Path,
+    logs: Path,
+    shared_clusters: SharedClusters,
+    roomy: tuple[RunResult, dict[int, np.ndarray]],
+    threads: int,
 ) -> None:
     """With 2 threads per worker pass k+1 is staged while pass k trains (or, where both
-    working sets do not fit, right after); the model must not notice either way. Passes of
-    half the usual size make the table more than 3x what the tiers hold."""
-    small_pass = PASS // 2
-    just_fits, table_keys = _working_sets(logs, small_pass)
+    working sets do not fit, right after); with 1, after it. The model must not notice: the
+    tiny-tier run, either way, ends bit-identical to the roomy run staged ahead, with a
+    table more than 3x what its tiers hold."""
+    just_fits, table_keys = _working_sets(logs, SMALL_PASS)
     assert table_keys >= 3 * just_fits  # the tiers' whole budget: device rows, no host
     tiny_cfg = _config(
         tmp_path / "tiny",
         logs,
-        workers=1,
+        shared_clusters.section(workers=1, threads=threads),
         **{
             "table.optimizer": {"kind": "adagrad", "lr": 0.05},
             "table.tiers": {"device": {"rows": just_fits}, "host": {"fraction": 0.0}},
-            "passes.examples_per_pass": small_pass,
-            "cluster.threads_per_worker": threads,
+            "passes.examples_per_pass": SMALL_PASS,
         },
     )
-    roomy_cfg = _config(
-        tmp_path / "roomy",
-        logs,
-        workers=1,
-        **{
-            "table.optimizer": {"kind": "adagrad", "lr": 0.05},
-            "passes.examples_per_pass": small_pass,
-            "cluster.threads_per_worker": threads,
-        },
-    )
-    tiny, roomy = _run(tiny_cfg), _run(roomy_cfg)
-    assert len(tiny.passes) == len(roomy.passes) == 6
-    for a, b in zip(tiny.passes, roomy.passes, strict=True):
+    tiny = _run(tiny_cfg)
+    roomy_run, rows_roomy = roomy
+    assert len(tiny.passes) == len(roomy_run.passes) == 6
+    for a, b in zip(tiny.passes, roomy_run.passes, strict=True):
         assert a["batch_losses"] == b["batch_losses"]
         assert a["eval"] == b["eval"]
     # the tiny run really went down to the zarr store and back; the roomy one never did
     assert sum(p["staged_from"]["store"] for p in tiny.passes) > 0
-    assert sum(p["staged_from"]["store"] for p in roomy.passes) == 0
+    assert sum(p["staged_from"]["store"] for p in roomy_run.passes) == 0
     for k, v in tiny.dense_state.items():
-        assert torch.equal(v, roomy.dense_state[k]), k
-    rows_tiny, rows_roomy = _rows(tiny_cfg, 1), _rows(roomy_cfg, 1)
+        assert torch.equal(v, roomy_run.dense_state[k]), k
+    rows_tiny = _rows(tiny_cfg, 1)
     assert rows_tiny.keys() == rows_roomy.keys()
     assert len(rows_tiny) >= 3 * just_fits  # a table 3x the tiers, bit-identical
     for k, v in rows_tiny.items():
@@ -145,7 +156,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     [("sgd", 1e-5, 100), ("adagrad", 1e-3, 60)],  # adagrad: 3000 / 60 = 50 steps
 )
 def test_one_and_two_workers_train_the_same_model(
-    tmp_path: Path, logs: Path, kind: str, tol: float, batch: int
+    tmp_path: Path, logs: Path, shared_clusters: SharedClusters, kind: str, tol: float, batch: int
 ) -> None:
     over = {
         "table.optimizer": {"kind": kind, "lr": 0.05},
@@ -153,8 +164,8 @@ def test_one_and_two_workers_train_the_same_model(
         "passes.global_batch_size": batch,
         "passes.examples_per_pass": 3000,
     }
-    one_cfg = _config(tmp_path / "one", logs, workers=1, **over)
-    two_cfg = _config(tmp_path / "two", logs, workers=2, **over)
+    one_cfg = _config(tmp_path / "one", logs, shared_clusters.section(workers=1, threads=1), **over)
+    two_cfg = _config(tmp_path / "two", logs, shared_clusters.section(workers=2, threads=1), **over)
     one, two = _run(one_cfg), _run(two_cfg)
     assert sum(len(p["batch_losses"]) for p in one.passes) == 3000 // batch
     dense_one = np.concatenate([v.numpy().ravel() for v in one.dense_state.values()])
@@ -169,7 +180,9 @@ def test_one_and_two_workers_train_the_same_model(
     assert abs(one.final_eval["auc"] - two.final_eval["auc"]) < 0.003
 
 
-def test_bad_data_path_is_one_clear_line(tmp_path: Path) -> None:
+def test_bad_data_path_is_one_clear_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = tmp_path / "bad.yaml"
     run, missing = tmp_path / "run", tmp_path / "nothing-here"
     cfg.write_text(
@@ -177,13 +190,7 @@ def test_bad_data_path_is_one_clear_line(tmp_path: Path) -> None:
         f"data: {{train: {{paths: [{missing}]}}}}\n"
         "cluster: {n_workers: 1, gpu: false, dashboard_address: null}\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "train", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    res = cli_here(capfd, caplog, "train", str(cfg))  # refused before any cluster starts
     assert res.returncode == 1
     assert "nothing-here" in res.stderr
     assert "Traceback" not in res.stderr

@@ -1,0 +1,59 @@
+"""Warm LocalClusters that the in-process training tests share, reached through
+``cluster.address``.
+
+A tiny test run trains for a few seconds, but starting its own LocalCluster and warming the
+worker processes (torch's import, the first process group) costs as much again. Tests whose
+property is what training computes (tiers that do not change the bits, one worker against two,
+what a checkpoint holds) run on one of these instead, the way a run uses a cluster that is
+already up; the runs of a session then pay the start once per cluster shape. Tests of the
+embedded cluster itself (a run starting and stopping its own, Ctrl-C, a killed driver whose
+workers must exit) keep starting their own.
+
+The clusters are worker processes with 1 GiB each, like the tests' embedded ones, and no
+Client of their own: a default Client left behind would send every other test's ``compute()``
+to them.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from distributed import LocalCluster
+
+__all__ = ["SharedClusters"]
+
+
+class SharedClusters:
+    """One LocalCluster per (workers, threads per worker), started on first use."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[tuple[int, int], LocalCluster] = {}
+
+    def address(self, workers: int, threads: int) -> str:
+        key = (workers, threads)
+        if key not in self._clusters:
+            # The scheduler runs in this process: its p2p shuffle plugin logs every shuffle's
+            # start and end at WARNING, as start_cluster quiets it for an embedded cluster.
+            logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+            self._clusters[key] = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=threads,
+                memory_limit="1GiB",
+                processes=True,
+                dashboard_address="127.0.0.1:0",
+                scheduler_kwargs={"dashboard": False},
+            )
+        return str(self._clusters[key].scheduler_address)
+
+    def section(self, workers: int, threads: int) -> dict[str, Any]:
+        """A config's ``cluster`` section that runs on the shared cluster of this shape."""
+        return {"address": self.address(workers, threads), "gpu": False}
+
+    def close(self) -> None:
+        """Close every cluster, all at once: a worker that trained takes seconds to exit."""
+        clusters, self._clusters = list(self._clusters.values()), {}
+        if clusters:
+            with ThreadPoolExecutor(len(clusters)) as pool:
+                list(pool.map(lambda c: c.close(), clusters))
