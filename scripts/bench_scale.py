@@ -187,7 +187,7 @@ def run_config(
             "processes": True,
             "gpu": False,
             "dashboard_address": None,
-            # Staging from a store five times the page cache is disk-bound: a rank can read
+            # Staging from a store larger than the page cache is disk-bound: a rank can read
             # for minutes while its peer waits in a collective (60 s by default).
             "dist_timeout_s": 900.0,
         },

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed import LocalCluster
+if TYPE_CHECKING:
+    from distributed import LocalCluster
 
 __all__ = ["SharedClusters"]
 
@@ -37,6 +38,11 @@ class SharedClusters:
             # The scheduler runs in this process: its p2p shuffle plugin logs every shuffle's
             # start and end at WARNING, as start_cluster quiets it for an embedded cluster.
             logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+            # Imported here, not when conftest imports this module: importing distributed
+            # configures its loggers, and before pytest's logging capture starts that left
+            # tests unable to capture them.
+            from distributed import LocalCluster
+
             self._clusters[key] = LocalCluster(
                 n_workers=workers,
                 threads_per_worker=threads,

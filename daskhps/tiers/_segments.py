@@ -138,7 +138,7 @@ def read_around_pays(rows: int, chunk_rows: int, row_bytes: int) -> bool:
     plain memory map pays: each page fault reads about :data:`READ_AROUND` bytes around it
     into the page cache (and maps the cached pages near it), which is cheap when those bytes
     hold other rows being read and ruinous when they do not. Once a store outgrew the page
-    cache, staging 90k rows of 772 bytes spread over 25M rows read about 11 GB. Below four
+    cache, staging 90k rows of 772 bytes spread over 25M rows read 16 GB a worker. Below four
     wanted rows per window the map is advised random (one page a fault); that costs up to
     4x on a store the page cache holds, where faults are cheap.
     """
