@@ -9,10 +9,17 @@ numbers from different runs are not compared.
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 
 class Reporter:
@@ -72,3 +79,60 @@ def interleaved(fns: dict[str, Callable[[], object]], repeat: int = 7) -> dict[s
             fn()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def plan(config: Path, *args: str) -> dict[str, Any]:
+    """``daskhps plan CONFIG --json``'s report."""
+    out = subprocess.run(
+        [sys.executable, "-m", "daskhps.cli", "plan", str(config), "--json", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:  # exit 1 with a report: it does not fit, which the report says
+        return dict(json.loads(out.stdout))
+    except ValueError:
+        raise SystemExit(f"daskhps plan failed: {out.stderr[-2000:]}") from None
+
+
+class Sampler:
+    """Peak RSS of every descendant of a process, sampled every 20 ms from a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                children = self.root.children(recursive=True)
+            except psutil.Error:  # gone: nothing more to sample
+                children = []
+            for c in children:
+                try:
+                    rss = c.memory_info().rss
+                except psutil.Error:
+                    continue
+                self.peaks[c.pid] = max(self.peaks.get(c.pid, 0), rss)
+            time.sleep(0.02)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return sorted(self.peaks.values(), reverse=True)
+
+
+def cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m daskhps.cli ARGS`` in its own session, output appended to ``log``."""
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    with open(log, "ab") as f:
+        return subprocess.Popen(
+            [sys.executable, "-m", "daskhps.cli", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=full,
+            start_new_session=True,
+        )

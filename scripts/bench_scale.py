@@ -49,7 +49,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,7 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Reporter
+from _bench import Reporter, Sampler, cli, plan
 
 from daskhps.data.hashing import fmix64
 
@@ -197,24 +196,12 @@ def run_config(
     return path
 
 
-def _cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    full = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    with open(log, "ab") as f:
-        return subprocess.Popen(
-            [sys.executable, "-m", "daskhps.cli", *args],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=full,
-            start_new_session=True,
-        )
-
-
 def import_table(config: Path, folder: Path, log: Path) -> dict[str, Any]:
     """``daskhps import`` of the ``.npy`` pair in ``folder``: its wall seconds and rows/s."""
     start = log.stat().st_size if log.exists() else 0
     t0 = time.perf_counter()
     args = ["--keys", str(folder / "keys.npy"), "--rows", str(folder / "embeddings.npy")]
-    rc = _cli("import", str(config), *args, "--json", log=log).wait()
+    rc = cli("import", str(config), *args, "--json", log=log).wait()
     seconds = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"daskhps import failed (exit {rc}); see {log}")
@@ -229,56 +216,12 @@ def import_table(config: Path, folder: Path, log: Path) -> dict[str, Any]:
     }
 
 
-def plan(config: Path, *args: str) -> dict[str, Any]:
-    """``daskhps plan CONFIG --json``'s report."""
-    out = subprocess.run(
-        [sys.executable, "-m", "daskhps.cli", "plan", str(config), "--json", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:  # exit 1 with a report: it does not fit, which the report says
-        return dict(json.loads(out.stdout))
-    except ValueError:
-        raise SystemExit(f"daskhps plan failed: {out.stderr[-2000:]}") from None
-
-
-class Sampler:
-    """Peak RSS of every descendant of a process, sampled every 20 ms from a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.peaks: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                children = self.root.children(recursive=True)
-            except psutil.Error:
-                children = []
-            for c in children:
-                try:
-                    rss = c.memory_info().rss
-                except psutil.Error:
-                    continue
-                self.peaks[c.pid] = max(self.peaks.get(c.pid, 0), rss)
-            time.sleep(0.02)
-
-    def stop(self) -> list[int]:
-        self._stop.set()
-        self._thread.join()
-        return sorted(self.peaks.values(), reverse=True)
-
-
 def train(config: Path, log: Path, *args: str, kill_at: str | None = None) -> dict[str, Any]:
     """Run ``daskhps train``; its workers' peak RSS, wall seconds and exit code."""
     env = {"DASKHPS_KILL_AT": kill_at} if kill_at else None
     start = log.stat().st_size if log.exists() else 0
     t0 = time.perf_counter()
-    proc = _cli("train", str(config), *args, log=log, env=env)
+    proc = cli("train", str(config), *args, log=log, env=env)
     sampler = Sampler(proc.pid)
     rc = proc.wait()
     peaks = sampler.stop()

@@ -99,10 +99,18 @@ def _keys_lines(k: KeyStats) -> list[str]:
 def render(report: SizingReport) -> str:
     """The report as text, one figure per line."""
     lines = [f"plan for {report.source}", *_keys_lines(report.keys)]
+    if report.stored is not None:
+        s = report.stored
+        lines.append(
+            f"stored table: checkpoint {s.checkpoint} holds {sum(s.rows_per_rank):,} rows; "
+            f"the busiest worker opens {s.busiest:,} (train --resume)"
+        )
     m = report.memory
     if m is not None:
-        lines.append(f"memory per worker (limit {_size(m.memory_limit)}):")
-        rows: list[tuple[str, Any, str]] = []
+        lines.append(f"memory per worker at its peak (limit {_size(m.memory_limit)}):")
+        rows: list[tuple[str, Any, str]] = [
+            ("process", m.process, "a worker that has trained once: imports, allocators")
+        ]
         for name, t in (("device tier", m.device), ("host tier", m.host)):
             if t is None:
                 rows.append((name, 0, "none"))
@@ -119,6 +127,13 @@ def render(report: SizingReport) -> str:
         rows.append(("store maps", m.store_mapped, "segment pages read back (page cache)"))
         rows.append(("dense model", m.dense, f"{m.dense_params:,} parameters, grads, optimizer"))
         rows.append(("examples", m.examples, "training log share, two passes, holdout"))
+        steps = {
+            "a training batch": m.train_step,
+            "an evaluation batch": m.eval_step,
+            "the store's index (opening or growing it)": m.store_index,
+        }
+        which = max(steps, key=lambda k: steps[k])
+        rows.append(("transient", m.transient, f"the largest: {which}"))
         for name, n, what in rows:
             lines.append(f"  {name:<12} {_size(n):>11}  {what}")
         share = f" ({m.total / m.memory_limit:.0%} of the limit)" if m.memory_limit else ""

@@ -14,6 +14,11 @@ what the real object reports in ``stats()`` (``bytes``, ``index_bytes``)::
       mapped      min(keys, 65536) x 4w  one chunk file's pages, mapped while its rows are read
     dense model   params x 4 x (weights + grads + optimizer state)
     examples      the pass being read, two passes of routed examples, two holdout chunks
+    process       a worker that has trained once: its imports (torch with autograd,
+                  pandas, pyarrow, zarr, distributed) and what their allocators keep
+    transients    the largest of: a training step and an evaluation step (bytes per example
+                  measured on the model, daskhps.capacity.activations), and opening a store
+                  that holds rows (its index snapshot read whole)
 
 This module imports neither dask nor the tiers' backends beyond their sizing functions.
 """
@@ -28,11 +33,14 @@ from daskhps.tiers.host import rows_for_bytes
 
 __all__ = [
     "INDEX_SCRATCH_PER_KEY",
+    "OPEN_BYTES_PER_ROW",
+    "WORKER_PROCESS_BYTES",
     "WRITE_BUFFER_ROWS",
     "TierBytes",
     "dense_bytes",
     "index_bytes_holding",
     "index_scratch_bytes",
+    "index_transient_bytes",
     "slot_cache_bytes",
     "store_mapped_bytes",
     "store_memory_bytes",
@@ -48,6 +56,14 @@ _STORE_INDEX_START = 1024  # ZarrStore starts with KeyIndex(1024)
 # Optimizer state tensors per dense parameter (torch: Adam keeps exp_avg and exp_avg_sq,
 # Adagrad its sum; each also keeps a scalar step, negligible).
 DENSE_STATE = {"sgd": 0, "adagrad": 1, "adam": 2}
+# A CPU Dask worker's resident memory once it has trained (imports, allocator arenas, Dask's
+# own bookkeeping), measured beside the model's parts by scripts/bench_sizing.py: the peak of
+# a run less everything else the plan counts. A GPU worker adds its CUDA context.
+WORKER_PROCESS_BYTES = 560 << 20
+# Opening a store whose commit has an index snapshot reads its keys and row locations whole
+# (int64 each) before the index takes them; segments replayed after it are read one at a time.
+# Growing an index reads its items out the same way.
+OPEN_BYTES_PER_ROW = 16
 
 
 @dataclass(frozen=True)
@@ -109,26 +125,47 @@ def host_tier_bytes(
     return slot_cache_bytes(rows, width, policy, batch_keys=batch_keys)
 
 
-def index_bytes_holding(keys: int) -> int:
-    """Bytes of a :class:`KeyIndex` that started at 1024 keys and grew to hold ``keys``.
+def _index_buckets(keys: int, opened: int) -> list[int]:
+    """Bucket counts a store's :class:`KeyIndex` goes through: sized for the ``opened`` rows
+    of its commit (at least 1024), then doubled whenever an insert would pass the load
+    factor, as evictions and flushes write rows a batch at a time, until it holds ``keys``."""
+    sizes = [math.ceil(max(_STORE_INDEX_START, opened) / (4 * 0.5))]
+    while keys > 0.5 * 4 * sizes[-1]:
+        sizes.append(2 * sizes[-1])
+    return sizes
 
-    It doubles its buckets whenever an insert would pass the load factor, as the store's index
-    does while evictions and flushes write rows a batch at a time.
-    """
-    buckets = math.ceil(_STORE_INDEX_START / (4 * 0.5))
-    while keys > 0.5 * 4 * buckets:  # many small inserts: each growth doubles
-        buckets *= 2
+
+def _index_table_bytes(buckets: int) -> int:
     return (buckets + 16) * (2 * 4 * 8 + 4)
 
 
-def store_memory_bytes(keys: int, width: int, *, batch_keys: int = 0) -> int:
-    """Memory a zarr store of ``keys`` rows holds: its key index, scratch and write buffer.
+def index_bytes_holding(keys: int, opened: int = 0) -> int:
+    """Bytes of a store's :class:`KeyIndex` opened at ``opened`` rows once it holds ``keys``."""
+    return _index_table_bytes(_index_buckets(keys, opened)[-1])
+
+
+def index_transient_bytes(keys: int, opened: int = 0) -> int:
+    """The most a store's index takes beyond its final size, at a moment: opening a commit
+    with ``opened`` rows reads its snapshot's keys and locations whole (16 bytes a row) into
+    an index already sized for them; each growth holds the old table and its items (16 bytes
+    a key) beside the new, twice as large, table."""
+    sizes = _index_buckets(keys, opened)
+    growth = 0
+    if len(sizes) > 1:
+        old = sizes[-2]
+        growth = _index_table_bytes(old) + OPEN_BYTES_PER_ROW * int(0.5 * 4 * old)
+    return max(OPEN_BYTES_PER_ROW * opened, growth)
+
+
+def store_memory_bytes(keys: int, width: int, *, batch_keys: int = 0, opened: int = 0) -> int:
+    """Memory a zarr store of ``keys`` rows holds: its key index (opened at ``opened`` rows),
+    scratch and write buffer.
 
     The write buffer is allocated for 65536 rows but only the rows written into it become
     resident: at most one per key, since a key buffered twice is overwritten in place.
     """
     buffer = min(WRITE_BUFFER_ROWS, keys) * (8 + 4 * width)
-    return index_bytes_holding(keys) + index_scratch_bytes(batch_keys) + buffer
+    return index_bytes_holding(keys, opened) + index_scratch_bytes(batch_keys) + buffer
 
 
 def store_mapped_bytes(keys: int, width: int, chunk_rows: int = 65536) -> int:

@@ -17,16 +17,20 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from daskhps.capacity.activations import StepBytes, step_bytes
 from daskhps.capacity.disk import DiskEstimate, store_disk
 from daskhps.capacity.estimate import (
+    WORKER_PROCESS_BYTES,
     TierBytes,
     dense_bytes,
     host_tier_bytes,
+    index_transient_bytes,
     slot_cache_bytes,
     store_mapped_bytes,
     store_memory_bytes,
 )
 from daskhps.capacity.keystats import KeyStats, expected_key_stats, scan_key_stats
+from daskhps.capacity.stored import StoredTable, stored_table
 from daskhps.config import RunConfig
 from daskhps.config.runconfig import MEMORY_BUDGET, PAUSE_FRACTION
 from daskhps.distributed.sizing import TierSizing
@@ -39,13 +43,24 @@ log = logging.getLogger(__name__)
 # Per example in worker memory: label, dense floats, int64 keys (pandas), and the routed copy's
 # rank column.
 _ROW_LABEL, _DENSE, _KEY, _RANK = 4, 4, 8, 8
+# Copies of a holdout chunk's rows a worker holds at the start of an evaluation, measured
+# (scripts/bench_sizing.py): the chunk being evaluated as read, split by worker, gathered,
+# sorted by rank and made into tensors, while the next chunk is read.
+_HOLDOUT_COPIES = 6
 
 
 @dataclass(frozen=True)
 class WorkerMemory:
-    """Bytes one worker holds for the run, by part (the busiest worker's share)."""
+    """Bytes one worker holds for the run, by part (the busiest worker's share).
+
+    ``total`` is the peak resident memory of the worker process: the process itself, what the
+    run keeps (tiers, dense model, examples) and the largest of the transients, which never
+    overlap: one training batch, one evaluation batch, and the store's key index being opened
+    or grown.
+    """
 
     memory_limit: int | None
+    process: int
     device: TierBytes
     host: TierBytes | None
     store: int
@@ -53,6 +68,9 @@ class WorkerMemory:
     dense_params: int
     dense: int
     examples: int | None
+    train_step: int
+    eval_step: int
+    store_index: int
 
     @property
     def tiers(self) -> int:
@@ -60,8 +78,17 @@ class WorkerMemory:
         return self.device.total + host + self.store + self.store_mapped
 
     @property
+    def transient(self) -> int:
+        return max(self.train_step, self.eval_step, self.store_index)
+
+    @property
+    def growth(self) -> int:
+        """What the run adds to a worker process that has run one before."""
+        return self.tiers + self.dense + (self.examples or 0) + self.transient
+
+    @property
     def total(self) -> int:
-        return self.tiers + self.dense + (self.examples or 0)
+        return self.process + self.growth
 
     def to_dict(self) -> dict[str, Any]:
         def tier(t: TierBytes | None) -> dict[str, int] | None:
@@ -79,6 +106,7 @@ class WorkerMemory:
 
         return {
             "memory_limit": self.memory_limit,
+            "process": self.process,
             "device": tier(self.device),
             "host": tier(self.host),
             "store": self.store,
@@ -86,6 +114,10 @@ class WorkerMemory:
             "dense_params": self.dense_params,
             "dense": self.dense,
             "examples": self.examples,
+            "train_step": self.train_step,
+            "eval_step": self.eval_step,
+            "store_index": self.store_index,
+            "transient": self.transient,
             "tiers": self.tiers,
             "total": self.total,
         }
@@ -100,6 +132,7 @@ class SizingReport:
     keys: KeyStats
     memory: WorkerMemory | None
     disk: DiskEstimate
+    stored: StoredTable | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -116,6 +149,14 @@ class SizingReport:
             "config": self.source,
             "workers": self.workers,
             "keys": self.keys.to_dict(),
+            "stored": (
+                None
+                if self.stored is None
+                else {
+                    "checkpoint": self.stored.checkpoint,
+                    "rows_per_rank": list(self.stored.rows_per_rank),
+                }
+            ),
             "memory_per_worker": self.memory.to_dict() if self.memory else None,
             "disk": self.disk.to_dict(),
             "fits": self.fits,
@@ -160,21 +201,34 @@ def _example_bytes(cfg: RunConfig) -> int:
     return _ROW_LABEL + _DENSE * len(schema.dense_names) + _KEY * len(schema.categorical_names)
 
 
-def worker_memory(cfg: RunConfig, keys: KeyStats, memory_limit: int | None) -> WorkerMemory:
-    """The memory model of the busiest worker for ``keys`` and ``memory_limit``."""
+def worker_memory(
+    cfg: RunConfig,
+    keys: KeyStats,
+    memory_limit: int | None,
+    stored: StoredTable | None = None,
+    steps: StepBytes | None = None,
+) -> WorkerMemory:
+    """The memory model of the busiest worker for ``keys`` and ``memory_limit``; ``stored``
+    is the table a resume opens, ``steps`` the dense model's bytes per example (measured when
+    not given)."""
     spec = cfg.table_spec()
     policy = cfg.table.tiers.policy
     rows, host_budget = _tier_sizing(cfg).resolve([spec], memory_limit, "cpu", policy)[spec.name]
     batch = keys.largest_pass_per_owner or 0
     device = slot_cache_bytes(rows, spec.width, policy, batch_keys=batch)
     host = host_tier_bytes(host_budget, spec.width, policy, batch_keys=batch)
-    stored = keys.keys_per_owner or 0
+    opened = stored.busiest if stored else 0
+    # Keys of the store's index: those the logs bring, or what it already holds if more (a
+    # day's new keys on top of a large stored table are few; the larger count bounds them).
+    in_store = max(keys.keys_per_owner or 0, opened)
     upper = device.rows + (host.rows if host else 0)
-    store = store_memory_bytes(stored, spec.width, batch_keys=batch)
+    store = store_memory_bytes(in_store, spec.width, batch_keys=batch, opened=opened)
     params = dense_param_count(cfg)
+    steps = steps or step_bytes(cfg)
+    W = keys.workers
+    holdout = keys_holdout(cfg, keys)
     examples = None
     if keys.examples is not None:
-        W = keys.workers
         row = _example_bytes(cfg)
         per_pass = -(-min(cfg.passes.plan.examples_per_pass, keys.examples) // W)
         # The log is streamed: what a worker holds of it is the pass being prepared (its
@@ -187,22 +241,28 @@ def worker_memory(cfg: RunConfig, keys: KeyStats, memory_limit: int | None) -> W
         block_rows = (cfg.data.block_size or 1 << 30) // max(row, 1)
         read = min(-(-keys.examples // W), per_pass + 2 * block_rows)
         examples = read * row + 2 * per_pass * (row + _RANK) + 2 * batch * 3 * 8
-        holdout = keys_holdout(cfg, keys)
-        if holdout:
-            # Evaluated in chunks of at most a pass: two chunks in flight, read and routed.
-            chunk = -(-min(holdout, cfg.passes.plan.examples_per_pass) // W)
-            examples += 2 * chunk * (row + _RANK)
+    # The holdout is evaluated in chunks of a pass's examples (or of one batch over all
+    # workers, if larger); a holdout batch is eval.batch_size rows on each worker, fewer when
+    # a chunk is smaller.
+    chunk = min(holdout, max(cfg.passes.plan.examples_per_pass, cfg.eval.batch_size * W))
+    eval_rows = min(cfg.eval.batch_size, -(-chunk // W))
+    if examples is not None and holdout:
+        examples += _HOLDOUT_COPIES * -(-chunk // W) * (_example_bytes(cfg) + _RANK)
     return WorkerMemory(
         memory_limit=memory_limit,
+        process=WORKER_PROCESS_BYTES,
         device=device,
         host=host,
         store=store,
         # Rows are read back from the store (through memory maps) only when the upper tiers
         # cannot hold every key of the shard.
-        store_mapped=store_mapped_bytes(stored, spec.width) if stored > upper else 0,
+        store_mapped=store_mapped_bytes(in_store, spec.width) if in_store > upper else 0,
         dense_params=params,
         dense=dense_bytes(params, cfg.dense_optimizer.kind),
         examples=examples,
+        train_step=steps.train(-(-cfg.passes.plan.global_batch_size // W)),
+        eval_step=steps.eval(eval_rows),
+        store_index=index_transient_bytes(in_store, opened),
     )
 
 
@@ -234,12 +294,13 @@ def size_run(
         workers, memory_limit = cfg.cluster.n_workers, local_memory_limit(cfg)
     W = workers or 1
     keys = scan_key_stats(cfg, W) if scan else expected_key_stats(cfg, W)
+    stored = stored_table(cfg.run.dir)
     problems: list[str] = []
     warnings: list[str] = []
     sure = keys.certain
     memory = None
     if workers is not None:
-        memory = worker_memory(cfg, keys, memory_limit)
+        memory = worker_memory(cfg, keys, memory_limit, stored)
         _check_memory(cfg, keys, memory, problems, warnings)
     else:
         warnings.append(
@@ -258,7 +319,7 @@ def size_run(
             "fewer checkpoints"
         )
         (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))
-    return SizingReport(cfg.source, W, keys, memory, disk, problems, warnings)
+    return SizingReport(cfg.source, W, keys, memory, disk, stored, problems, warnings)
 
 
 def _check_memory(
@@ -293,16 +354,52 @@ def _check_memory(
             f"the tiers take {_gib(memory.tiers)}, {memory.tiers / limit:.2f} of the worker "
             f"memory limit {_gib(limit)} (budget {MEMORY_BUDGET})"
         )
+    # What follows from the config by exact arithmetic alone; the process and the transients
+    # are measured figures, which decide with counted or stated key counts only.
     exact = memory.device.resident + (memory.host.resident if memory.host else 0) + memory.dense
     if memory.total > PAUSE_FRACTION * limit:
+        part, n, fix = _largest_part(cfg, memory)
         msg = (
-            f"one worker needs about {_gib(memory.total)} (tiers {_gib(memory.tiers)}, dense "
-            f"model {_gib(memory.dense)}, examples {_gib(memory.examples or 0)}), above "
-            f"{PAUSE_FRACTION:.0%} of its memory limit {_gib(limit)}, where Dask pauses it; "
-            "raise cluster.memory_limit, add workers or shrink the tiers"
+            f"one worker needs about {_gib(memory.total)} at its peak, above "
+            f"{PAUSE_FRACTION:.0%} of its memory limit {_gib(limit)}, where Dask pauses it; the "
+            f"largest part is {part} ({_gib(n)}): {fix}, or raise cluster.memory_limit"
         )
         sure = keys.certain or exact > PAUSE_FRACTION * limit
         (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))
+
+
+def _largest_part(cfg: RunConfig, memory: WorkerMemory) -> tuple[str, int, str]:
+    """The part of a worker's peak that is largest and can be changed, with the config key
+    that changes it (the process itself cannot)."""
+    host = memory.host.total if memory.host else 0
+    d, h = cfg.table.tiers.device, cfg.table.tiers.host
+    device_key = "table.tiers.device.rows" if d.rows else "table.tiers.device.fraction"
+    parts = [
+        ("the device tier", memory.device.total, f"lower {device_key}"),
+        ("the host tier", host, f"lower table.tiers.host.fraction (now {h.fraction})"),
+        (
+            "the zarr store's key index",
+            memory.store + memory.store_mapped + memory.store_index,
+            "add workers (cluster.n_workers), each indexes its share of the stored keys",
+        ),
+        (
+            "the examples read and routed",
+            memory.examples or 0,
+            "lower passes.examples_per_pass or data.block_size",
+        ),
+        (
+            "one evaluation batch",
+            memory.eval_step,
+            f"lower eval.batch_size (now {cfg.eval.batch_size})",
+        ),
+        (
+            "one training batch",
+            memory.train_step,
+            "lower passes.global_batch_size or add workers",
+        ),
+        ("the dense model", memory.dense, "choose a smaller model.options"),
+    ]
+    return max(parts, key=lambda p: p[1])
 
 
 def _device_key(cfg: RunConfig) -> str:

@@ -4,7 +4,8 @@ the plan (``daskhps plan``) on a real cluster.
 A thread inside every worker process samples its resident set size (RSS) every 10 ms between
 :func:`start_sampling` and :func:`stop_sampling`; the growth is the peak minus the RSS at the
 start. Start on a worker that has already run once (imports and first allocations done), so
-the growth is what the run itself adds, which is what the plan's total models.
+the growth is what the run itself adds, which is what the plan's growth models; the peak is
+what its total models.
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ def stop_sampling() -> int:
     return max(_samples, default=0)
 
 
-def measure_growth(client: Any, run: Callable[[], T]) -> tuple[T, dict[str, int]]:
-    """``run()``'s result and each worker's peak RSS growth in bytes while it ran."""
+def measure_growth(client: Any, run: Callable[[], T]) -> tuple[T, dict[str, tuple[int, int]]]:
+    """``run()``'s result and each worker's RSS in bytes before it and at its peak while it
+    ran (the growth is their difference)."""
     base = client.run(start_sampling)
     try:
         result = run()
     finally:
         peak = client.run(stop_sampling)
-    return result, {w: int(peak[w]) - int(base[w]) for w in base}
+    return result, {w: (int(base[w]), int(peak[w])) for w in base}

@@ -127,7 +127,12 @@ DOCS: dict[str, tuple[str, ...]] = {
     "cluster.dist_backend": ("`auto`, `gloo` or `nccl`", "torch.distributed backend."),
     "cluster.dist_timeout_s": ("float > 0", "Timeout of collectives: a lost worker fails."),
     "eval.every_pass": ("bool", "Evaluate after every pass (always at the end)."),
-    "eval.batch_size": ("int >= 1", "Rows per evaluation batch."),
+    "eval.batch_size": (
+        "int >= 1",
+        "Rows per evaluation batch on each worker. A batch's activations are held at once "
+        "(about 9 KiB a row for the quickstart's DLRM; `daskhps plan` measures the configured "
+        "model); predictions do not depend on it.",
+    ),
     "eval.metrics": ("list", "Of `auc`, `logloss`, `ne`, `calibration`."),
     "checkpoint.every_passes": (
         "int >= 0",

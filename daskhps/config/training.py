@@ -134,7 +134,7 @@ class EvalConfig:
     read-only lookups in batches of ``batch_size``. Without a holdout nothing is evaluated."""
 
     every_pass: bool = True
-    batch_size: int = 65536
+    batch_size: int = 8192
     metrics: tuple[str, ...] = METRICS
 
     KEYS: ClassVar[tuple[str, ...]] = ("every_pass", "batch_size", "metrics")
@@ -153,7 +153,7 @@ class EvalConfig:
             raise ctx.error(f"{p}.metrics", "lists a metric twice")
         return cls(
             every_pass=ctx.get(d, p, "every_pass", bool, True),
-            batch_size=ctx.get(d, p, "batch_size", int, 65536, minimum=1),
+            batch_size=ctx.get(d, p, "batch_size", int, 8192, minimum=1),
             metrics=tuple(metrics),
         )
 

@@ -119,3 +119,42 @@ def test_config_bounds_without_a_scan_are_warnings(tmp_path: Path, logs: Path) -
     report = size_run(cfg)
     assert report.keys.source == "bound" and report.fits
     assert any("upper bound" in w for w in report.warnings)
+
+
+def test_a_peak_over_the_pause_threshold_is_refused_naming_the_key(tmp_path: Path) -> None:
+    # 100k holdout rows per worker in one evaluation batch: the DLRM's activations alone
+    # (about 9 KiB a row) pass 80% of 1 GiB. The tiers are tiny and the key count stated.
+    cfg = {
+        "run": {"name": "p", "dir": str(tmp_path / "run"), "quiet": True},
+        "data": {
+            "generate": {"out": str(tmp_path / "logs"), "days": 2, "rows_per_day": 200_000},
+            "holdout": {"day": "last"},
+        },
+        "passes": {"examples_per_pass": 50_000},
+        "table": {
+            "dim": 16,
+            "expected_keys": 10_000,
+            "tiers": {"device": {"rows": 20_000}, "host": {"fraction": 0.01}},
+        },
+        "eval": {"batch_size": 100_000},
+        "cluster": {"n_workers": 2, "memory_limit": "1GiB", "gpu": False},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    report = size_run(load_config(path))
+    assert report.memory is not None and not report.fits
+    (problem,) = report.problems
+    assert "the largest part is one evaluation batch" in problem
+    assert "lower eval.batch_size (now 100000)" in problem
+    assert report.memory.eval_step == report.memory.transient > 700 << 20
+    # Smaller batches fit: predictions do not depend on them.
+    path.write_text(yaml.safe_dump({**cfg, "eval": {"batch_size": 8192}}))
+    assert size_run(load_config(path)).fits
+    # Larger passes do not, and the refusal says which key that is.
+    path.write_text(
+        yaml.safe_dump(
+            {**cfg, "eval": {"batch_size": 8192}, "passes": {"examples_per_pass": 10**6}}
+        )
+    )
+    (problem,) = size_run(load_config(path)).problems
+    assert "lower passes.examples_per_pass or data.block_size" in problem
