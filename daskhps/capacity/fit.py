@@ -284,17 +284,19 @@ def size_run(
     scan: bool = False,
     workers: int | None = None,
     memory_limit: int | None = None,
+    resume: bool = True,
 ) -> SizingReport:
     """Size ``cfg``: key statistics (counted with ``scan``), memory, disk and the verdict.
 
     ``workers`` and ``memory_limit`` describe a cluster behind ``cluster.address``; for the
-    embedded cluster they come from the config.
+    embedded cluster they come from the config. With ``resume`` the stores of the run's newest
+    checkpoint count (what ``train --resume`` opens); a fresh run starts without them.
     """
     if cfg.cluster.local:
         workers, memory_limit = cfg.cluster.n_workers, local_memory_limit(cfg)
     W = workers or 1
     keys = scan_key_stats(cfg, W) if scan else expected_key_stats(cfg, W)
-    stored = stored_table(cfg.run.dir)
+    stored = stored_table(cfg.run.dir) if resume else None
     problems: list[str] = []
     warnings: list[str] = []
     sure = keys.certain
@@ -440,15 +442,16 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def check_fits(cfg: RunConfig) -> SizingReport:
-    """Size ``cfg`` from the config alone (no scan) and raise when it cannot fit.
+def check_fits(cfg: RunConfig, *, resume: bool = False) -> SizingReport:
+    """Size ``cfg`` from the config alone (no scan) and raise when it cannot fit; ``resume``
+    as for :func:`size_run`.
 
     Raises
     ------
     CapacityError
         With :meth:`SizingReport.refusal`, the message ``daskhps plan`` prints.
     """
-    report = size_run(cfg)
+    report = size_run(cfg, resume=resume)
     for w in report.warnings:
         log.warning("%s", w)
     if not report.fits:

@@ -130,7 +130,7 @@ DOCS: dict[str, tuple[str, ...]] = {
     "eval.batch_size": (
         "int >= 1",
         "Rows per evaluation batch on each worker. A batch's activations are held at once "
-        "(about 9 KiB a row for the quickstart's DLRM; `daskhps plan` measures the configured "
+        "(about 8 KiB a row for the quickstart's DLRM; `daskhps plan` measures the configured "
         "model); predictions do not depend on it.",
     ),
     "eval.metrics": ("list", "Of `auc`, `logloss`, `ne`, `calibration`."),

@@ -324,7 +324,7 @@ class Trainer:
             "the table's stores",
             "set table.tiers.store_dir to a writable folder",
         )
-        sizing = check_fits(cfg)  # refuse a run that cannot fit: plan's message
+        sizing = check_fits(cfg, resume=resume)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         if resume and self.warm_start is not None:
             raise ResumeError("a run resumes its own checkpoint or warm-starts, not both")

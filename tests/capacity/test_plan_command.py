@@ -123,7 +123,7 @@ def test_config_bounds_without_a_scan_are_warnings(tmp_path: Path, logs: Path) -
 
 def test_a_peak_over_the_pause_threshold_is_refused_naming_the_key(tmp_path: Path) -> None:
     # 100k holdout rows per worker in one evaluation batch: the DLRM's activations alone
-    # (about 9 KiB a row) pass 80% of 1 GiB. The tiers are tiny and the key count stated.
+    # (about 8 KiB a row) pass 80% of 1 GiB. The tiers are tiny and the key count stated.
     cfg = {
         "run": {"name": "p", "dir": str(tmp_path / "run"), "quiet": True},
         "data": {

@@ -69,6 +69,10 @@ def test_plan_sizes_the_index_the_resume_opens(
     assert index_bytes_holding(busiest, busiest) == max(opened)
     assert report.memory.store >= index_bytes_holding(busiest, busiest)
     assert report.memory.store_index == index_transient_bytes(busiest, busiest) == 16 * busiest
+    # A fresh run (train without --resume) starts without those stores.
+    fresh = size_run(cfg, resume=False)
+    assert fresh.stored is None and fresh.memory is not None
+    assert fresh.memory.store < report.memory.store
     assert main(["plan", str(imported)]) == 0
     assert f"the busiest worker opens {busiest:,}" in capsys.readouterr().out
 

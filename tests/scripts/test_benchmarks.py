@@ -136,3 +136,18 @@ def test_bench_scale_quick(tmp_path: Path) -> None:
     assert len(stores) == 3 and all(r["delta_commit_s"] > 0 for r in stores)
     assert (tmp_path / "scale-costs.svg").stat().st_size > 0
     assert not (tmp_path / "runs").exists()  # what it wrote is removed, the figures kept
+
+
+@pytest.mark.slow
+def test_bench_sizing_quick(tmp_path: Path) -> None:
+    """A small day through ``plan`` and ``train``: both workers sampled, the plan's parts
+    reported, and the peak within the plan's 20% at this size too."""
+    (rec,) = run_script(
+        "bench_sizing.py", "--out", str(tmp_path), "--cases", "day", "--day-rows", "20000"
+    )
+    assert rec["unit"] == "MiB" and len(rec["worker_peaks_mib"]) == 2
+    parts = rec["plan_parts_mib"]
+    assert set(parts) == {"process", "tiers", "dense", "examples", "transient"}
+    assert parts["tiers"] > 0 and parts["transient"] > 0
+    assert 0.8 <= rec["ratio"] <= 1.2, rec
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
