@@ -1,9 +1,12 @@
-"""Sizing a run before it starts: memory per tier per worker, pass working sets, disk.
+"""Sizing a run before it starts: each worker's peak memory by part, pass working sets, disk.
 
 * :mod:`~daskhps.capacity.estimate` — bytes of each tier, index and buffer, from the same
-  arithmetic the tiers allocate with;
+  arithmetic the tiers allocate with, and the worker process's own size (measured);
+* :mod:`~daskhps.capacity.activations` — bytes per example of a training and an evaluation
+  batch, measured on the configured model;
 * :mod:`~daskhps.capacity.keystats` — distinct keys per owner and per pass, counted from the
   logs (``--scan``) or taken from the config;
+* :mod:`~daskhps.capacity.stored` — the rows a resumed or imported run's stores already hold;
 * :mod:`~daskhps.capacity.disk` — the zarr stores, their history and checkpoints;
 * :mod:`~daskhps.capacity.fit` — the report ``daskhps plan`` prints, and the check that makes
   ``train`` refuse a run that cannot fit.

@@ -375,7 +375,11 @@ def _largest_part(cfg: RunConfig, memory: WorkerMemory) -> tuple[str, int, str]:
     that changes it (the process itself cannot)."""
     host = memory.host.total if memory.host else 0
     d, h = cfg.table.tiers.device, cfg.table.tiers.host
-    device_key = "table.tiers.device.rows" if d.rows else "table.tiers.device.fraction"
+    device_key = (
+        f"table.tiers.device.rows (now {d.rows})"
+        if d.rows
+        else f"table.tiers.device.fraction (now {d.fraction})"
+    )
     parts = [
         ("the device tier", memory.device.total, f"lower {device_key}"),
         ("the host tier", host, f"lower table.tiers.host.fraction (now {h.fraction})"),
