@@ -53,11 +53,18 @@ class PeakLiveBytes(TorchDispatchMode):
         # Storages freed since the last operation were gone before this one's outputs came.
         for ref in [r for r in self._live if r.expired()]:
             self.now -= self._live.pop(ref)
+        # An output on an input's storage (a view, an in-place result) allocated nothing,
+        # even when that storage was made before the block.
+        inputs = {
+            StorageWeakRef(t.untyped_storage())
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 ref = StorageWeakRef(storage)
-                if ref not in self._live:
+                if ref not in self._live and ref not in inputs:
                     self._live[ref] = storage.nbytes()
                     self.now += storage.nbytes()
         self.peak = max(self.peak, self.now)

@@ -33,6 +33,7 @@ from daskhps.tiers.host import rows_for_bytes
 
 __all__ = [
     "INDEX_SCRATCH_PER_KEY",
+    "INSERT_BYTES_PER_KEY",
     "OPEN_BYTES_PER_ROW",
     "WORKER_PROCESS_BYTES",
     "WRITE_BUFFER_ROWS",
@@ -64,6 +65,10 @@ WORKER_PROCESS_BYTES = 560 << 20
 # (int64 each) before the index takes them; segments replayed after it are read one at a time.
 # Growing an index reads its items out the same way.
 OPEN_BYTES_PER_ROW = 16
+# Temporaries of KeyIndex._insert per key (the window of buckets each pending key looks at,
+# its masks and positions), measured by counting live tensor storage; inserts go in chunks of
+# 2**19 keys.
+INSERT_BYTES_PER_KEY = 300
 
 
 @dataclass(frozen=True)
@@ -147,13 +152,16 @@ def index_bytes_holding(keys: int, opened: int = 0) -> int:
 def index_transient_bytes(keys: int, opened: int = 0) -> int:
     """The most a store's index takes beyond its final size, at a moment: opening a commit
     with ``opened`` rows reads its snapshot's keys and locations whole (16 bytes a row) into
-    an index already sized for them; each growth holds the old table and its items (16 bytes
-    a key) beside the new, twice as large, table."""
+    an index already sized for them; a growth reads the old table's items out (16 bytes a
+    key) and puts them into the new, twice as large, table, first beside the old table, then
+    in chunks whose temporaries are ``INSERT_BYTES_PER_KEY`` a key."""
     sizes = _index_buckets(keys, opened)
     growth = 0
     if len(sizes) > 1:
         old = sizes[-2]
-        growth = _index_table_bytes(old) + OPEN_BYTES_PER_ROW * int(0.5 * 4 * old)
+        items = int(0.5 * 4 * old)
+        chunk = INSERT_BYTES_PER_KEY * min(items, _SCRATCH_CHUNK)
+        growth = OPEN_BYTES_PER_ROW * items + max(_index_table_bytes(old), chunk)
     return max(OPEN_BYTES_PER_ROW * opened, growth)
 
 

@@ -369,7 +369,10 @@ class KeyIndex:
             buckets = max(2 * self._buckets, _buckets_for(need, self.load_factor))
         self._alloc(buckets)
         self._len = 1 if self._special is not None else 0
-        self._insert(keys, values, None)
+        # In chunks: an insert's temporaries (the window of buckets each pending key looks
+        # at, and its masks) are about 400 bytes a key, several times the table itself.
+        for k, v in zip(keys.split(_CHUNK), values.split(_CHUNK), strict=True):
+            self._insert(k, v, None)
 
     # -- bulk ----------------------------------------------------------------------------------
 

@@ -43,6 +43,8 @@ def test_views_and_preexisting_tensors_are_not_counted() -> None:
         x = torch.ones(256)  # 1 KiB
         x.view(16, 16).t()  # views: the same storage
         weights.mul(2)  # 4000 bytes, freed at once
+        weights[:500].t()  # views of a tensor made before: nothing allocated
+        weights.add_(1)  # in place: nothing allocated
     assert counter.peak == 4000 + 1024
 
 

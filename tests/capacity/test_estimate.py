@@ -12,6 +12,7 @@ from daskhps.capacity.estimate import (
     host_tier_bytes,
     index_bytes_holding,
     index_scratch_bytes,
+    index_transient_bytes,
     slot_cache_bytes,
 )
 from daskhps.models import ModelSpec
@@ -100,3 +101,35 @@ def test_scratch_is_capped_by_the_probe_chunk() -> None:
     assert index_scratch_bytes(0) == 0
     assert index_scratch_bytes(10) == index_scratch_bytes(1024)
     assert index_scratch_bytes(10**8) == index_scratch_bytes(1 << 19)
+
+
+@pytest.mark.parametrize("keys", [40_000, 700_000])
+def test_index_growth_allocates_what_the_model_bounds(keys: int) -> None:
+    """A growth of the store's index, counted by live tensor storage: the new table, its items
+    and the insert's temporaries (in chunks), not hundreds of bytes per key at once."""
+    from daskhps.capacity.activations import PeakLiveBytes
+    from daskhps.tiers._index import KeyIndex
+
+    index = KeyIndex(1024)
+    full = int(index.load_factor * index.slots)
+    while full < keys:  # as evictions write rows: growth by doubling
+        part = torch.arange(len(index), len(index) + 16384, dtype=torch.int64) * 7919 + 1
+        index.put(part, part)
+        full = int(index.load_factor * index.slots)
+    part = torch.arange(len(index), full, dtype=torch.int64) * 7919 + 1
+    for p in part.split(4096):
+        index.put(p, p)
+    assert len(index) == full and index_bytes_holding(full) == index.nbytes
+    one = torch.tensor([-5], dtype=torch.int64)
+    with PeakLiveBytes() as counter:
+        index.put(one, one)  # the insert that grows it
+    new_table = index.nbytes
+    assert new_table == index_bytes_holding(full + 1) > index_bytes_holding(full)
+    grown_at = full + 1
+    # What the growth allocates: at least the new table; at most what the model says the
+    # index holds at that moment (it also counts the old table, made before the block).
+    assert new_table <= counter.peak <= new_table + index_transient_bytes(grown_at)
+    # Grown in chunks, it still holds every key with its value.
+    stored = torch.cat([torch.arange(full, dtype=torch.int64) * 7919 + 1, one])
+    values, found = index.get(stored)
+    assert bool(found.all()) and torch.equal(values, stored)
