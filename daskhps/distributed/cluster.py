@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import dask
 from distributed import Client, LocalCluster
 
 from daskhps._scheduler import scheduler_workers
@@ -23,6 +24,14 @@ from daskhps.distributed._worker_setup import setup_workers
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
 
 log = logging.getLogger(__name__)
+
+# Each Dask worker keeps one statistical profile per second for the last
+# `distributed.admin.low-level-log-length` seconds (1000 by default: the dashboard's profile
+# timeline). At daskhps's call stacks a second of profile is about 0.12 MiB, so a worker grew
+# by about 120 MiB over its first 17 minutes, which no part of the run accounts for. The
+# embedded cluster keeps two minutes; workers started with `dask worker` keep their config's.
+_HISTORY_KEY = "distributed.admin.low-level-log-length"
+PROFILE_HISTORY_CYCLES = 120
 
 
 @dataclass
@@ -142,23 +151,9 @@ def start_cluster(
         kwargs["env"] = dict(worker_env)
     cluster: Any = None
     try:
-        if use_cuda:
-            from dask_cuda import LocalCUDACluster
-
-            if cuda_visible_devices is not None:
-                kwargs["CUDA_VISIBLE_DEVICES"] = list(cuda_visible_devices)
-            if n_workers is None:
-                kwargs.pop("n_workers")
-            cluster = LocalCUDACluster(**kwargs)
-            kind: Literal["local", "local-cuda"] = "local-cuda"
-        else:
-            if dashboard_address is None:
-                # No dashboard pages; the scheduler's HTTP server (health, /metrics) still
-                # starts, so keep it on this machine and off the default port.
-                kwargs["dashboard_address"] = "127.0.0.1:0"
-                kwargs["scheduler_kwargs"] = {"dashboard": False}
-            cluster = LocalCluster(processes=processes, **kwargs)
-            kind = "local"
+        with dask.config.set({_HISTORY_KEY: PROFILE_HISTORY_CYCLES}):  # its workers inherit it
+            cluster = _local_cluster(use_cuda, processes, n_workers, cuda_visible_devices, kwargs)
+        kind: Literal["local", "local-cuda"] = "local-cuda" if use_cuda else "local"
         client = Client(cluster)
     except BaseException as e:
         if cluster is not None:
@@ -175,6 +170,29 @@ def start_cluster(
         handle.close()
         raise
     return handle
+
+
+def _local_cluster(
+    use_cuda: bool,
+    processes: bool,
+    n_workers: int | None,
+    cuda_visible_devices: Sequence[int] | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    if use_cuda:
+        from dask_cuda import LocalCUDACluster
+
+        if cuda_visible_devices is not None:
+            kwargs["CUDA_VISIBLE_DEVICES"] = list(cuda_visible_devices)
+        if n_workers is None:
+            kwargs.pop("n_workers")
+        return LocalCUDACluster(**kwargs)
+    if kwargs["dashboard_address"] is None:
+        # No dashboard pages; the scheduler's HTTP server (health, /metrics) still starts, so
+        # keep it on this machine and off the default port.
+        kwargs["dashboard_address"] = "127.0.0.1:0"
+        kwargs["scheduler_kwargs"] = {"dashboard": False}
+    return LocalCluster(processes=processes, **kwargs)
 
 
 def _connect(address: str, n_workers: int | None, wait_timeout_s: float) -> ClusterHandle:

@@ -170,3 +170,21 @@ def test_gpus_true_without_cuda_is_a_clear_error():
 def test_unreachable_scheduler_is_a_clear_error():
     with pytest.raises(ClusterError, match="could not reach the Dask scheduler"):
         start_cluster(address="tcp://127.0.0.1:1", wait_timeout_s=1)
+
+
+def _profile_history(dask_worker) -> tuple[int | None, int | None]:  # type: ignore[no-untyped-def]
+    return dask_worker.profile_history.maxlen, dask_worker.profile_keys_history.maxlen
+
+
+@pytest.mark.slow
+def test_embedded_workers_keep_two_minutes_of_profile(cluster) -> None:
+    """A second of Dask's worker profile is about 0.12 MiB at daskhps's stacks; the default
+    1000 seconds of history grew a worker by about 120 MiB over a long run."""
+    from daskhps.distributed.cluster import PROFILE_HISTORY_CYCLES
+
+    kept = cluster.client.run(_profile_history)
+    assert set(kept.values()) == {(PROFILE_HISTORY_CYCLES, PROFILE_HISTORY_CYCLES)}
+    import dask
+
+    # The setting is the embedded cluster's only: the driver's own config is untouched.
+    assert dask.config.get("distributed.admin.low-level-log-length") == 1000
