@@ -19,8 +19,10 @@ from tests._runs import tiny_config, write_config
 ROWS = 6000
 
 
-@pytest.fixture
-def imported(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose table ``daskhps import`` wrote; the tests only read it."""
+    tmp_path = tmp_path_factory.mktemp("imported")
     d = tiny_config(
         tmp_path / "run",
         tmp_path / "logs",
