@@ -127,12 +127,8 @@ def render(report: SizingReport) -> str:
         rows.append(("store maps", m.store_mapped, "segment pages read back (page cache)"))
         rows.append(("dense model", m.dense, f"{m.dense_params:,} parameters, grads, optimizer"))
         rows.append(("examples", m.examples, "training log share, two passes, holdout"))
-        steps = {
-            "a training batch": m.train_step,
-            "an evaluation batch": m.eval_step,
-            "the store's index (opening or growing it)": m.store_index,
-        }
-        which = max(steps, key=lambda k: steps[k])
+        moments = m.transients
+        which = max(moments, key=lambda k: moments[k])
         rows.append(("transient", m.transient, f"the largest: {which}"))
         for name, n, what in rows:
             lines.append(f"  {name:<12} {_size(n):>11}  {what}")

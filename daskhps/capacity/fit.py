@@ -78,8 +78,17 @@ class WorkerMemory:
         return self.device.total + host + self.store + self.store_mapped
 
     @property
+    def transients(self) -> dict[str, int]:
+        """The moments that never overlap, by what happens in them."""
+        return {
+            "a training batch": self.train_step,
+            "an evaluation batch": self.eval_step,
+            "the store's index (opening or growing it)": self.store_index,
+        }
+
+    @property
     def transient(self) -> int:
-        return max(self.train_step, self.eval_step, self.store_index)
+        return max(self.transients.values())
 
     @property
     def growth(self) -> int:
@@ -227,9 +236,9 @@ def worker_memory(
     steps = steps or step_bytes(cfg)
     W = keys.workers
     holdout = keys_holdout(cfg, keys)
+    row = _example_bytes(cfg)
     examples = None
     if keys.examples is not None:
-        row = _example_bytes(cfg)
         per_pass = -(-min(cfg.passes.plan.examples_per_pass, keys.examples) // W)
         # The log is streamed: what a worker holds of it is the pass being prepared (its
         # partitions, read once for keys and examples), two passes of routed examples (one
@@ -247,7 +256,7 @@ def worker_memory(
     chunk = min(holdout, max(cfg.passes.plan.examples_per_pass, cfg.eval.batch_size * W))
     eval_rows = min(cfg.eval.batch_size, -(-chunk // W))
     if examples is not None and holdout:
-        examples += _HOLDOUT_COPIES * -(-chunk // W) * (_example_bytes(cfg) + _RANK)
+        examples += _HOLDOUT_COPIES * -(-chunk // W) * (row + _RANK)
     return WorkerMemory(
         memory_limit=memory_limit,
         process=WORKER_PROCESS_BYTES,
@@ -374,15 +383,13 @@ def _largest_part(cfg: RunConfig, memory: WorkerMemory) -> tuple[str, int, str]:
     """The part of a worker's peak that is largest and can be changed, with the config key
     that changes it (the process itself cannot)."""
     host = memory.host.total if memory.host else 0
-    d, h = cfg.table.tiers.device, cfg.table.tiers.host
-    device_key = (
-        f"table.tiers.device.rows (now {d.rows})"
-        if d.rows
-        else f"table.tiers.device.fraction (now {d.fraction})"
-    )
     parts = [
-        ("the device tier", memory.device.total, f"lower {device_key}"),
-        ("the host tier", host, f"lower table.tiers.host.fraction (now {h.fraction})"),
+        ("the device tier", memory.device.total, f"lower {_device_key(cfg)}"),
+        (
+            "the host tier",
+            host,
+            f"lower table.tiers.host.fraction (now {cfg.table.tiers.host.fraction})",
+        ),
         (
             "the zarr store's key index",
             memory.store + memory.store_mapped + memory.store_index,
