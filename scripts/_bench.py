@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+# Lines of a run's log that say a worker was paused, restarted or killed for memory.
+_MEMORY_PROBLEMS = (
+    "Pausing worker",
+    "Restarting worker",
+    "KilledWorker",
+    "exceeded 95% memory budget",
+    "was killed by unknown signal",
+)
 
 
 class Reporter:
@@ -136,3 +146,23 @@ def cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.
             env=full,
             start_new_session=True,
         )
+
+
+def train(config: Path, log: Path, *args: str, kill_at: str | None = None) -> dict[str, Any]:
+    """Run ``daskhps train``; its workers' peak RSS, wall seconds and exit code."""
+    env = {"DASKHPS_KILL_AT": kill_at} if kill_at else None
+    start = log.stat().st_size if log.exists() else 0
+    t0 = time.perf_counter()
+    proc = cli("train", str(config), *args, log=log, env=env)
+    sampler = Sampler(proc.pid)
+    rc = proc.wait()
+    peaks = sampler.stop()
+    seconds = time.perf_counter() - t0
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    problems = [line for line in text.splitlines() if any(p in line for p in _MEMORY_PROBLEMS)]
+    expect = -signal.SIGKILL if kill_at else 0
+    if rc != expect:
+        raise SystemExit(f"daskhps train exited {rc}, expected {expect}; see {log}")
+    return {"rc": rc, "seconds": round(seconds, 1), "peaks": peaks, "memory_problems": problems}

@@ -44,7 +44,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,7 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Reporter, Sampler, cli, plan
+from _bench import Reporter, cli, plan, train
 
 from daskhps.data.hashing import fmix64
 
@@ -66,13 +65,6 @@ DIM = 64
 WIDTH = 3 * DIM + 1  # Adam: embedding, m, v, step
 ROW_BYTES = 4 * WIDTH
 KILL_AT = "mid_pass:2"  # the third pass: after a base and a delta checkpoint
-_MEMORY_PROBLEMS = (
-    "Pausing worker",
-    "Restarting worker",
-    "KilledWorker",
-    "exceeded 95% memory budget",
-    "was killed by unknown signal",
-)
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -214,26 +206,6 @@ def import_table(config: Path, folder: Path, log: Path) -> dict[str, Any]:
         "rows_per_s": round(summary["rows"] / seconds),
         "store_bytes": summary["bytes"],
     }
-
-
-def train(config: Path, log: Path, *args: str, kill_at: str | None = None) -> dict[str, Any]:
-    """Run ``daskhps train``; its workers' peak RSS, wall seconds and exit code."""
-    env = {"DASKHPS_KILL_AT": kill_at} if kill_at else None
-    start = log.stat().st_size if log.exists() else 0
-    t0 = time.perf_counter()
-    proc = cli("train", str(config), *args, log=log, env=env)
-    sampler = Sampler(proc.pid)
-    rc = proc.wait()
-    peaks = sampler.stop()
-    seconds = time.perf_counter() - t0
-    with open(log, "rb") as f:
-        f.seek(start)
-        text = f.read().decode(errors="replace")
-    problems = [line for line in text.splitlines() if any(p in line for p in _MEMORY_PROBLEMS)]
-    expect = -signal.SIGKILL if kill_at else 0
-    if rc != expect:
-        raise SystemExit(f"daskhps train exited {rc}, expected {expect}; see {log}")
-    return {"rc": rc, "seconds": round(seconds, 1), "peaks": peaks, "memory_problems": problems}
 
 
 def pass_figures(run_dir: Path) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Reporter, Sampler, cli, plan
+from _bench import Reporter, plan, train
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -82,12 +82,8 @@ def measure(config: Path, out: Path, rep: Reporter, name: str) -> None:
     report = plan(config, "--scan")
     memory = report["memory_per_worker"]
     shutil.rmtree(out / "runs" / name, ignore_errors=True)
-    proc = cli("train", str(config), log=log)
-    sampler = Sampler(proc.pid)
-    rc = proc.wait()
-    peaks = sampler.stop()
-    if rc != 0:
-        raise SystemExit(f"{name}: daskhps train exited {rc}; see {log}")
+    run = train(config, log)
+    peaks = run["peaks"]
     workers = report["workers"]
     measured = max(peaks[:workers])
     predicted = memory["total"]
@@ -104,6 +100,7 @@ def measure(config: Path, out: Path, rep: Reporter, name: str) -> None:
         },
         # The peak less every part but the process: what the process itself came to.
         implied_process_mib=round((measured - (predicted - memory["process"])) / MIB, 1),
+        memory_problems=run["memory_problems"],
         limit=format_bytes(memory["memory_limit"]),
         seconds=round(time.perf_counter() - t0, 1),
         load=round(os.getloadavg()[0], 2),

@@ -150,4 +150,5 @@ def test_bench_sizing_quick(tmp_path: Path) -> None:
     assert set(parts) == {"process", "tiers", "dense", "examples", "transient"}
     assert parts["tiers"] > 0 and parts["transient"] > 0
     assert 0.8 <= rec["ratio"] <= 1.2, rec
+    assert rec["memory_problems"] == []
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
