@@ -2,9 +2,9 @@
 
     python scripts/bench_metrics.py [--json] [--quick] [--rows N] [--passes P]
 
-One real shard (a ``ShardHost`` on a stand-in worker object) trains ``--passes`` passes, each
-staging half the device tier with new keys, so its zarr store holds many segments. Then the
-per-call cost (median, microseconds) of what the monitor does on a worker:
+One real shard (a run host's ``WorkerShards`` on a stand-in worker object) trains
+``--passes`` passes, each staging half the device tier with new keys, so its zarr store holds
+many segments. Then the per-call cost (median, microseconds) of what the monitor does on a worker:
 
 1. a ``stage_span`` (enter and exit);
 2. one Workers-table callback (runs at every heartbeat, reads the snapshot);
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter, interleaved
 
-from daskhps.distributed import ShardHost, TierSizing
+from daskhps.distributed import RunHost, TierSizing, WorkerShards
 from daskhps.monitor import metric_name, stage_span
 from daskhps.monitor.worker_metrics import _collector
 from daskhps.table import OptimizerSpec, TableSpec
@@ -56,23 +56,24 @@ def _span() -> None:
         pass
 
 
-def build_shard(root: Path, rows: int, passes: int, dim: int) -> tuple[ShardHost, Any]:
-    """A ``ShardHost`` with one table trained for ``passes`` passes, and its stand-in worker."""
+def build_shard(root: Path, rows: int, passes: int, dim: int) -> tuple[RunHost, Any]:
+    """A run host with one table trained for ``passes`` passes, and its stand-in worker."""
     spec = TableSpec(TABLE, dim=dim, optimizer=OptimizerSpec(kind="adagrad"))
     worker = SimpleNamespace(
         address="tcp://bench:1", memory_manager=SimpleNamespace(memory_limit=None), metrics={}
     )
-    host = ShardHost([spec], root, [worker.address], TierSizing(device_rows=rows, host_bytes=0))
+    shards = WorkerShards([spec], root, TierSizing(device_rows=rows, host_bytes=0))
+    host = RunHost("bench", [worker.address], shards)
     host.setup(worker)
-    host.open()
+    shards.open()
     gen = torch.Generator().manual_seed(0)
     per_pass = rows // 2
     for p in range(passes):  # each pass: half the tier new, dirty rows pushed down
         keys = torch.randint(0, 10 * rows, (per_pass,), generator=gen)
-        host.stage(TABLE, keys)
-        host.apply_gradients(TABLE, keys, torch.full((per_pass, dim), 0.01))
-        host.unpin(TABLE)
-        host.commit(f"p{p}")
+        shards.stage(TABLE, keys)
+        shards.apply_gradients(TABLE, keys, torch.full((per_pass, dim), 0.01))
+        shards.unpin(TABLE)
+        shards.commit(f"p{p}")
     return host, worker
 
 
@@ -80,7 +81,7 @@ def bench(rep: Reporter, root: Path, rows: int, passes: int, dim: int, repeat: i
     host, worker = build_shard(root, rows, passes, dim)
     try:
         monitor = host.monitor
-        assert monitor is not None, "ShardHost.setup registers a monitor"
+        assert monitor is not None, "RunHost.setup registers a monitor"
         monitor.refresh(force=True)
         figures = monitor.figures()[TABLE]
         rep.emit("shard: device tier rows", figures.rows["device"], "rows")
@@ -90,7 +91,8 @@ def bench(rep: Reporter, root: Path, rows: int, passes: int, dim: int, repeat: i
         rep.emit("shard: files under the store", files, "files")
 
         callback = worker.metrics[metric_name(TABLE, "hit_rate_store")]
-        table = host.tables[TABLE]
+        shards = host.require_shards()
+        table = shards.tables[TABLE]
         many = 1000
         fns: dict[str, Callable[[], object]] = {
             "span": _loop(_span, many),

@@ -228,7 +228,7 @@ def pass_figures(run_dir: Path) -> dict[str, Any]:
         "examples_per_s": round(examples / seconds, 1) if seconds else None,
         "staged_from": staged,
         "checkpoints": [
-            {"name": c.name, "kind": c.kind, "seconds": c.manifest.get("seconds")}
+            {"name": c.name, "kind": c.kind, "seconds": c.seconds}
             for c in list_checkpoints(run_dir)
         ],
         "eval": summary.get("final_eval"),

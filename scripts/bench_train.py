@@ -15,7 +15,7 @@ for the embeddings and Adam for the dense model.
    over the sorted distinct keys (mapping included in its time) and updates it with
    ``torch.optim.Adagrad``. Figures: examples/s, ratio daskhps / baseline, (a) with staging
    charged to the pass, run after it; (b) pipelined as the trainer runs it: pass k+1 staged on
-   a second thread while pass k trains (every table call under one lock, as ``ShardHost``
+   a second thread while pass k trains (every table call under one lock, as ``WorkerShards``
    does), then unpin and re-pin pass k+1; wall clock.
 2. daskhps with the table 10x larger than its host tier (device tier just fits one pass's
    working set, so rows go to the zarr store and back between passes) against the same run
@@ -164,7 +164,7 @@ class DaskhpsSide:
     losses: list[float] = field(default_factory=list)
     staged: list[dict[str, int]] = field(default_factory=list)
     sources: list[dict[str, int]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # ShardHost's table lock
+    lock: threading.Lock = field(default_factory=threading.Lock)  # WorkerShards' table lock
 
     @classmethod
     def open(

@@ -94,3 +94,27 @@ def cli_here(
     form = logging.Formatter("%(levelname)s %(name)s: %(message)s")
     logged = "".join(f"{form.format(r)}\n" for r in caplog.records)
     return subprocess.CompletedProcess(["daskhps", *args], code, out, logged + err)
+
+
+def config_checkpoint(path: Path, config: dict[str, Any]) -> Any:
+    """A checkpoint object holding ``config`` (what a change policy compares) and placeholder
+    values for the rest of its manifest; nothing is written to ``path``."""
+    from daskhps.training.checkpoint import Checkpoint
+
+    return Checkpoint.at(
+        path,
+        {
+            "format": 1,
+            "name": path.name,
+            "kind": "base",
+            "passes_done": 1,
+            "step": 1,
+            "commit": path.name,
+            "stores_dir": str(path / "stores"),
+            "num_workers": 1,
+            "num_shards": 1,
+            "table": {},
+            "config": config,
+            "files": {},
+        },
+    )

@@ -4,8 +4,11 @@ Only this package (with ``train`` and the CLI) imports dask; the table, tiers an
 not. In data-flow order:
 
 * :func:`start_cluster` — an embedded LocalCluster / LocalCUDACluster or a scheduler address;
-* :class:`ShardHost` — the worker plugin holding each worker's table shards and their locks;
-* :func:`init_comm` — one explicit torch.distributed group over the workers per run;
+* :class:`RunGroup` — one run's hosts on the workers (:class:`RunHost`: the rank's process
+  group, its table shards (:class:`WorkerShards`) and dense replica), and the one way to run a
+  function on every rank;
+* :class:`Comm` — one rank's explicit torch.distributed group, formed through Dask by
+  :mod:`daskhps.distributed.rendezvous`;
 * :class:`Exchange` — per-mini-batch keys, rows and gradients between ranks.
 """
 
@@ -14,19 +17,10 @@ from __future__ import annotations
 from daskhps.distributed._errors import ClusterError, CommError, WorkerLostError
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.cluster import ClusterHandle, cuda_available, start_cluster
-from daskhps.distributed.comm import Comm, CommGroup, init_comm, local_comm
+from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
-from daskhps.distributed.plugin import (
-    ShardHost,
-    close_shards,
-    commit_shards,
-    flush_shards,
-    local_shards,
-    open_shards,
-    shard_stats,
-    stage_shards,
-    try_stage_shards,
-)
+from daskhps.distributed.host import RunGroup, RunHost, local_host
+from daskhps.distributed.shards import StageAhead, WorkerShards
 from daskhps.distributed.sizing import MAX_CPU_FRACTION, TierSizing
 
 __all__ = [
@@ -35,23 +29,16 @@ __all__ = [
     "ClusterHandle",
     "Comm",
     "CommError",
-    "CommGroup",
     "Exchange",
     "Routing",
-    "ShardHost",
+    "RunGroup",
+    "RunHost",
+    "StageAhead",
     "TierSizing",
     "WorkerLostError",
-    "close_shards",
-    "commit_shards",
+    "WorkerShards",
     "cuda_available",
-    "flush_shards",
-    "init_comm",
-    "local_comm",
-    "local_shards",
-    "open_shards",
+    "local_host",
     "run_pinned",
-    "shard_stats",
-    "stage_shards",
     "start_cluster",
-    "try_stage_shards",
 ]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from daskhps.distributed._errors import CommError
-from daskhps.distributed.comm import Comm
+from daskhps.distributed.collective import Comm
 from daskhps.sharding import ShardMap
 
 __all__ = ["Exchange", "Routing"]

@@ -3,7 +3,7 @@ and the run report.
 
 * :func:`stage_span` meters a stage (Fine Performance Metrics page, ``/metrics``);
 * :class:`ShardMetrics` feeds the dashboard's Workers table and ``/metrics`` from a worker's
-  :class:`~daskhps.distributed.ShardHost`;
+  :class:`~daskhps.distributed.WorkerShards`;
 * :mod:`daskhps.monitor.report` writes the run report (imported on use: it needs matplotlib).
 """
 

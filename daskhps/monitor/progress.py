@@ -17,7 +17,7 @@ import time
 import warnings
 from typing import Any
 
-__all__ = ["BatchProgress", "progress_topic", "quiet_run", "report_batches"]
+__all__ = ["BatchProgress", "PassProgress", "progress_topic", "quiet_run", "report_batches"]
 
 # A few events a second: enough for a bar, negligible next to a mini-batch (~10 ms or more).
 _MIN_INTERVAL_S = 0.25
@@ -85,6 +85,62 @@ class BatchProgress:
             self.client.unsubscribe_topic(self.topic)
         except Exception as e:  # the client may already be closing: a bar is not worth an error
             logging.getLogger(__name__).debug("unsubscribing from %s: %s", self.topic, e)
+
+
+class PassProgress:
+    """The driver's view of a run's passes: one bar ticking per batch (moved by rank 0's
+    reports while a pass trains), the pass number and loss beside it, and the dashboard's
+    pass column. Passes are numbered from 1 over the whole schedule."""
+
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        addresses: list[str],
+        *,
+        total_passes: int,
+        total_batches: int,
+        batches_done: int,
+        show: bool,
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        from daskhps.monitor.worker_metrics import announce_pass
+
+        self._announce = announce_pass
+        self.client, self.addresses, self.total_passes = client, addresses, total_passes
+        self.bar = tqdm(
+            total=total_batches,
+            initial=batches_done,
+            unit="batch",
+            disable=not show,
+            desc="training",
+        )
+        self._batches = BatchProgress(client, run_id, self.bar) if show else None
+
+    def start_pass(self, number: int) -> None:
+        self.bar.set_description(f"pass {number}/{self.total_passes}")
+        self._announce(self.client, self.addresses, number)
+        if self._batches is not None:
+            self._batches.start_pass()
+
+    def end_pass(self, num_batches: int, loss: float, auc: float | None) -> None:
+        if self._batches is not None:
+            self._batches.end_pass(num_batches)
+        else:
+            self.bar.update(num_batches)
+        self.bar.set_postfix(loss=f"{loss:.4f}", auc=auc)
+
+    def close(self) -> None:
+        if self._batches is not None:
+            self._batches.close()
+        self.bar.close()
+
+    def __enter__(self) -> PassProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def quiet_run() -> None:

@@ -2,8 +2,8 @@
 
 ::
 
-    ShardHost (worker plugin)
-      setup ──► ShardMetrics(host).register(worker)
+    RunHost (worker plugin) holding WorkerShards
+      setup ──► ShardMetrics(shards).register(worker)
                   worker.metrics["daskhps_<table>_<figure>"] = callback   (Workers table)
                   the process's prometheus collector lists this worker    (/metrics)
       stage ──► note_staged(table, report)     unpin ──► note_unpinned(table)
@@ -16,7 +16,7 @@ the staging reports; rows and bytes per tier from O(1) sizes, read every ``refre
 each table whose lock is free at that moment (``acquire(blocking=False)``: a table busy
 staging or training keeps its last figures, the event loop never waits); the store's
 counters and size on disk (a walk of its folder) every ``store_refresh_s``, and whenever
-``ShardHost.stats`` runs (the trainer calls it after every pass). ``TierStats`` of the
+``WorkerShards.stats`` runs (the trainer calls it after every pass). ``TierStats`` of the
 device cache are not read here: counting dirty and pinned rows sums masks the size of the
 tier (about 45 ms per million rows on a 2-core VM).
 """
@@ -82,7 +82,7 @@ FIGURES = tuple(TableFigures().flat())
 
 
 class ShardMetrics:
-    """Snapshot of a :class:`~daskhps.distributed.ShardHost`'s tables, cheap to read.
+    """Snapshot of a :class:`~daskhps.distributed.WorkerShards`' tables, cheap to read.
 
     Parameters
     ----------

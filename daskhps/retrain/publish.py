@@ -69,11 +69,11 @@ def freeze_version(ckpt: Checkpoint, folder: Path, version: str) -> Checkpoint:
         remove_checkpoint(folder)
     folder.mkdir(parents=True)
     try:
-        for fname in ckpt.manifest["files"]:
+        for fname in ckpt.files:
             _copy_durably(ckpt.path / fname, folder / fname)
         fields = {k: v for k, v in ckpt.manifest.items() if k not in _FILLED_IN}
         fields.update(commit=name, version=version, trained_as=str(ckpt.path))
-        return finish_checkpoint(folder, dict(ckpt.manifest["files"]), fields)
+        return finish_checkpoint(folder, dict(ckpt.files), fields)
     except OSError as e:
         remove_checkpoint(folder)
         raise CheckpointError(

@@ -37,6 +37,7 @@ from daskhps.table.table import open_store
 from daskhps.tiers._segments import file_sha256, fsync_dir
 from daskhps.tiers.store_check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.training.manifest import FORMAT, CheckpointManifest, ManifestError
 
 if TYPE_CHECKING:
     from daskhps.config import RunConfig
@@ -66,15 +67,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
 MANIFEST = "MANIFEST.json"
 DENSE = "dense.pt"
 STATE = "state.json"
 _NAME = re.compile(r"^pass-(\d{6,})$")
-_REQUIRED: tuple[str, ...] = (
-    *("format", "name", "kind", "passes_done", "step", "commit", "stores_dir"),
-    *("num_workers", "num_shards", "table", "config", "files"),
-)
 
 
 def checkpoint_name(passes_done: int) -> str:
@@ -86,9 +82,10 @@ def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """One complete checkpoint: its folder and its verified manifest.
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(CheckpointManifest):
+    """One complete checkpoint: its folder and its verified manifest, whose fields
+    (:class:`~daskhps.training.manifest.CheckpointManifest`) it carries as attributes.
 
     Serving needs nothing else: the stores (:attr:`stores_dir`, opened read-only at
     :attr:`commit`), the routing (``ShardMap(num_shards, num_workers)``), the dense model
@@ -96,67 +93,39 @@ class Checkpoint:
     """
 
     path: Path
-    manifest: dict[str, Any]
+
+    @classmethod
+    def at(cls, path: str | os.PathLike[str], manifest: dict[str, Any]) -> Checkpoint:
+        """The checkpoint in ``path`` whose manifest reads ``manifest`` (raises
+        :class:`~daskhps.training.manifest.ManifestError` when it lacks fields)."""
+        return cls(path=Path(path), **cls.json_fields(manifest))
 
     @property
-    def name(self) -> str:
-        return str(self.manifest["name"])
-
-    @property
-    def kind(self) -> str:
-        """``"base"`` (stores compacted, full index snapshot) or ``"delta"``."""
-        return str(self.manifest["kind"])
-
-    @property
-    def passes_done(self) -> int:
-        return int(self.manifest["passes_done"])
-
-    @property
-    def step(self) -> int:
-        """Optimizer steps taken (the LR schedule's position)."""
-        return int(self.manifest["step"])
-
-    @property
-    def commit(self) -> str:
-        return str(self.manifest["commit"])
-
-    @property
-    def stores_dir(self) -> Path:
-        return Path(self.manifest["stores_dir"])
-
-    @property
-    def num_workers(self) -> int:
-        return int(self.manifest["num_workers"])
-
-    @property
-    def num_shards(self) -> int:
-        return int(self.manifest["num_shards"])
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        return dict(self.manifest.get("metrics") or {})
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as ``MANIFEST.json`` holds it."""
+        return self.to_json()
 
     @property
     def config(self) -> RunConfig:
         from daskhps.config import RunConfig
 
-        return RunConfig.from_dict(self.manifest["config"], source=str(self.path / MANIFEST))
+        return RunConfig.from_dict(self.run_config, source=str(self.path / MANIFEST))
 
     @property
     def table_spec(self) -> TableSpec:
         """The table's spec; its layout is the one the stores were written with."""
         spec = self.config.table_spec()
-        if spec.layout() != self.manifest["table"]:
+        if spec.layout() != self.table:
             raise CheckpointError(
                 f"checkpoint {self.path}: the table layout in {MANIFEST} "
-                f"({self.manifest['table']}) differs from its config's ({spec.layout()}); "
+                f"({self.table}) differs from its config's ({spec.layout()}); "
                 "the manifest was edited by hand: restore it or use another checkpoint"
             )
         return spec
 
     def store_path(self, rank: int, table: str | None = None) -> Path:
         """The store of rank ``rank``'s shard of ``table`` (default: the run's table)."""
-        return self.stores_dir / (table or str(self.manifest["table"]["table"])) / f"rank-{rank}"
+        return self.stores_dir / (table or str(self.table["table"])) / f"rank-{rank}"
 
     def open_store(self, rank: int, mode: Literal["r", "r+"] = "r") -> ZarrStore:
         """Rank ``rank``'s store of the run's table, at this checkpoint's commit."""
@@ -252,9 +221,10 @@ def check_checkpoint(folder: str | os.PathLike[str]) -> Checkpoint | Skipped:
         manifest = json.loads(mpath.read_text())
     except (OSError, ValueError) as e:
         return Skipped(folder, "unreadable", f"{MANIFEST} does not parse ({e})")
-    missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
-    if missing:
-        return Skipped(folder, "unreadable", f"{MANIFEST} lacks {missing}")
+    try:
+        fields = Checkpoint.json_fields(manifest)
+    except ManifestError as e:
+        return Skipped(folder, "unreadable", f"{MANIFEST} {e}")
     if not isinstance(manifest["format"], int) or manifest["format"] > FORMAT:
         return Skipped(
             folder,
@@ -270,7 +240,7 @@ def check_checkpoint(folder: str | os.PathLike[str]) -> Checkpoint | Skipped:
     problems = _file_problems(folder, files)
     if problems:
         return Skipped(folder, "damaged", "; ".join(problems))
-    return Checkpoint(folder, manifest)
+    return Checkpoint(path=folder, **fields)
 
 
 def _verify(folder: Path) -> Checkpoint:
@@ -467,9 +437,10 @@ def finish_checkpoint(
         **fields,
         "files": files,
     }
-    missing = [k for k in _REQUIRED if k not in manifest]
-    if missing:
-        raise CheckpointError(f"checkpoint {folder}: manifest fields {missing} not given")
+    try:
+        ckpt = Checkpoint.at(folder, manifest)
+    except ManifestError as e:
+        raise CheckpointError(f"checkpoint {folder}: the manifest {e}") from None
     try:
         _write_file(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
         fsync_dir(folder)
@@ -478,4 +449,4 @@ def finish_checkpoint(
             f"writing {folder / MANIFEST} failed: {e}; the checkpoint is not visible and "
             "earlier ones are intact: free disk space, then resume with --resume"
         ) from e
-    return Checkpoint(folder, manifest)
+    return ckpt

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.config import RunConfig
-from daskhps.distributed import commit_shards, shard_stats
-from daskhps.distributed.comm import CommGroup
-from daskhps.distributed.plugin import compact_shards, drop_commits_before
+from daskhps.distributed import RunGroup, WorkerShards
 from daskhps.errors import CheckpointError
 from daskhps.training import worker
 from daskhps.training.checkpoint import (
@@ -39,6 +37,7 @@ from daskhps.training.checkpoint import (
     write_payload,
 )
 from daskhps.training.killpoints import kill_point
+from daskhps.training.records import PassRecord
 
 __all__ = ["Checkpointer", "Position"]
 
@@ -65,20 +64,14 @@ class Checkpointer:
         self,
         config: RunConfig,
         run_dir: Path,
-        client: Any,
-        group: CommGroup,
-        addresses: list[str],
-        run_id: str,
+        group: RunGroup,
         stores_dir: Path,
         days: list[str] | None = None,
         plan: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
-        self.client = client
         self.group = group
-        self.addresses = addresses
-        self.run_id = run_id
         self.stores_dir = stores_dir
         self.days = list(days or [])
         self.plan = plan  # identifies the plan's input; a resume checks it
@@ -92,14 +85,14 @@ class Checkpointer:
         ordinal = math.ceil(passes_done / c.every_passes) - 1
         return "base" if ordinal % c.full_every == 0 else "delta"
 
-    def take(self, pos: Position, record: dict[str, Any]) -> Checkpoint:
+    def take(self, pos: Position, record: PassRecord) -> Checkpoint:
         """Checkpoint the run after ``pos.passes_done`` passes; ``record`` is the last pass's
         metrics line. Raises :class:`CheckpointError`; earlier checkpoints stay intact."""
         t0 = time.perf_counter()
         name = checkpoint_name(pos.passes_done)
         kind = self.kind(pos.passes_done)
         at = pos.passes_done - 1  # schedule position of the pass just done (kill points)
-        dense = self.group.run(worker.dense_checkpoint, self.run_id, what="dense state")
+        dense = self.group.run(worker.dense_checkpoint, what="dense state")
         folder = start_checkpoint(self.run_dir, name)
         try:
             files = write_payload(
@@ -113,21 +106,23 @@ class Checkpointer:
                     "pass_in_epoch": pos.pass_index,
                     "passes_done": pos.passes_done,
                     "step": pos.step,
-                    "record": record,
+                    "record": record.to_json(),
                 },
             )
             kill_point("checkpoint_dense", at)
             try:
                 if kind == "base":
-                    compact_shards(self.client, self.addresses)
-                commit_shards(self.client, self.addresses, name, {"checkpoint": name})
+                    self.group.on_shards(WorkerShards.compact, what="compact shards")
+                self.group.on_shards(
+                    WorkerShards.commit, name, {"checkpoint": name}, what="commit shards"
+                )
             except Exception as e:  # a worker's OSError (disk full) arrives with its type
                 raise CheckpointError(
                     f"checkpoint {folder}: committing the table shards failed: {e}; the "
                     "previous checkpoint is intact: free disk space, then resume with --resume"
                 ) from e
             kill_point("checkpoint_commit", at)
-            stats = shard_stats(self.client, self.addresses)
+            stats = self.group.on_shards(WorkerShards.stats, what="shard stats")
             fields = self._fields(pos, kind, record, stats)
             fields["seconds"] = time.perf_counter() - t0  # to write it, all but the manifest
             ckpt = finish_checkpoint(folder, files, fields)
@@ -139,7 +134,7 @@ class Checkpointer:
         return ckpt
 
     def _fields(
-        self, pos: Position, kind: str, record: dict[str, Any], stats: list[dict[str, Any]]
+        self, pos: Position, kind: str, record: PassRecord, stats: list[dict[str, Any]]
     ) -> dict[str, Any]:
         cfg = self.config
         table = cfg.table.name
@@ -163,12 +158,12 @@ class Checkpointer:
             "step": pos.step,
             "commit": checkpoint_name(pos.passes_done),
             "stores_dir": str(self.stores_dir.resolve()),
-            "num_workers": len(self.addresses),
+            "num_workers": self.group.world_size,
             "num_shards": cfg.passes.plan.num_shards,
             "table": cfg.table_spec().layout(),
             "config": cfg.to_dict(),
-            "metrics": record.get("eval", {}),
-            "train_loss": record.get("train_loss"),
+            "metrics": record.eval or {},
+            "train_loss": record.train_loss,
             "days": self.days,
             "plan": self.plan,
             "shards": shards,
@@ -187,7 +182,9 @@ class Checkpointer:
         if extra and ours:
             # only this run's own checkpoint commits: others (published versions) may share
             # the stores
-            drop_commits_before(self.client, self.addresses, ours[0].commit, prefix="pass-")
+            self.group.on_shards(
+                WorkerShards.drop_commits_before, ours[0].commit, "pass-", what="drop old commits"
+            )
         used = {c.stores_dir.resolve() for c in kept} | {live}
         for c in extra:
             if c.stores_dir.resolve() not in used and c.stores_dir.exists():

@@ -35,7 +35,7 @@ _DAMAGE = ("unreadable", "damaged")
 
 
 def _store_rows(ckpt: Checkpoint, rank: int) -> int | None:
-    spec = ckpt.manifest["table"]
+    spec = ckpt.table
     try:
         with ZarrStore.open(
             ckpt.store_path(rank),
@@ -54,9 +54,8 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
     """One checkpoint as plain values (what ``inspect --json`` prints), with the damage
     ``checker`` (default: sizes only) finds in the stores it reads."""
     checker = checker or StoreChecker()
-    m = ckpt.manifest
     shards = []
-    for s in m.get("shards") or [{"rank": r} for r in range(ckpt.num_workers)]:
+    for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]:
         rank = int(s["rank"])
         found = checker.check(ckpt.store_path(rank), ckpt.commit)
         shards.append(
@@ -70,21 +69,21 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
                 "damage": found.damage,
             }
         )
-    table = m["table"]
+    table = ckpt.table
     return {
         "path": str(ckpt.path),
         "name": ckpt.name,
         "kind": ckpt.kind,
-        "created": m.get("created"),
+        "created": ckpt.created,
         "passes_done": ckpt.passes_done,  # = the pass number (from 1) of the last pass done
-        "epoch": m.get("epoch"),
-        "pass_in_epoch": m.get("pass_in_epoch"),
+        "epoch": ckpt.epoch,
+        "pass_in_epoch": ckpt.pass_in_epoch,
         "step": ckpt.step,
-        "days": m.get("days", []),
+        "days": ckpt.days,
         "metrics": ckpt.metrics,
-        "train_loss": m.get("train_loss"),
-        "format": m["format"],
-        "daskhps_version": m.get("daskhps_version"),
+        "train_loss": ckpt.train_loss,
+        "format": ckpt.format,
+        "daskhps_version": ckpt.daskhps_version,
         "commit": ckpt.commit,
         "stores_dir": str(ckpt.stores_dir),
         "num_workers": ckpt.num_workers,
@@ -94,9 +93,9 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
             "dim": table["dim"],
             "optimizer": table.get("optimizer"),
         },
-        "model": m["config"].get("model", {}).get("name"),
-        "files": {k: v["size"] for k, v in m["files"].items()},
-        "seconds": m.get("seconds"),
+        "model": ckpt.run_config.get("model", {}).get("name"),
+        "files": {k: v["size"] for k, v in ckpt.files.items()},
+        "seconds": ckpt.seconds,
         "shards": shards,
         "rows": sum(s["store_rows"] or 0 for s in shards),
         "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),

@@ -160,7 +160,7 @@ def plan_fingerprint(files: Sequence[str], lengths: Sequence[int], passes: int) 
 
 def check_plan(ckpt: Checkpoint, fingerprint: dict) -> None:
     """:class:`ResumeError` when the input under the plan changed since the checkpoint."""
-    old = ckpt.manifest.get("plan")
+    old = ckpt.plan
     if old is not None and old != fingerprint:
         raise ResumeError(
             f"cannot resume from {ckpt.path}: the training input changed since it was taken "

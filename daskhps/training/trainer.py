@@ -1,16 +1,19 @@
-"""The driver of a training run: cluster, shards, process group, then pass after pass.
+"""The driver of a training run: checks, cluster, the run's hosts, then pass after pass.
 
-One pass, as the driver sees it::
+::
 
-    plan keys of pass k ──shuffle to owners──► stage into each owner's device tier (pinned)
-    route examples of pass k to the worker that trains them
-    all ranks: mini-batch loop (daskhps.training.worker.train_pass), synchronous
-    unpin ─► evaluate on the holdout (read-only lookups) ─► metrics.jsonl line
+    run: preflight checks (nothing written) ─► cluster ─► RunGroup.start (process group, shards)
+    _begin: scan the log once ─► plan ─► dense replicas (restored on resume) ─► metrics.jsonl
+    _train: for each pass of daskhps.training.pipeline.PassPipeline (prepared, activated):
+              train on every rank (daskhps.training.worker.train_pass), synchronous
+              release (unpin; the next pass staged ahead is pinned again)
+              evaluate on the holdout (read-only lookups), tier figures ─► PassRecord
+              metrics.jsonl line ─► checkpoint when due
+    _end:   final commit or evaluation, dense weights
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -20,43 +23,25 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
-from daskhps.distributed import (
-    ShardHost,
-    TierSizing,
-    close_shards,
-    commit_shards,
-    init_comm,
-    local_shards,
-    open_shards,
-    run_pinned,
-    shard_stats,
-    stage_shards,
-    start_cluster,
-    try_stage_shards,
-)
+from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
-from daskhps.distributed.comm import CommGroup
 from daskhps.errors import ConfigError, ResumeError, RunExistsError
-from daskhps.monitor import announce_pass
-from daskhps.monitor.progress import BatchProgress
-from daskhps.passes import PassPlan, PassSpec, build_plan, owner_keys, place_together
-from daskhps.passes.keys import pass_keys, pass_partitions
+from daskhps.monitor.progress import PassProgress
+from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
 from daskhps.sharding import ShardMap
-from daskhps.table import StageReport, TableSpec
+from daskhps.table import TableSpec
 from daskhps.training import resume as resuming
 from daskhps.training import rundir, worker
 from daskhps.training.checkpoint import (
@@ -69,10 +54,11 @@ from daskhps.training.checkpoint import (
     store_damage,
 )
 from daskhps.training.checkpointer import Checkpointer, Position
-from daskhps.training.examples import route_examples
 from daskhps.training.holdout import HoldoutStream
-from daskhps.training.killpoints import check_env, kill_point, kill_when_running
+from daskhps.training.killpoints import check_env, kill_when_running
 from daskhps.training.metrics import evaluate_predictions
+from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
+from daskhps.training.records import Batches, PassRecord, RankPassResult
 
 __all__ = ["HOLDOUT_SPILL", "RunResult", "Trainer"]
 
@@ -96,10 +82,6 @@ class RunResult:
         return [p["train_loss"] for p in self.passes]
 
 
-def _unpin(table: str) -> None:
-    local_shards().unpin(table)
-
-
 @dataclass
 class _Start:
     """What the checks before a run found: the earlier run in run.dir, whether it is replaced
@@ -113,52 +95,19 @@ class _Start:
 
 
 @dataclass(frozen=True)
-class _PassContext:
-    client: Any
-    group: CommGroup
-    addresses: list[str]
-    train_log: ClickLog
+class _Begun:
+    """What the passes of a run start from (:meth:`Trainer._begin`)."""
+
     plan: PassPlan
-    shard_map: ShardMap
-
-
-@dataclass
-class _Prepared:
-    """A pass ready to train: its keys and examples on their workers, maybe already staged."""
-
-    spec: PassSpec
-    keys: tuple[Any, ...]
-    examples: tuple[Any, ...]
-    position: int = 0  # in the run's schedule (over all epochs)
-    staged: bool = False
-    reports: list[StageReport] = field(default_factory=list)
-    late: list[StageReport] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def stage_now(self, ctx: _PassContext, table: str) -> None:
-        """Stage (or re-pin) the pass's keys; rows evicted since an early staging come back."""
-        t = time.perf_counter()
-        reports = stage_shards(ctx.client, ctx.addresses, table, self.keys)
-        kill_point("stage", self.position)
-        if self.staged:
-            self.late = reports
-        else:
-            self.reports, self.staged = reports, True
-        self.seconds["stage"] = self.seconds.get("stage", 0.0) + time.perf_counter() - t
-
-    def staged_from(self) -> dict[str, int]:
-        """Where the staged rows came from (re-pinning counts only rows fetched again)."""
-        out = {
-            "device": sum(r.from_device for r in self.reports),
-            "host": sum(r.from_host for r in self.reports),
-            "store": sum(r.from_store for r in self.reports),
-            "init": sum(r.initialised for r in self.reports),
-        }
-        for r in self.late:
-            out["host"] += r.from_host
-            out["store"] += r.from_store
-            out["init"] += r.initialised
-        return {k: int(v) for k, v in out.items()}
+    schedule: list[tuple[int, PassSpec]]  # (epoch, pass) in training order
+    done: int  # passes of the schedule already done (a resume)
+    step: int  # optimizer steps already taken
+    total_steps: int
+    holdout: HoldoutStream | None
+    bad_by_pass: dict[int, dict[str, int]]
+    fingerprint: dict[str, Any]
+    days: list[str]
+    metrics_path: Path
 
 
 class Trainer:
@@ -213,21 +162,20 @@ class Trainer:
         return start_cluster(**self._cluster_args())
 
     def _comm_args(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`init_comm` (``cluster.dist_*``)."""
+        """The process group's arguments of :meth:`RunGroup.start` (``cluster.dist_*``)."""
         c = self.config.cluster
         return {
             "backend": None if c.dist_backend == "auto" else c.dist_backend,
             "timeout_s": c.dist_timeout_s,
         }
 
-    def _shard_host(self, spec: TableSpec, addresses: list[str]) -> ShardHost:
-        """The worker plugin that holds every rank's shard of ``spec`` (the config's table) in
-        ``self._stores``, tiered as ``table.tiers`` says."""
+    def _worker_shards(self, spec: TableSpec) -> WorkerShards:
+        """What holds every rank's shard of ``spec`` (the config's table) in ``self._stores``,
+        tiered as ``table.tiers`` says."""
         cfg = self.config
-        return ShardHost(
+        return WorkerShards(
             [spec],
             self._stores,
-            addresses,
             self._sizing(),
             policy=cfg.table.tiers.policy,  # type: ignore[arg-type]
             snapshot_every=cfg.table.tiers.snapshot_every,
@@ -248,15 +196,17 @@ class Trainer:
         """``(epoch, pass)`` in training order: every pass of the plan, ``passes.epochs`` times."""
         return [(epoch, spec) for epoch in range(self.config.passes.epochs) for spec in plan.passes]
 
-    def _pass_info(self, spec: PassSpec, step: int, total_steps: int) -> dict[str, Any]:
+    def _batches(self, spec: PassSpec, step: int, total_steps: int) -> Batches:
         """What every rank's mini-batch loop gets for one pass: batch size and learning rates."""
         opt = self.config.dense_optimizer
-        return {
-            "batch_size": self.config.passes.plan.global_batch_size,
-            "num_batches": spec.num_batches,
-            "num_examples": spec.num_examples,
-            "lr": [opt.lr * opt.lr_factor(step + b, total_steps) for b in range(spec.num_batches)],
-        }
+        return Batches(
+            batch_size=self.config.passes.plan.global_batch_size,
+            num_batches=spec.num_batches,
+            num_examples=spec.num_examples,
+            lrs=tuple(
+                opt.lr * opt.lr_factor(step + b, total_steps) for b in range(spec.num_batches)
+            ),
+        )
 
     def _holdout_batch_size(self, num_workers: int) -> int:
         """Holdout rows per evaluation step over all workers (``eval.batch_size`` each)."""
@@ -394,17 +344,16 @@ class Trainer:
             client = handle.client
             spec = cfg.table_spec()
             self._stores = self._stores_dir(len(addresses))
-            host = self._shard_host(spec, addresses)
-            group = init_comm(client, addresses, **self._comm_args())
+            shards = self._worker_shards(spec)
+            group = RunGroup.start(client, addresses, shards=shards, **self._comm_args())
             try:
-                open_shards(client, host)
                 self._train(client, group, addresses, logs, result)
             finally:
                 # Stopped (Ctrl-C, an error): the rows changed since the last checkpoint are
                 # dropped on purpose, a resume starts from it.
                 stopped = sys.exc_info()[0] is not None
                 try:
-                    close_shards(client, addresses, "drop" if stopped else "warn")
+                    group.close_shards("drop" if stopped else "warn")
                     client.run(remove_spill, self._stores / HOLDOUT_SPILL)
                 finally:
                     group.close()
@@ -446,14 +395,67 @@ class Trainer:
     def _train(
         self,
         client: Any,
-        group: CommGroup,
+        group: RunGroup,
         addresses: list[str],
         logs: tuple[ClickLog, ClickLog | None],
         result: RunResult,
     ) -> None:
+        """Every pass of the schedule not done yet, through the pass pipeline."""
         cfg = self.config
-        W = len(addresses)
-        table = cfg.table.name
+        begun = self._begin(client, group, logs, result)
+        ctx = PassContext(
+            group,
+            logs[0],
+            begun.plan,
+            ShardMap(cfg.passes.plan.num_shards, len(addresses)),
+            cfg.table.name,
+            cfg.passes.plan.global_batch_size,
+        )
+        checkpointer = Checkpointer(
+            cfg, self.run_dir, group, self._stores, begun.days, begun.fingerprint
+        )
+        progress = PassProgress(
+            client,
+            self.run_id,
+            addresses,
+            total_passes=len(begun.schedule),
+            total_batches=begun.total_steps,
+            batches_done=begun.step,
+            show=self.progress,
+        )
+        specs = [spec for _, spec in begun.schedule]
+        step = begun.step
+        with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
+            for active in pipe:
+                progress.start_pass(active.position + 1)
+                rec = self._train_pass(ctx, active, step, begun.total_steps)
+                rec.seconds["unpin_repin"] = pipe.release(active)
+                self._finish_record(ctx, rec, begun, active)
+                step += active.spec.num_batches
+                progress.end_pass(active.spec.num_batches, rec.train_loss, rec.auc)
+                result.passes.append(line := rec.to_json())
+                with begun.metrics_path.open("a") as f:
+                    f.write(json.dumps(line) + "\n")
+                epoch = begun.schedule[active.position][0]
+                pos = Position(
+                    active.position + 1, len(specs), epoch + 1, active.spec.index + 1, step
+                )
+                if checkpointer.due(pos):
+                    checkpointer.take(pos, rec)
+                    self._first_checkpoint_done()
+        self._end(group, begun.holdout, result)
+
+    def _begin(
+        self,
+        client: Any,
+        group: RunGroup,
+        logs: tuple[ClickLog, ClickLog | None],
+        result: RunResult,
+    ) -> _Begun:
+        """Scan the log, plan its passes, check a resume against them, build (and restore)
+        the dense replicas, and start (or restore) ``metrics.jsonl``."""
+        cfg = self.config
+        addresses = list(group.addresses)
         train_log, holdout_log = logs
         # One streaming read of the log: good rows per partition (the plan's input), bad rows,
         # and the holdout written to the workers' disks. Nothing of the log stays in memory:
@@ -464,7 +466,7 @@ class Trainer:
         plan = build_plan(
             train_log,
             cfg.passes.plan,
-            W,
+            len(addresses),
             seed=cfg.run.seed,
             partition_lengths=scan.lengths,
         )
@@ -478,12 +480,9 @@ class Trainer:
             assert ckpt is not None
             resuming.check_plan(ckpt, fingerprint)
         scan.report.log_summary(log)
-        bad_by_pass = _bad_rows_by_pass(scan.report.by_shard(), plan)
         holdout = self._holdout(client, scan, addresses) if holdout_log is not None else None
-        shard_map = ShardMap(cfg.passes.plan.num_shards, W)
         group.run(worker.setup_trainer, self._train_setup(), what="build dense replicas")
         schedule = self._schedule(plan)
-        total_steps = sum(spec.num_batches for _, spec in schedule)
         done = ckpt.passes_done if ckpt is not None and resumed else 0
         metrics_path = self.run_dir / "metrics.jsonl"
         if ckpt is not None:
@@ -494,7 +493,6 @@ class Trainer:
                 )
             group.run(
                 worker.load_dense_checkpoint,
-                self.run_id,
                 ckpt.dense_state(),
                 ckpt.optimizer_state(),
                 ckpt.rng_states(),
@@ -506,95 +504,32 @@ class Trainer:
             metrics_path.write_text("")
         if self.eval_before and holdout is not None:
             result.initial_eval = self._evaluate(group, holdout)
-        step = sum(spec.num_batches for _, spec in schedule[:done])
-        days = sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))})
-        checkpointer = Checkpointer(
-            cfg,
-            self.run_dir,
-            client,
-            group,
-            addresses,
-            self.run_id,
-            self._stores,
-            days,
-            fingerprint,
+        return _Begun(
+            plan=plan,
+            schedule=schedule,
+            done=done,
+            step=sum(spec.num_batches for _, spec in schedule[:done]),
+            total_steps=sum(spec.num_batches for _, spec in schedule),
+            holdout=holdout,
+            bad_by_pass=_bad_rows_by_pass(scan.report.by_shard(), plan),
+            fingerprint=fingerprint,
+            days=sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))}),
+            metrics_path=metrics_path,
         )
-        bar = tqdm(
-            total=total_steps,
-            initial=step,
-            unit="batch",
-            disable=not self.progress,
-            desc="training",
-        )
-        batches = BatchProgress(client, self.run_id, bar) if self.progress else None
-        ctx = _PassContext(client, group, addresses, train_log, plan, shard_map)
-        # Pass k+1 is read, hashed, deduplicated, shuffled and staged on a driver thread while
-        # pass k trains on the workers (Baidu's pipeline). That needs a second thread on every
-        # worker: with one, a shuffle task of pass k+1 could hold a worker's only thread while
-        # the other ranks wait for it inside a collective of pass k.
-        pipelined = _min_threads(client, addresses) >= 2
-        if not pipelined:
-            log.warning(
-                "workers have one thread each: pass k+1 is prepared after pass k instead of "
-                "while it trains; give workers 2 threads (cluster.threads_per_worker) to overlap"
+
+    def _end(self, group: RunGroup, holdout: HoldoutStream | None, result: RunResult) -> None:
+        """Commit the final rows (without checkpoints), evaluate at the end (without
+        ``eval.every_pass``), take the dense weights, drop the replicas."""
+        if not self.config.checkpoint.enabled:  # else the last checkpoint committed them
+            group.on_shards(
+                WorkerShards.commit, "end", {"passes": len(result.passes)}, what="commit shards"
             )
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daskhps-prepare")
-        try:
-            upcoming = (
-                pool.submit(self._prepare, ctx, schedule[done][1], done)
-                if done < len(schedule)
-                else None
-            )
-            for i in range(done, len(schedule)):
-                epoch, spec = schedule[i]
-                assert upcoming is not None
-                prepared = upcoming.result()
-                if not prepared.staged:
-                    prepared.stage_now(ctx, table)
-                has_next = i + 1 < len(schedule)
-                ahead = (
-                    pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
-                    if pipelined and has_next
-                    else None
-                )
-                # Passes are numbered from 1 over the whole schedule, wherever a user reads them:
-                # the bar, metrics.jsonl, the report, the dashboard, the checkpoint names.
-                bar.set_description(f"pass {i + 1}/{len(schedule)}")
-                announce_pass(client, addresses, i + 1)  # the dashboard's pass column
-                if batches is not None:
-                    batches.start_pass()
-                rec = self._run_pass(ctx, prepared, step, total_steps, holdout, ahead)
-                if has_next:
-                    upcoming = ahead or pool.submit(self._prepare, ctx, schedule[i + 1][1], i + 1)
-                # skipped rows are counted when their file is first read: in the first epoch
-                skipped = bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
-                rec.update(epoch=epoch + 1, bad_rows_skipped=skipped)
-                step += spec.num_batches
-                if batches is not None:
-                    batches.end_pass(spec.num_batches)
-                else:
-                    bar.update(spec.num_batches)
-                bar.set_postfix(loss=f"{rec['train_loss']:.4f}", auc=rec.get("eval", {}).get("auc"))
-                result.passes.append(rec)
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                pos = Position(i + 1, len(schedule), epoch + 1, spec.index + 1, step)
-                if checkpointer.due(pos):
-                    checkpointer.take(pos, rec)
-                    self._first_checkpoint_done()
-        finally:
-            if batches is not None:
-                batches.close()
-            bar.close()
-            pool.shutdown(wait=True, cancel_futures=True)
-        if not cfg.checkpoint.enabled:  # else the last checkpoint committed the final rows
-            commit_shards(client, addresses, "end", {"passes": len(result.passes)})
         if result.passes:
             result.final_eval = result.passes[-1].get("eval", {})
         if holdout is not None and not result.final_eval:  # eval.every_pass off: at the end
             result.final_eval = self._evaluate(group, holdout)
-        result.dense_state = group.run(worker.model_state, self.run_id, what="dense weights")[0]
-        group.run(worker.drop_trainer, self.run_id, what="drop dense replicas")
+        result.dense_state = group.run(worker.model_state, what="dense weights")[0]
+        group.run(worker.drop_trainer, what="drop dense replicas")
 
     def _holdout(self, client: Any, scan: LogScan, addresses: list[str]) -> HoldoutStream | None:
         """The holdout the scan set aside, evaluated in chunks of at most a pass's size."""
@@ -605,122 +540,63 @@ class Trainer:
         chunk = max(self.config.passes.plan.examples_per_pass, bs)
         return HoldoutStream(client, scan.holdout, addresses, bs, chunk)
 
-    def _prepare(self, ctx: _PassContext, spec: PassSpec, position: int) -> _Prepared:
-        """Read the pass's partitions, route its keys to their owners and its examples to
-        their workers, and try to stage the keys (pinned) while the previous pass may still
-        hold its own pins."""
-        cfg = self.config
-        table = cfg.table.name
-        t = time.perf_counter()
-        # The pass's partitions, read, parsed and hashed once for both its keys and its
-        # examples (held until both are placed, then released).
-        where, lengths, offset = pass_partitions(ctx.plan.partition_lengths, spec.start, spec.stop)
-        rows = dataclasses.replace(ctx.train_log, frame=ctx.train_log.frame.partitions[where])
-        rows = dataclasses.replace(rows, frame=rows.frame.persist())
-        start, stop = spec.start - offset, spec.stop - offset
-        owned = owner_keys(
-            pass_keys(rows, lengths, start, stop), ctx.shard_map, ctx.plan.config.shuffle_method
-        )
-        routed = route_examples(
-            rows.frame,
-            lengths,
-            start,
-            stop,
-            batch_size=cfg.passes.plan.global_batch_size,
-            num_workers=len(ctx.addresses),
-            order=spec.order() - offset if spec.shuffled else None,
-        )
-        keys, examples = place_together(ctx.client, [owned, routed], ctx.addresses)
-        del rows, owned, routed  # their graphs hold the read partitions: released with them
-        prepared = _Prepared(spec, keys.futures, examples.futures, position)
-        prepared.seconds["route"] = time.perf_counter() - t
-        t = time.perf_counter()
-        staged = try_stage_shards(ctx.client, ctx.addresses, table, keys.futures)
-        if isinstance(staged, str):
-            # Both working sets do not fit the device tier together: stage after the previous
-            # pass unpins.
-            log.debug("pass %d staged after the previous one: %s", spec.index, staged)
-        else:
-            prepared.reports, prepared.staged = staged, True
-            kill_point("stage", position)
-        prepared.seconds["stage_ahead"] = time.perf_counter() - t
-        return prepared
-
-    def _run_pass(
-        self,
-        ctx: _PassContext,
-        prepared: _Prepared,
-        step: int,
-        total_steps: int,
-        holdout: HoldoutStream | None,
-        upcoming: Future[_Prepared] | None,
-    ) -> dict[str, Any]:
-        cfg = self.config
-        table = cfg.table.name
-        spec = prepared.spec
-        info = self._pass_info(spec, step, total_steps)
-        B = info["batch_size"]
-        seconds = dict(prepared.seconds)
+    def _train_pass(
+        self, ctx: PassContext, active: PreparedPass, step: int, total_steps: int
+    ) -> PassRecord:
+        """Train an activated pass on every rank; its record, without evaluation or tiers."""
+        spec = active.spec
+        batches = self._batches(spec, step, total_steps)
         t = time.perf_counter()
         disarm = kill_when_running(
-            ctx.client, "daskhps-train-pass-", len(ctx.addresses), prepared.position
+            ctx.group.client, "daskhps-train-pass-", ctx.group.world_size, active.position
         )
         try:
-            outs = ctx.group.run(
+            outs: list[RankPassResult] = ctx.group.run(
                 worker.train_pass,
-                self.run_id,
-                info,
-                rank_args=[(f,) for f in prepared.examples],
+                batches,
+                rank_args=[(f,) for f in active.examples],
                 what="train pass",
+                stage="train",
             )
         finally:
             disarm()
-        seconds["train"] = train_s = time.perf_counter() - t
-        t = time.perf_counter()
-        if upcoming is not None:
-            upcoming_pass = upcoming.result()  # its staging must not race the unpin
-            run_pinned(ctx.client, ctx.addresses, _unpin, table, what="unpin")
-            upcoming_pass.stage_now(ctx, table)  # re-pin what was staged ahead
-        else:
-            run_pinned(ctx.client, ctx.addresses, _unpin, table, what="unpin")
-        seconds["unpin_repin"] = time.perf_counter() - t
-        loss_sum = sum(o["loss_sum"] for o in outs)
-        reports = prepared.reports
-        rec: dict[str, Any] = {
-            "pass": prepared.position + 1,  # in the run's schedule, from 1 (passes done after it)
-            "pass_in_epoch": spec.index + 1,  # in the epoch's plan, from 1
-            "examples": spec.num_examples,
-            "examples_per_s": spec.num_examples / train_s if train_s else 0.0,
-            "train_loss": loss_sum / spec.num_examples,
-            "batch_losses": [
-                sum(o["batch_loss_sums"][b] for o in outs) / min(B, spec.num_examples - b * B)
-                for b in range(spec.num_batches)
-            ],
-            "rows_staged": int(sum(r.rows for r in reports)),
-            "staged_from": prepared.staged_from(),
-            "worker_seconds": {
-                k: max(o["seconds"].get(k, 0.0) for o in outs) for k in outs[0]["seconds"]
-            },
-        }
-        if self._evaluates_each_pass(holdout):
-            assert holdout is not None
-            t = time.perf_counter()
-            rec["eval"] = self._evaluate(ctx.group, holdout)
-            seconds["eval"] = time.perf_counter() - t
-        stats = shard_stats(ctx.client, ctx.addresses)
-        rec["tiers"] = _tier_summary(stats, table)
-        rec["seconds"] = seconds
+        train_s = time.perf_counter() - t
+        rec = PassRecord.of_ranks(
+            outs,
+            pass_number=active.position + 1,
+            pass_in_epoch=spec.index + 1,
+            batches=batches,
+            train_seconds=train_s,
+        )
+        rec.rows_staged = int(sum(r.rows for r in active.reports))
+        rec.staged_from = active.staged_from()
+        rec.seconds = {**active.seconds, "train": train_s}
         return rec
 
-    def _evaluate(self, group: CommGroup, holdout: HoldoutStream) -> dict[str, float]:
+    def _finish_record(
+        self, ctx: PassContext, rec: PassRecord, begun: _Begun, active: PreparedPass
+    ) -> None:
+        """Evaluate (``eval.every_pass``), take the tiers' figures (after the release) and the
+        bad rows skipped (counted when their file is first read: in the first epoch)."""
+        if self._evaluates_each_pass(begun.holdout):
+            assert begun.holdout is not None
+            t = time.perf_counter()
+            rec.eval = self._evaluate(ctx.group, begun.holdout)
+            rec.seconds["eval"] = time.perf_counter() - t
+        stats = ctx.group.on_shards(WorkerShards.stats, what="shard stats")
+        rec.tiers = _tier_summary(stats, ctx.table)
+        epoch = begun.schedule[active.position][0]
+        rec.epoch = epoch + 1
+        rec.bad_rows_skipped = begun.bad_by_pass.get(active.spec.index, {}) if epoch == 0 else {}
+
+    def _evaluate(self, group: RunGroup, holdout: HoldoutStream) -> dict[str, float]:
         def run_chunk(placed: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-            info = {"batch_size": holdout.batch_size, "num_batches": placed.num_batches}
             return group.run(
                 worker.eval_pass,
-                self.run_id,
-                info,
+                Batches(holdout.batch_size, placed.num_batches),
                 rank_args=[(f,) for f in placed.futures],
                 what="eval holdout",
+                stage="eval",
             )
 
         return self._score(*holdout.evaluate(run_chunk))
@@ -803,6 +679,17 @@ def _warn_rereads(plan: PassPlan, block_size: int | None) -> None:
             plan.files[worst],
             int(reads[worst]),
         )
+
+
+def _overlaps(client: Any, addresses: list[str]) -> bool:
+    """Whether pass k+1 is prepared while pass k trains: with two threads per worker."""
+    if _min_threads(client, addresses) >= 2:
+        return True
+    log.warning(
+        "workers have one thread each: pass k+1 is prepared after pass k instead of while it "
+        "trains; give workers 2 threads (cluster.threads_per_worker) to overlap"
+    )
+    return False
 
 
 def _min_threads(client: Any, addresses: list[str]) -> int:

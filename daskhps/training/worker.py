@@ -1,7 +1,10 @@
 """The worker side of training: the dense model replica and the mini-batch loop of each rank.
 
 Every function here runs in a Dask task pinned to one rank, started on all ranks at once by
-:meth:`daskhps.distributed.CommGroup.run`; inside, ranks talk through torch.distributed only.
+:meth:`daskhps.distributed.RunGroup.run`, which hands it the run's
+:class:`~daskhps.distributed.RunHost` on that worker: the rank's process group, its table
+shards, and the dense replica these functions keep there (:attr:`RunHost.replica`). Inside,
+ranks talk through torch.distributed only.
 One mini-batch, on every rank in lockstep::
 
     keys of my share ──route──► owners ──table.lookup──► rows ──► my unique rows (leaf)
@@ -14,7 +17,6 @@ One mini-batch, on every rank in lockstep::
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,12 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from daskhps.data.schema import Schema
-from daskhps.distributed import Comm, Exchange, local_shards
+from daskhps.distributed import Exchange, RunHost, WorkerShards
 from daskhps.distributed.exchange import Routing
 from daskhps.models import ModelSpec, pool
 from daskhps.monitor.progress import report_batches
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import WorkerExamples
+from daskhps.training.records import Batches, RankPassResult
 
 if TYPE_CHECKING:  # the config is what the driver builds the setup from
     from daskhps.config import RunConfig
@@ -238,48 +241,46 @@ def build_dense(setup: TrainSetup) -> tuple[torch.nn.Module, torch.optim.Optimiz
 
 
 class _Replica:
-    def __init__(self, comm: Comm, setup: TrainSetup) -> None:
+    """One rank's dense model, its optimizer, and what its mini-batch loop reuses."""
+
+    def __init__(self, host: RunHost, setup: TrainSetup) -> None:
         if setup.threads:
             torch.set_num_threads(setup.threads)
+        comm = host.require_comm()
         self.setup = setup
         self.model, self.opt = build_dense(setup)
         self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size))
-        self.shards = local_shards()
+        self.shards: WorkerShards = host.require_shards()
         self.pooling = bag_pooling(setup.schema)
         self.step = 0
 
 
-_REPLICAS: dict[tuple[str, int], _Replica] = {}
-_LOCK = threading.Lock()
+def _replica(host: RunHost) -> _Replica:
+    rep = host.replica
+    if not isinstance(rep, _Replica):
+        raise RuntimeError(f"rank {host.rank} has no dense replica: run setup_trainer first")
+    return rep
 
 
-def _replica(comm: Comm, run_id: str) -> _Replica:
-    with _LOCK:
-        return _REPLICAS[(run_id, comm.rank)]
-
-
-def setup_trainer(comm: Comm, setup: TrainSetup) -> int:
+def setup_trainer(host: RunHost, setup: TrainSetup) -> int:
     """Build this rank's replica; returns its number of dense parameters."""
-    rep = _Replica(comm, setup)
-    with _LOCK:
-        _REPLICAS[(setup.run_id, comm.rank)] = rep
+    rep = host.replica = _Replica(host, setup)
     return sum(p.numel() for p in rep.model.parameters())
 
 
-def drop_trainer(comm: Comm, run_id: str) -> None:
-    with _LOCK:
-        _REPLICAS.pop((run_id, comm.rank), None)
+def drop_trainer(host: RunHost) -> None:
+    host.replica = None
 
 
-def model_state(comm: Comm, run_id: str) -> dict[str, torch.Tensor]:
+def model_state(host: RunHost) -> dict[str, torch.Tensor]:
     """This rank's dense weights (identical on every rank)."""
-    rep = _replica(comm, run_id)
+    rep = _replica(host)
     return {k: v.detach().clone() for k, v in rep.model.state_dict().items()}
 
 
-def dense_checkpoint(comm: Comm, run_id: str) -> dict[str, Any]:
+def dense_checkpoint(host: RunHost) -> dict[str, Any]:
     """This rank's dense model and optimizer state and its torch RNG state, for a checkpoint."""
-    rep = _replica(comm, run_id)
+    rep = _replica(host)
     return {
         "model": {k: v.detach().clone() for k, v in rep.model.state_dict().items()},
         "optimizer": copy.deepcopy(rep.opt.state_dict()),
@@ -288,12 +289,13 @@ def dense_checkpoint(comm: Comm, run_id: str) -> dict[str, Any]:
 
 
 def load_dense_checkpoint(
-    comm: Comm, run_id: str, model: dict, optimizer: dict, rng: list[torch.Tensor]
+    host: RunHost, model: dict, optimizer: dict, rng: list[torch.Tensor]
 ) -> None:
     """Restore a checkpoint's dense state into this rank's replica. The learning rate and
     weight decay stay this run's (a resume may change them); RNG states only come back when
     the worker count is unchanged."""
-    rep = _replica(comm, run_id)
+    rep = _replica(host)
+    comm = host.require_comm()
     rep.model.load_state_dict(model)
     rep.opt.load_state_dict(optimizer)
     for group in rep.opt.param_groups:
@@ -349,17 +351,13 @@ def train_step(
     return float(loss.detach())
 
 
-def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]) -> dict:
-    """Train this rank's share of every global batch of one pass.
-
-    ``info``: ``num_batches``, ``batch_size`` (global), ``num_examples`` (of the pass),
-    ``lr`` (one learning rate per batch, from the schedule).
-    """
-    rep = _replica(comm, run_id)
+def train_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> RankPassResult:
+    """Train this rank's share of every global batch of one pass (``part``: its examples)."""
+    rep = _replica(host)
     setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
-    B, n, nb = info["batch_size"], info["num_examples"], info["num_batches"]
+    B, n, nb = batches.batch_size, batches.num_examples, batches.num_batches
     data = WorkerExamples.from_frame(part, setup.schema, B, nb)
-    lrs: list[float] = info["lr"]
+    lrs = batches.lrs
     table = setup.table
     times: dict[str, float] = defaultdict(float)
     losses: list[float] = []
@@ -389,25 +387,23 @@ def train_pass(comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]
         rep.step += 1
         loss_sum += value
         losses.append(value)
-        if comm.rank == 0:
-            report_batches(run_id, b + 1, nb)  # the driver's progress bar
-    return {
-        "rank": comm.rank,
-        "examples": data.num_examples,
-        "loss_sum": loss_sum,
-        "batch_loss_sums": losses,
-        "seconds": dict(times),
-    }
+        if host.rank == 0:
+            report_batches(setup.run_id, b + 1, nb)  # the driver's progress bar
+    return RankPassResult(
+        rank=host.require_rank(),
+        examples=data.num_examples,
+        loss_sum=loss_sum,
+        batch_loss_sums=losses,
+        seconds=dict(times),
+    )
 
 
-def eval_pass(
-    comm: Comm, part: pd.DataFrame, run_id: str, info: dict[str, Any]
-) -> tuple[np.ndarray, np.ndarray]:
+def eval_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Predicted click probabilities and labels of this rank's holdout rows, through
     read-only lookups (no row is inserted anywhere)."""
-    rep = _replica(comm, run_id)
+    rep = _replica(host)
     setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
-    data = WorkerExamples.from_frame(part, setup.schema, info["batch_size"], info["num_batches"])
+    data = WorkerExamples.from_frame(part, setup.schema, batches.batch_size, batches.num_batches)
     preds = []
     model.eval()
 
@@ -415,7 +411,7 @@ def eval_pass(
         return shards.lookup(setup.table, keys, read_only=True)
 
     with torch.no_grad():
-        for b in range(info["num_batches"]):
+        for b in range(batches.num_batches):
             dense, keys, offsets, _ = data.batch(b)
             logits, _, _ = batch_forward(model, ex, lookup, dense, keys, offsets, rep.pooling)
             preds.append(torch.sigmoid(logits))

@@ -3,7 +3,7 @@
 ``LANDINGS`` is the reviewed table of where each key of the reference (daskhps.config.reference,
 docs/configuration.md) lands: the overrides that give it a non-default value and a probe that
 observes it in the component the run builds from the config — the objects the trainer makes
-(its ShardHost opened on a stand-in worker, the dense-replica setup it hands to the workers,
+(its WorkerShards opened on a stand-in worker, the dense-replica setup it hands to the workers,
 the pass plan and schedule, the cluster and collective arguments), the click-log reader, the
 log generator, the checkpointer, the capacity check and the publish guard. Each case observes
 the base config and the variant: the variant must change what the component does (and match
@@ -40,6 +40,7 @@ from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.schema import criteo_schema
 from daskhps.data.source import day_of
 from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.distributed import RunHost
 from daskhps.errors import ConfigError, DataError
 from daskhps.passes import plan_owner_keys
 from daskhps.retrain.guard import judge
@@ -105,8 +106,10 @@ class Built:
 
     @cached_property
     def host(self) -> Any:
-        """The trainer's ShardHost, set up and opened on a stand-in for rank 0's worker."""
-        host = self.trainer._shard_host(self.cfg.table_spec(), ADDRESSES)  # as Trainer.run
+        """The trainer's WorkerShards in a run host, set up and opened on a stand-in for rank
+        0's worker."""
+        shards = self.trainer._worker_shards(self.cfg.table_spec())  # as Trainer.run
+        host = RunHost("keys", ADDRESSES, shards)
         limit = self.trainer._cluster_args()["memory_limit"]
         worker = SimpleNamespace(
             address=ADDRESSES[0],
@@ -114,8 +117,8 @@ class Built:
         )
         host.setup(worker)
         self._close.append(lambda: host.teardown(worker))
-        host.open()
-        return host
+        shards.open()
+        return shards
 
     @cached_property
     def table(self) -> Any:
@@ -134,7 +137,7 @@ class Built:
     @cached_property
     def checkpointer(self) -> Checkpointer:
         t = self.trainer
-        return Checkpointer(self.cfg, t.run_dir, None, None, [], t.run_id, t._stores)
+        return Checkpointer(self.cfg, t.run_dir, None, t._stores)  # type: ignore[arg-type]
 
 
 # -- probes: what each component shows of its settings -------------------------------------
@@ -242,7 +245,7 @@ def pass_sizes(b: Built) -> list[int]:
 
 def batches(b: Built) -> tuple[int, int]:
     first = b.plan.passes[0]
-    return b.trainer._pass_info(first, 0, 100)["batch_size"], first.num_batches
+    return b.trainer._batches(first, 0, 100).batch_size, first.num_batches
 
 
 def shuffled(b: Built) -> list[bool]:
@@ -250,7 +253,7 @@ def shuffled(b: Built) -> list[bool]:
 
 
 def key_shuffle(b: Built) -> list[str]:
-    """The Dask shuffle that routes a pass's keys to their owners (as Trainer._prepare does)."""
+    """The Dask shuffle that routes a pass's keys to their owners (as prepare_pass does)."""
     owned = plan_owner_keys(b.logs[0], b.plan, b.plan.passes[0], ShardMap(64, len(ADDRESSES)))
     names = {str(k[0] if isinstance(k, tuple) else k) for k in owned.__dask_graph__()}
     return sorted({n.split("-")[0] for n in names if "shuffle" in n.split("-")[0]})
@@ -335,7 +338,7 @@ def dense_optimizer(b: Built) -> dict[str, Any]:
 
 def learning_rates(b: Built) -> tuple[float, ...]:
     spec = b.plan.passes[0]
-    return tuple(round(x, 8) for x in b.trainer._pass_info(spec, 0, 4)["lr"])
+    return tuple(round(x, 8) for x in b.trainer._batches(spec, 0, 4).lrs)
 
 
 def cluster_args(b: Built) -> dict[str, Any]:
@@ -418,7 +421,7 @@ def L(where: str, probe: Callable[[Built], Any], *set_: str, **kw: Any) -> Landi
     return Landing(where, probe, tuple(set_), **kw)
 
 
-DEV = "the trainer's ShardHost, opened on rank 0"
+DEV = "the trainer's WorkerShards, opened on rank 0"
 GEN = "the log generator (data.generate.ensure, as Trainer.run calls it)"
 READ = "the click-log reader (read_train_and_holdout, as Trainer.run calls it)"
 CLUSTER = "start_cluster's arguments (Trainer._cluster_args)"
@@ -493,7 +496,7 @@ LANDINGS: dict[str, Landing] = {
     "passes.epochs": L("the trainer's schedule", schedule_epochs, "passes.epochs=2", expect=[0, 1]),
     "passes.examples_per_pass": L("the pass plan", pass_sizes, "passes.examples_per_pass=300"),
     "passes.global_batch_size": L(
-        "the pass plan and what each rank's loop gets per pass (Trainer._pass_info)",
+        "the pass plan and what each rank's loop gets per pass (Trainer._batches)",
         batches,
         "passes.global_batch_size=25",
         expect=(25, 8),
@@ -579,12 +582,12 @@ LANDINGS: dict[str, Landing] = {
         expect=1.0,
     ),
     "dense_optimizer.schedule": L(
-        "each step's learning rate (Trainer._pass_info)",
+        "each step's learning rate (Trainer._batches)",
         learning_rates,
         "dense_optimizer.schedule=cosine",
     ),
     "dense_optimizer.warmup_steps": L(
-        "each step's learning rate (Trainer._pass_info)",
+        "each step's learning rate (Trainer._batches)",
         learning_rates,
         "dense_optimizer.warmup_steps=2",
         base=("dense_optimizer.schedule=cosine",),
@@ -617,14 +620,18 @@ LANDINGS: dict[str, Landing] = {
     ),
     "cluster.gpu": L(CLUSTER, cluster_args, "cluster.gpu=true", pick="gpus", expect=True),
     "cluster.dist_backend": L(
-        "init_comm's arguments",
+        "the process group's arguments",
         comm_args,
         "cluster.dist_backend=gloo",
         pick="backend",
         expect="gloo",
     ),
     "cluster.dist_timeout_s": L(
-        "init_comm's arguments", comm_args, "cluster.dist_timeout_s=5", pick="timeout_s", expect=5.0
+        "the process group's arguments",
+        comm_args,
+        "cluster.dist_timeout_s=5",
+        pick="timeout_s",
+        expect=5.0,
     ),
     "eval.every_pass": L(
         "the trainer's evaluation",

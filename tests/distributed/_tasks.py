@@ -7,32 +7,34 @@ import time
 
 import torch
 
-from daskhps.distributed import Comm, Exchange, local_shards
+from daskhps.distributed import Exchange, RunHost
 from daskhps.sharding import ShardMap
 
 TABLE = "emb"
 NUM_SHARDS = 8
 
 
-def all_reduce(comm: Comm) -> list[float]:
+def all_reduce(host: RunHost) -> list[float]:
+    comm = host.require_comm()
     t = torch.full((3,), float(comm.rank + 1))
     comm.all_reduce(t)
     return t.tolist()
 
 
-def exchange(comm: Comm, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def exchange(host: RunHost, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pull this rank's batch from the owners' shards; push ones back; the batch's rows."""
-    host = local_shards()
+    comm, shards = host.require_comm(), host.require_shards()
     ex = Exchange(comm, ShardMap(NUM_SHARDS, comm.world_size))
     routing = ex.route(keys)
-    rows = ex.pull_rows(routing, lambda k: host.lookup(TABLE, k))
+    rows = ex.pull_rows(routing, lambda k: shards.lookup(TABLE, k))
     ones = torch.ones_like(rows)
-    ex.push_grads(routing, ones, lambda k, g: host.apply_gradients(TABLE, k, g))
+    ex.push_grads(routing, ones, lambda k, g: shards.apply_gradients(TABLE, k, g))
     return keys, rows[routing.inverse]
 
 
-def die_in_collective(comm: Comm) -> None:
+def die_in_collective(host: RunHost) -> None:
     """Rank 1's process dies while rank 0 waits in an all-reduce."""
+    comm = host.require_comm()
     if comm.rank == 1:
         time.sleep(0.5)
         os._exit(1)

@@ -1,4 +1,4 @@
-"""Cluster start, ShardHost and the process group through a real LocalCluster."""
+"""Cluster start, a run's hosts (process group, shards) through a real LocalCluster."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ import torch
 from daskhps.distributed import (
     ClusterError,
     CommError,
-    ShardHost,
+    RunGroup,
     TierSizing,
     WorkerLostError,
-    close_shards,
-    commit_shards,
-    init_comm,
-    open_shards,
+    WorkerShards,
     run_pinned,
-    shard_stats,
-    stage_shards,
     start_cluster,
-    try_stage_shards,
 )
 from daskhps.passes.owners import worker_addresses
 from daskhps.sharding import ShardMap
@@ -46,8 +40,10 @@ def test_shards_comm_and_exchange_on_worker_processes(cluster, tmp_path):
     assert cluster.kind == "local" and len(addrs) == 2 and list(addrs) == sorted(addrs)
     assert cluster.dashboard_link and "127.0.0.1" in cluster.dashboard_link
 
-    host = ShardHost([SPEC], tmp_path / "stores", addrs, TierSizing(0.05, 0.05))
-    sizes = open_shards(client, host)
+    shards = WorkerShards([SPEC], tmp_path / "stores", TierSizing(0.05, 0.05))
+    group = RunGroup.start(client, addrs, shards=shards, timeout_s=20)
+    assert group.backend == "gloo" and group.world_size == 2
+    sizes = group.on_shards(WorkerShards.open)  # opened by start: opening again is a no-op
     assert [s[_tasks.TABLE]["rank"] for s in sizes] == [0, 1]
     assert all(s[_tasks.TABLE]["device_rows"] > 1000 for s in sizes)
 
@@ -56,23 +52,24 @@ def test_shards_comm_and_exchange_on_worker_processes(cluster, tmp_path):
     batches = [torch.arange(0, 300, 3), torch.arange(100, 400, 2)]
     every = torch.unique(torch.cat(batches))
     owned = [every[smap.worker(every) == r] for r in range(2)]
-    reports = stage_shards(client, addrs, _tasks.TABLE, owned)
+    reports = group.on_shards(WorkerShards.stage, _tasks.TABLE, rank_args=[(o,) for o in owned])
     assert [r.rows for r in reports] == [len(o) for o in owned]
 
-    with init_comm(client, timeout_s=20) as group:
-        assert group.backend == "gloo" and group.world_size == 2
-        assert group.run(_tasks.all_reduce) == [[3.0] * 3, [3.0] * 3]
-        got = group.run(_tasks.exchange, rank_args=[(b,) for b in batches])
+    assert group.run(_tasks.all_reduce) == [[3.0] * 3, [3.0] * 3]
+    got = group.run(_tasks.exchange, rank_args=[(b,) for b in batches])
 
     with EmbeddingTable.open(SPEC, tmp_path / "ref", device_rows=1000) as ref:
         for keys, rows in got:
             assert torch.equal(rows, ref.lookup(keys, read_only=True))
 
-    stats = shard_stats(client, addrs)
+    stats = group.on_shards(WorkerShards.stats)
     assert [s["rank"] for s in stats] == [0, 1]
     assert [s["tables"][_tasks.TABLE]["pinned"] for s in stats] == [len(o) for o in owned]
-    commit_shards(client, addrs, "pass-0")
-    close_shards(client, addrs)
+    group.on_shards(WorkerShards.commit, "pass-0")
+    group.close_shards()
+    group.close()
+    with pytest.raises(ClusterError, match="has no host of run"):
+        group.run(_tasks.all_reduce)  # the run's hosts are gone from the workers
     for r in range(2):
         assert (tmp_path / "stores" / _tasks.TABLE / f"rank-{r}").is_dir()
     # Closed shards released their locks: the stores reopen here, holding the pushed
@@ -90,23 +87,20 @@ def test_shards_comm_and_exchange_on_worker_processes(cluster, tmp_path):
 @pytest.mark.slow
 def test_staging_ahead_that_does_not_fit_is_an_answer_not_a_task_failure(cluster, tmp_path):
     client, addrs = cluster.client, cluster.addresses
-    host = ShardHost([SPEC], tmp_path / "stores", addrs, TierSizing(device_rows=100))
-    open_shards(client, host)
-    try:
-        first = try_stage_shards(client, addrs, _tasks.TABLE, [torch.arange(60)] * 2)
-        assert not isinstance(first, str) and [r.rows for r in first] == [60, 60]
+    shards = WorkerShards([SPEC], tmp_path / "stores", TierSizing(device_rows=100))
+    with RunGroup.start(client, addrs, shards=shards, timeout_s=20) as group:
+        first = group.on_shards(WorkerShards.try_stage, _tasks.TABLE, torch.arange(60))
+        assert all(a.fitted for a in first) and [a.report.rows for a in first] == [60, 60]
         # 60 pinned + 60 new > 100 rows: every rank answers, none fails
-        second = try_stage_shards(client, addrs, _tasks.TABLE, [torch.arange(60, 120)] * 2)
-        assert isinstance(second, str) and "does not fit the device tier" in second
-        assert [s["tables"][_tasks.TABLE]["pinned"] for s in shard_stats(client, addrs)] == [
-            60,
-            60,
-        ]
+        second = group.on_shards(WorkerShards.try_stage, _tasks.TABLE, torch.arange(60, 120))
+        assert not any(a.fitted for a in second)
+        assert all("does not fit the device tier" in str(a.refusal) for a in second)
+        stats = group.on_shards(WorkerShards.stats)
+        assert [s["tables"][_tasks.TABLE]["pinned"] for s in stats] == [60, 60]
         # without the "ahead" reading, the same refusal is an error
         with pytest.raises(Exception, match="does not fit the device tier"):
-            stage_shards(client, addrs, _tasks.TABLE, [torch.arange(60, 120)] * 2)
-    finally:
-        close_shards(client, addrs)
+            group.on_shards(WorkerShards.stage, _tasks.TABLE, torch.arange(60, 120))
+        group.close_shards()
 
 
 def test_thread_workers_get_explicit_groups():
@@ -115,7 +109,7 @@ def test_thread_workers_get_explicit_groups():
         n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
     ) as handle:
         assert handle.dashboard_link is None
-        with init_comm(handle.client, timeout_s=10) as group:
+        with RunGroup.start(handle.client, timeout_s=10) as group:
             assert group.run(_tasks.all_reduce) == [[3.0] * 3, [3.0] * 3]
 
 
@@ -130,7 +124,7 @@ def test_rank_that_cannot_join_fails_within_timeout():
         time.sleep(0.2)
         t0 = time.monotonic()
         with pytest.raises(CommError, match="could not form the process group within 1 s"):
-            init_comm(handle.client, timeout_s=1)
+            RunGroup.start(handle.client, timeout_s=1)
         assert time.monotonic() - t0 < 2.9  # before the busy task ends
         busy.result()
 
@@ -141,7 +135,7 @@ def test_worker_killed_fails_the_run_with_a_clear_error():
         n_workers=2, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None
     ) as handle:
         # Mid-collective: rank 0's all-reduce fails as soon as rank 1's process is gone.
-        group = init_comm(handle.client, timeout_s=5)
+        group = RunGroup.start(handle.client, timeout_s=5)
         t0 = time.monotonic()
         with pytest.raises(CommError, match=r"all_reduce failed.*a peer rank was lost"):
             group.run(_tasks.die_in_collective)

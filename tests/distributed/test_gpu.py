@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from daskhps.distributed import Comm, Exchange, ShardHost, TierSizing
+from daskhps.distributed import Comm, Exchange, TierSizing, WorkerShards
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable
 from tests.distributed import _ranks
@@ -32,8 +32,8 @@ def test_device_fraction_is_of_gpu_memory(tmp_path):
     total = torch.cuda.get_device_properties(0).total_memory
     rows = got[_ranks.SPEC.name][0]
     assert 0 < rows * _ranks.SPEC.row_bytes <= 0.01 * total
-    host = ShardHost([_ranks.SPEC], tmp_path, ["w"], TierSizing(device_rows=100), device="cuda")
-    assert host.device == "cuda"
+    shards = WorkerShards([_ranks.SPEC], tmp_path, TierSizing(device_rows=100), device="cuda")
+    assert shards.device == "cuda"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one per nccl rank)")

@@ -1,4 +1,4 @@
-"""On a real LocalCluster (2 worker processes): ShardHost figures in ``scheduler_info()``,
+"""On a real LocalCluster (2 worker processes): the run's shard figures in ``scheduler_info()``,
 on each worker's ``/metrics``, stage time on the Fine Performance Metrics, and the dashboard
 on localhost (with a sensible fallback when its port is taken)."""
 
@@ -18,17 +18,12 @@ import torch
 from daskhps.data import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.distributed import (
-    ShardHost,
+    RunGroup,
     TierSizing,
-    close_shards,
-    commit_shards,
-    open_shards,
-    shard_stats,
-    stage_shards,
+    WorkerShards,
     start_cluster,
 )
 from daskhps.distributed.cluster import ClusterHandle
-from daskhps.distributed.comm import init_comm
 from daskhps.monitor import announce_pass, metric_name
 from daskhps.passes import PassConfig, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
@@ -64,18 +59,19 @@ def staged(tmp_path_factory: pytest.TempPathFactory, busy_port: int) -> Iterator
     )
     try:
         client, addresses = handle.client, list(handle.addresses)
-        host = ShardHost(
+        shards = WorkerShards(
             [SPEC],
             tmp_path_factory.mktemp("stores"),
-            addresses,
             TierSizing(device_rows=1000, host_bytes=0),
         )
-        open_shards(client, host)
-        stage_shards(client, addresses, "clicks", [torch.arange(n) for n in KEYS_PER_RANK])
-        commit_shards(client, addresses, "first")
-        shard_stats(client, addresses)  # as the trainer does after each pass
+        group = RunGroup.start(client, addresses, shards=shards, timeout_s=30)
+        keys = [(torch.arange(n),) for n in KEYS_PER_RANK]
+        group.on_shards(WorkerShards.stage, "clicks", rank_args=keys, what="stage shards")
+        group.on_shards(WorkerShards.commit, "first", what="commit shards")
+        group.on_shards(WorkerShards.stats)  # as the trainer does after each pass
         yield handle
-        close_shards(client, addresses)
+        group.close_shards()
+        group.close()
     finally:
         handle.close()
 
@@ -158,16 +154,16 @@ def test_dashboard_stays_on_localhost_and_moves_off_a_taken_port(staged, busy_po
     assert re.match(r"tcp://127\.0\.0\.1:\d+", staged.addresses[0])  # workers too
 
 
-def _sleep_a_little(comm: Any) -> int:
+def _sleep_a_little(host: Any) -> int:
     time.sleep(0.05)
-    return comm.rank
+    return int(host.rank)
 
 
 def test_collective_tasks_are_metered_as_train_and_eval_and_the_pass_is_shown(staged):
     client, addresses = staged.client, list(staged.addresses)
-    with init_comm(client, addresses, timeout_s=30) as group:
-        assert group.run(_sleep_a_little, what="train pass") == [0, 1]
-        group.run(_sleep_a_little, what="eval holdout")
+    with RunGroup.start(client, addresses, timeout_s=30) as group:
+        assert group.run(_sleep_a_little, what="train pass", stage="train") == [0, 1]
+        group.run(_sleep_a_little, what="eval holdout", stage="eval")
     announce_pass(client, addresses, 7)
 
     def cumulative(dask_scheduler: Any) -> dict:

@@ -1,4 +1,5 @@
-"""ShardMetrics on a ShardHost with real tables and zarr stores, on a stand-in worker."""
+"""ShardMetrics on a run host's WorkerShards with real tables and zarr stores, on a stand-in
+worker."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY, generate_latest
 
-from daskhps.distributed import ShardHost, TierSizing
+from daskhps.distributed import RunHost, TierSizing, WorkerShards
 from daskhps.monitor import metric_name
 from daskhps.table import OptimizerSpec, TableSpec
 
@@ -24,14 +25,20 @@ def _worker() -> SimpleNamespace:
     )
 
 
+def _run_host(path, device_rows: int) -> RunHost:
+    shards = WorkerShards([SPEC], path, TierSizing(device_rows=device_rows, host_bytes=0))
+    return RunHost("t", [ADDRESS], shards)
+
+
 @pytest.fixture
 def host(tmp_path):
     # 200 device rows and no host tier: staging 300 keys in two passes pushes rows to zarr.
-    h = ShardHost([SPEC], tmp_path, [ADDRESS], TierSizing(device_rows=200, host_bytes=0))
+    h = _run_host(tmp_path, 200)
     w = _worker()
     h.setup(w)
-    h.open()
-    yield h, w
+    assert h.shards is not None and h.shards.monitor is h.monitor
+    h.shards.open()
+    yield h.shards, w
     h.teardown(w)
 
 
@@ -120,17 +127,18 @@ def test_shard_stats_refresh_the_store_figures_at_once(host):
 
 
 def test_prometheus_lists_the_worker_then_forgets_it(tmp_path):
-    h = ShardHost([SPEC], tmp_path, [ADDRESS], TierSizing(device_rows=100, host_bytes=0))
+    h = _run_host(tmp_path, 100)
     w = _worker()
     h.setup(w)
-    h.open()
-    h.stage("clicks", torch.arange(20))
+    assert h.shards is not None and h.monitor is not None
+    h.shards.open()
+    h.shards.stage("clicks", torch.arange(20))
     h.monitor.refresh(force=True)
     text = generate_latest(REGISTRY).decode()
     assert f'daskhps_rows{{table="clicks",tier="device",worker="{ADDRESS}"}} 20.0' in text
     assert f'daskhps_rows_staged_total{{table="clicks",worker="{ADDRESS}"}} 20.0' in text
     # Registering the plugin again (same worker) replaces the series instead of failing.
-    h2 = ShardHost([SPEC], tmp_path / "b", [ADDRESS], TierSizing(device_rows=100, host_bytes=0))
+    h2 = _run_host(tmp_path / "b", 100)
     h.teardown(w)
     h2.setup(w)
     assert metric_name("clicks", "rows_device") in w.metrics

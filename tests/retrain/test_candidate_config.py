@@ -12,6 +12,7 @@ from daskhps.errors import ConfigError
 from daskhps.retrain.candidate import candidate_config, check_warm_start
 from daskhps.retrain.days import DayPlan
 from daskhps.training.checkpoint import Checkpoint
+from tests._runs import config_checkpoint
 
 PLAN = DayPlan(train=("2024-01-02", "2024-01-03"), eval_day="2024-01-04")
 
@@ -41,7 +42,7 @@ def test_candidate_config(tmp_path: Path) -> None:
 
 
 def _base(cfg: RunConfig, tmp_path: Path) -> Checkpoint:
-    return Checkpoint(tmp_path / "v000001", {"config": cfg.to_dict()})
+    return config_checkpoint(tmp_path / "v000001", cfg.to_dict())
 
 
 def test_warm_start_accepts_day_to_day_changes(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_a_few_days_of_retraining(
     assert v1.metrics["auc"] > v1.baseline["auc"]  # training beat the untrained model
     assert v1.metrics["examples"] == v1.baseline["examples"] == 2000  # the same rows
     ckpt1 = load_checkpoint(v1.checkpoint)
-    assert ckpt1.commit == "version-v000001" and ckpt1.manifest["days"] == [DAYS[0]]
+    assert ckpt1.commit == "version-v000001" and ckpt1.days == [DAYS[0]]
     rows_v1 = _committed_rows(Path(v1.checkpoint))
     assert rows_v1
 

@@ -17,8 +17,8 @@ from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, ResumeError
 from daskhps.retrain.candidate import check_warm_start
 from daskhps.training import changes
-from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.resume import check_resume
+from tests._runs import config_checkpoint
 
 _CONFIGS = (
     {
@@ -181,7 +181,7 @@ def test_each_mode_accepts_what_the_table_says(tmp_path: Path, config: int, key:
     old = RunConfig.from_dict(_CONFIGS[config])
     value = _flatten(old.to_dict())[key]
     new = _edit(old, key, _other(value))
-    ckpt = Checkpoint(tmp_path / "pass-000001", {"config": old.to_dict()})
+    ckpt = config_checkpoint(tmp_path / "pass-000001", old.to_dict())
     resume_ok, warm_ok = POLICY[key]
     try:
         assert check_resume(ckpt, new) == {key: (value, _other(value))}

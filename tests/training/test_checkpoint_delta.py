@@ -1,6 +1,6 @@
 """A delta checkpoint's size follows the rows touched since the previous one, not the table.
 
-A checkpoint's table part is one commit of every shard store (``commit_shards``); its dense
+A checkpoint's table part is one commit of every shard store (``WorkerShards.commit``); its dense
 part (dense.pt) does not depend on the table. So the bytes a commit adds to a real zarr store
 on disk are what a delta checkpoint costs: ``scripts/bench_checkpoint.py`` measures them for a
 200k-row table here, touching 100, 1,000 and 10,000 rows.

@@ -183,7 +183,7 @@ def test_kill_point_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_pruning_drops_only_the_runs_own_old_commits() -> None:
-    from daskhps.distributed.plugin import droppable_commits
+    from daskhps.distributed.shards import droppable_commits
 
     names = ["pass-000001", "pass-000002", "pass-000003", "pass-000004"]
     assert droppable_commits(names, "pass-000003", "pass-") == 2

@@ -1,4 +1,4 @@
-"""ShardHost and tier sizing, on a stand-in worker (no cluster needed)."""
+"""WorkerShards in a RunHost, and tier sizing, on a stand-in worker (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from daskhps.distributed import MAX_CPU_FRACTION, ClusterError, ShardHost, TierSizing
+from daskhps.distributed import MAX_CPU_FRACTION, ClusterError, RunHost, TierSizing, WorkerShards
 from daskhps.errors import ConfigError
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.tiers.host import rows_for_bytes
@@ -21,6 +21,13 @@ GiB = 2**30
 
 def _worker(address: str = "tcp://w:1", limit: int | None = GiB) -> SimpleNamespace:
     return SimpleNamespace(address=address, memory_manager=SimpleNamespace(memory_limit=limit))
+
+
+def _host(shards: WorkerShards, addresses: list[str], on: str) -> RunHost:
+    """A run's host holding ``shards``, set up on the stand-in worker at ``on``."""
+    host = RunHost("t", addresses, shards)
+    host.setup(_worker(on))
+    return host
 
 
 def test_sizing_needs_one_device_budget():
@@ -52,9 +59,10 @@ def test_sizing_splits_fractions_by_row_size():
 
 
 def test_shards_open_per_rank_and_calls_take_the_lock(tmp_path):
-    host = ShardHost([SMALL, WIDE], tmp_path, ["tcp://w:0", "tcp://w:1"], TierSizing(0.01, 0.01))
-    host.setup(_worker("tcp://w:1"))
-    opened = host.open()
+    shards = WorkerShards([SMALL, WIDE], tmp_path, TierSizing(0.01, 0.01))
+    host = _host(shards, ["tcp://w:0", "tcp://w:1"], "tcp://w:1")
+    assert host.rank == 1 and shards.rank == 1
+    opened = shards.open()
     assert opened["small"]["rank"] == 1 and opened["small"]["device_rows"] > 0
     assert (tmp_path / "small" / "rank-1").is_dir() and (tmp_path / "wide" / "rank-1").is_dir()
 
@@ -62,7 +70,7 @@ def test_shards_open_per_rank_and_calls_take_the_lock(tmp_path):
     entered, times = threading.Event(), {}
 
     def train() -> None:
-        with host.locked("small"):
+        with shards.locked("small"):
             entered.set()
             time.sleep(0.3)
             times["trained"] = time.monotonic()
@@ -70,17 +78,17 @@ def test_shards_open_per_rank_and_calls_take_the_lock(tmp_path):
     t = threading.Thread(target=train)
     t.start()
     entered.wait()
-    report = host.stage("small", torch.arange(50))
+    report = shards.stage("small", torch.arange(50))
     times["staged"] = time.monotonic()
     t.join()
     assert times["staged"] >= times["trained"] and report.rows == 50
 
-    rows = host.lookup("small", torch.arange(3))
-    host.apply_gradients("small", torch.arange(3), torch.ones(3, 4))
-    assert not torch.equal(host.lookup("small", torch.arange(3), read_only=True), rows)
-    stats = host.stats()
+    rows = shards.lookup("small", torch.arange(3))
+    shards.apply_gradients("small", torch.arange(3), torch.ones(3, 4))
+    assert not torch.equal(shards.lookup("small", torch.arange(3), read_only=True), rows)
+    stats = shards.stats()
     assert stats["rank"] == 1 and stats["tables"]["small"]["pinned"] == 50
-    assert host.commit("c0") == {"small": "c0", "wide": "c0"}
+    assert shards.commit("c0") == {"small": "c0", "wide": "c0"}
 
     host.teardown(_worker("tcp://w:1"))
     host.close()  # twice is fine
@@ -90,22 +98,24 @@ def test_shards_open_per_rank_and_calls_take_the_lock(tmp_path):
 
 
 def test_worker_outside_the_ranks_holds_nothing(tmp_path):
-    host = ShardHost([SMALL], tmp_path, ["tcp://w:0"], TierSizing(device_rows=10))
-    host.setup(_worker("tcp://other:9"))
+    shards = WorkerShards([SMALL], tmp_path, TierSizing(device_rows=10))
+    host = _host(shards, ["tcp://w:0"], "tcp://other:9")
     with pytest.raises(ClusterError, match="not one of the run's ranks"):
-        host.open()
+        shards.open()
+    with pytest.raises(ClusterError, match="not one of the run's ranks"):
+        host.require_rank()
     with pytest.raises(ClusterError, match="not open on rank None"):
-        host.lookup("small", torch.arange(2))
+        shards.lookup("small", torch.arange(2))
     with pytest.raises(ClusterError, match="not one of \\['small'\\]"):
-        host.lookup("nope", torch.arange(2))
+        shards.lookup("nope", torch.arange(2))
 
 
 def test_table_names_must_be_unique(tmp_path):
     with pytest.raises(ClusterError, match="unique"):
-        ShardHost([SMALL, SMALL], tmp_path, ["a"], TierSizing(device_rows=1))
+        WorkerShards([SMALL, SMALL], tmp_path, TierSizing(device_rows=1))
 
 
-def _snapshot_commits(host: ShardHost, table: str, commits: int) -> list[int]:
+def _snapshot_commits(host: WorkerShards, table: str, commits: int) -> list[int]:
     """Which of ``commits`` commits (each updating a few rows) wrote a full index snapshot."""
     host.stage(table, torch.arange(100))
     out = []
@@ -118,16 +128,14 @@ def _snapshot_commits(host: ShardHost, table: str, commits: int) -> list[int]:
 
 
 def test_stores_take_snapshot_every(tmp_path):
-    default = ShardHost([SMALL], tmp_path / "a", ["tcp://w:0"], TierSizing(device_rows=200))
-    every2 = ShardHost(
-        [SMALL], tmp_path / "b", ["tcp://w:0"], TierSizing(device_rows=200), snapshot_every=2
-    )
+    default = WorkerShards([SMALL], tmp_path / "a", TierSizing(device_rows=200))
+    every2 = WorkerShards([SMALL], tmp_path / "b", TierSizing(device_rows=200), snapshot_every=2)
     got = []
-    for host in (default, every2):
-        host.setup(_worker("tcp://w:0"))
-        host.open()
+    for shards in (default, every2):
+        host = _host(shards, ["tcp://w:0"], "tcp://w:0")
+        shards.open()
         try:
-            got.append(_snapshot_commits(host, "small", 8))
+            got.append(_snapshot_commits(shards, "small", 8))
         finally:
             host.teardown(_worker("tcp://w:0"))
     assert got == [[7], [1, 3, 5, 7]]  # every 8th commit by default, every 2nd when asked

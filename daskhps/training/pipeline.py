@@ -1,0 +1,202 @@
+"""The pass pipeline: every pass goes through prepare, stage ahead, activate, train, release.
+
+::
+
+    driver thread ("prepare")                 main thread
+    -------------------------                 -----------
+    prepare(k+1): read the pass's partitions, activate(k): pin k's keys if staging ahead
+      owner keys and examples placed on         did not (rows evicted since come back)
+      their workers                           train(k) on every rank
+    stage ahead(k+1): pin beside k's pins,    release(k): unpin k, then pin k+1 again (what
+      when both fit the device tier             was staged ahead is pinned once k is gone)
+
+Pass k+1 is read, hashed, deduplicated, shuffled and staged on the driver thread while pass k
+trains on the workers (Baidu's pipeline). That needs a second thread on every worker: with
+one, a shuffle task of pass k+1 could hold a worker's only thread while the other ranks wait
+for it inside a collective of pass k, so with one thread pass k+1 is prepared after pass k.
+Nothing of the log stays on the workers between passes: each pass reads its own partitions
+when it is prepared and releases them once its keys and examples are placed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from daskhps.data.readers import ClickLog
+from daskhps.distributed import RunGroup, StageAhead, WorkerShards
+from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
+from daskhps.passes.keys import pass_keys, pass_partitions
+from daskhps.sharding import ShardMap
+from daskhps.table import StageReport
+from daskhps.training.examples import route_examples
+from daskhps.training.killpoints import kill_point
+
+__all__ = ["PassContext", "PassPipeline", "PreparedPass", "prepare_pass"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What preparing any pass of a run needs."""
+
+    group: RunGroup
+    train_log: ClickLog
+    plan: PassPlan
+    shard_map: ShardMap
+    table: str
+    batch_size: int  # global
+
+    def stage(self, keys: Sequence[Any], what: str) -> list[StageReport]:
+        """Pin ``keys[r]`` (futures of owner partitions) in rank ``r``'s shard."""
+        return self.group.on_shards(
+            WorkerShards.stage, self.table, rank_args=[(k,) for k in keys], what=what
+        )
+
+
+@dataclass
+class PreparedPass:
+    """A pass ready to train: its keys and examples on their workers, maybe already staged."""
+
+    spec: PassSpec
+    keys: tuple[Any, ...]
+    examples: tuple[Any, ...]
+    position: int = 0  # in the run's schedule (over all epochs)
+    staged: bool = False
+    reports: list[StageReport] = field(default_factory=list)
+    late: list[StageReport] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def stage(self, ctx: PassContext) -> None:
+        """Stage (or re-pin) the pass's keys; rows evicted since an early staging come back."""
+        t = time.perf_counter()
+        reports = ctx.stage(self.keys, "stage shards")
+        kill_point("stage", self.position)
+        if self.staged:
+            self.late = reports
+        else:
+            self.reports, self.staged = reports, True
+        self.seconds["stage"] = self.seconds.get("stage", 0.0) + time.perf_counter() - t
+
+    def staged_from(self) -> dict[str, int]:
+        """Where the staged rows came from (re-pinning counts only rows fetched again)."""
+        out = {
+            "device": sum(r.from_device for r in self.reports),
+            "host": sum(r.from_host for r in self.reports),
+            "store": sum(r.from_store for r in self.reports),
+            "init": sum(r.initialised for r in self.reports),
+        }
+        for r in self.late:
+            out["host"] += r.from_host
+            out["store"] += r.from_store
+            out["init"] += r.initialised
+        return {k: int(v) for k, v in out.items()}
+
+
+def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPass:
+    """Read the pass's partitions, route its keys to their owners and its examples to their
+    workers, and try to stage the keys (pinned) while the previous pass may still hold its
+    own pins."""
+    t = time.perf_counter()
+    addresses = ctx.group.addresses
+    # The pass's partitions, read, parsed and hashed once for both its keys and its examples
+    # (held until both are placed, then released).
+    where, lengths, offset = pass_partitions(ctx.plan.partition_lengths, spec.start, spec.stop)
+    rows = dataclasses.replace(ctx.train_log, frame=ctx.train_log.frame.partitions[where])
+    rows = dataclasses.replace(rows, frame=rows.frame.persist())
+    start, stop = spec.start - offset, spec.stop - offset
+    owned = owner_keys(
+        pass_keys(rows, lengths, start, stop), ctx.shard_map, ctx.plan.config.shuffle_method
+    )
+    routed = route_examples(
+        rows.frame,
+        lengths,
+        start,
+        stop,
+        batch_size=ctx.batch_size,
+        num_workers=len(addresses),
+        order=spec.order() - offset if spec.shuffled else None,
+    )
+    keys, examples = place_together(ctx.group.client, [owned, routed], addresses)
+    del rows, owned, routed  # their graphs hold the read partitions: released with them
+    prepared = PreparedPass(spec, keys.futures, examples.futures, position)
+    prepared.seconds["route"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ahead: list[StageAhead] = ctx.group.on_shards(
+        WorkerShards.try_stage,
+        ctx.table,
+        rank_args=[(k,) for k in keys.futures],
+        what="stage ahead",
+    )
+    refused = [a.refusal for a in ahead if not a.fitted]
+    if refused:
+        # Both working sets do not fit the device tier together: the pass is staged once the
+        # previous one unpins.
+        log.debug("pass %d staged after the previous one: %s", spec.index, refused[0])
+    else:
+        prepared.reports = [a.report for a in ahead if a.report is not None]
+        prepared.staged = True
+        kill_point("stage", position)
+    prepared.seconds["stage_ahead"] = time.perf_counter() - t
+    return prepared
+
+
+class PassPipeline:
+    """The passes ``schedule[start:]`` of a run, each yielded once activated (its keys
+    pinned); the caller trains it, then calls :meth:`release`.
+
+    ``overlap``: prepare pass k+1 while pass k trains (workers with two threads); otherwise
+    pass k+1 is prepared once pass k is done.
+    """
+
+    def __init__(
+        self, ctx: PassContext, schedule: Sequence[PassSpec], start: int, overlap: bool
+    ) -> None:
+        self.ctx = ctx
+        self.schedule = list(schedule)
+        self.start = start
+        self.overlap = overlap
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daskhps-prepare")
+        self._ahead: Future[PreparedPass] | None = None
+
+    def _prepare(self, position: int) -> Future[PreparedPass]:
+        return self._pool.submit(prepare_pass, self.ctx, self.schedule[position], position)
+
+    def __iter__(self) -> Iterator[PreparedPass]:
+        n = len(self.schedule)
+        upcoming = self._prepare(self.start) if self.start < n else None
+        for i in range(self.start, n):
+            assert upcoming is not None
+            active = upcoming.result()
+            if not active.staged:  # activate: staging ahead did not fit beside the last pass
+                active.stage(self.ctx)
+            has_next = i + 1 < n
+            self._ahead = self._prepare(i + 1) if self.overlap and has_next else None
+            yield active
+            if has_next:
+                upcoming = self._ahead or self._prepare(i + 1)
+
+    def release(self, active: PreparedPass) -> float:
+        """Unpin ``active``'s keys; the next pass, if staged ahead, is pinned again (its
+        staging must not race the unpin, so it is waited for first). Returns the seconds."""
+        t = time.perf_counter()
+        upcoming = self._ahead.result() if self._ahead is not None else None
+        self.ctx.group.on_shards(WorkerShards.unpin, self.ctx.table, what="unpin")
+        if upcoming is not None:
+            upcoming.stage(self.ctx)  # re-pin what was staged ahead
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> PassPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,119 @@
+"""The typed records of a pass, from what each rank gets to the line in ``metrics.jsonl``.
+
+::
+
+    Batches ──► every rank's mini-batch loop (train_pass, eval_pass)
+    RankPassResult ◄── each rank, once its share of the pass is trained
+    PassRecord: the ranks' results, staging, evaluation, tiers and timings of one pass;
+                one line of metrics.jsonl (to_json), the record a checkpoint keeps
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Batches", "PassRecord", "RankPassResult"]
+
+
+@dataclass(frozen=True)
+class Batches:
+    """How one pass (or holdout chunk) is cut into global mini-batches, for every rank.
+
+    ``lrs`` holds one learning rate per batch (the schedule's); empty for evaluation.
+    """
+
+    batch_size: int  # global
+    num_batches: int
+    num_examples: int = 0
+    lrs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankPassResult:
+    """What one rank's :func:`~daskhps.training.worker.train_pass` returns."""
+
+    rank: int
+    examples: int
+    loss_sum: float
+    batch_loss_sums: list[float]
+    seconds: dict[str, float]
+
+
+@dataclass
+class PassRecord:
+    """One pass of a run, as ``metrics.jsonl`` and the checkpoint's ``state.json`` keep it.
+
+    ``pass_number`` counts from 1 over the whole schedule (the passes done after it),
+    ``pass_in_epoch`` from 1 within the epoch's plan, ``epoch`` from 1.
+    """
+
+    pass_number: int
+    pass_in_epoch: int
+    examples: int
+    examples_per_s: float
+    train_loss: float
+    batch_losses: list[float]
+    rows_staged: int
+    staged_from: dict[str, int]
+    worker_seconds: dict[str, float]
+    eval: dict[str, float] | None = None
+    tiers: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    epoch: int = 0
+    bad_rows_skipped: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_ranks(
+        cls,
+        outs: list[RankPassResult],
+        *,
+        pass_number: int,
+        pass_in_epoch: int,
+        batches: Batches,
+        train_seconds: float,
+    ) -> PassRecord:
+        """The training part of a pass's record, from every rank's result: losses are the
+        ranks' sums over the global batch's examples."""
+        B, n = batches.batch_size, batches.num_examples
+        return cls(
+            pass_number=pass_number,
+            pass_in_epoch=pass_in_epoch,
+            examples=n,
+            examples_per_s=n / train_seconds if train_seconds else 0.0,
+            train_loss=sum(o.loss_sum for o in outs) / n,
+            batch_losses=[
+                sum(o.batch_loss_sums[b] for o in outs) / min(B, n - b * B)
+                for b in range(batches.num_batches)
+            ],
+            rows_staged=0,
+            staged_from={},
+            worker_seconds={k: max(o.seconds.get(k, 0.0) for o in outs) for k in outs[0].seconds},
+        )
+
+    @property
+    def auc(self) -> float | None:
+        return self.eval.get("auc") if self.eval is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``metrics.jsonl`` line (``eval`` only when the pass was evaluated)."""
+        out: dict[str, Any] = {
+            "pass": self.pass_number,
+            "pass_in_epoch": self.pass_in_epoch,
+            "examples": self.examples,
+            "examples_per_s": self.examples_per_s,
+            "train_loss": self.train_loss,
+            "batch_losses": self.batch_losses,
+            "rows_staged": self.rows_staged,
+            "staged_from": self.staged_from,
+            "worker_seconds": self.worker_seconds,
+        }
+        if self.eval is not None:
+            out["eval"] = self.eval
+        out.update(
+            tiers=self.tiers,
+            seconds=self.seconds,
+            epoch=self.epoch,
+            bad_rows_skipped=self.bad_rows_skipped,
+        )
+        return out
