@@ -53,8 +53,7 @@ WriteBack = Callable[[torch.Tensor, torch.Tensor], object]
 
 class RowSource(Protocol):
     """The bottom of a read path: whole rows (``spec.width``) of unique CPU keys, zero where
-    not ``found``; :class:`~daskhps.tiers.zarr_store.ZarrStore` and
-    :class:`~daskhps.serve.ShardedStores` are ones."""
+    not ``found`` (a shard's zarr store; serving's ``ShardedStores`` over every rank store)."""
 
     def lookup(self, keys: torch.Tensor, *, out: torch.Tensor | None = None) -> Lookup: ...
 
