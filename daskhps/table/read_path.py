@@ -135,8 +135,9 @@ class ReadPath:
 
     def promote(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Bring unique ``keys`` missing from the device cache into it, displacing unpinned
-        rows down the hierarchy; returns their rows (on the cache's device) and the slots of
-        the first ``capacity_rows`` of them (all, when they fit, as training checks first)."""
+        rows down the hierarchy. Returns ``(slots, rows)``: the device slots of the first
+        ``capacity_rows`` keys (all of them when they fit, which training checks first) and
+        every key's row, on the cache's device."""
         cpu_rows, dirty = self._fetch(keys)
         rows = cpu_rows.to(self.device_cache.device)
         return self._place(keys, rows, dirty, cpu_rows), rows
