@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 from daskhps.serve.lookup import RefreshReport, ServingLookup
-from daskhps.serve.stores import ShardedStores, initial_rows
+from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import Servable, TableVersion, load_servable
+from daskhps.table.read_path import initial_rows  # the table's own, re-exported
 
 __all__ = [
     "RefreshReport",

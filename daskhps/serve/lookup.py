@@ -11,7 +11,9 @@
                                      │ unseen key                     ▲
                                    init(seed, key) ───────────────────┘
     rows displaced from the device cache go to host memory; rows displaced from host memory
-    are dropped (every cached row is clean: the store or init gives it back).
+    are dropped (every cached row is clean: the store or init gives it back). Everything
+    below the device hit is the table's read path (daskhps.table.read_path) with the rank
+    stores below and no write-back.
 
     refresh(newer)  replay the key arrays of the segments the newer commit adds over the
                     key index in memory (a rollback or branch: open its index instead)
@@ -31,9 +33,10 @@ from typing import Any, Literal
 
 import torch
 
-from daskhps.errors import DaskHPSError, StoreMismatchError
+from daskhps.errors import DaskHPSError, DataError, StoreMismatchError
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import TableVersion
+from daskhps.table.read_path import ReadPath, read_below
 from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.base import check_keys
 from daskhps.tiers.device import DeviceCache
@@ -120,7 +123,9 @@ class ServingLookup:
             self.host = HostMemory(f"{name}/serve-host", width, host_bytes, policy=policy)
         self.device = self.device_cache.device
         self._stores = ShardedStores(version)
-        self._rows_from = {"device": 0, "host": 0, "store": 0, "init": 0}
+        # Every cached row is clean (the stores are never written): no write-back.
+        self._read = ReadPath(self.spec, self.device_cache, self.host, self._stores)
+        self._rows_from = self._read.rows_from
         self._store_rows_read = 0  # of stores closed by refresh
 
     @property
@@ -146,44 +151,11 @@ class ServingLookup:
         self._rows_from["device"] += n_hit
         if n_hit < len(ukeys):
             miss = (~found).nonzero().squeeze(1)
-            rows[miss] = self._fill(ukeys[miss])
+            mkeys = ukeys[miss]
+            if unique:
+                _check_unique(mkeys, self.spec.name)
+            rows[miss] = self._read.promote(mkeys)[1]
         return rows if inv is None else rows[inv]
-
-    def _fill(self, keys: torch.Tensor) -> torch.Tensor:
-        """Rows of device-missing keys from host memory or the stores, then cached."""
-        n = len(keys)
-        ckeys = keys.cpu()
-        rows = torch.empty(n, self.width, dtype=torch.float32)
-        todo = torch.ones(n, dtype=torch.bool)
-        if self.host is not None and len(self.host):
-            got = self.host.lookup(ckeys)
-            rows[got.found] = got.rows[got.found]
-            todo &= ~got.found
-            self.host.evict(keys=ckeys[got.found])  # exclusive tiers: it moves up
-            self._rows_from["host"] += int(got.found.sum())
-        rest = todo.nonzero().squeeze(1)
-        if len(rest):
-            before = self._stores.initialised
-            rows[rest] = self._stores.read(ckeys[rest])[:, : self.width]
-            fresh = self._stores.initialised - before
-            self._rows_from["init"] += fresh
-            self._rows_from["store"] += len(rest) - fresh
-        self._cache(ckeys, rows)
-        return rows.to(self.device)
-
-    def _cache(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        """Put rows in the device cache; what that displaces, and the rows of a batch larger
-        than the device cache, go to host memory (as many as it holds)."""
-        cap = self.device_cache.capacity_rows
-        displaced = self.device_cache.upsert(
-            keys[:cap].to(self.device), rows[:cap].to(self.device), dirty=False
-        )
-        if self.host is None:
-            return
-        down_keys = torch.cat([displaced.keys.cpu(), keys[cap:]])
-        down_rows = torch.cat([displaced.rows.cpu(), rows[cap:]])
-        hcap = self.host.capacity_rows
-        self.host.upsert(down_keys[:hcap], down_rows[:hcap], dirty=False)
 
     # -- refresh ---------------------------------------------------------------------------
 
@@ -220,14 +192,14 @@ class ServingLookup:
                 changed, how = None, "full"
             self._store_rows_read += old.rows_read
             old.close()
-            self._stores = new
+            self._stores = self._read.below = new
         replaced = 0
         if changed is None:
             for cache in self._caches():
                 cache.evict(keys=cache.keys())
         else:
             for cache in self._caches():
-                replaced += _replace(cache, changed, new, self.width)
+                replaced += _replace(cache, changed, self._read)
         return RefreshReport(
             old_commit=old_commit,
             new_commit=version.commit,
@@ -269,14 +241,28 @@ class ServingLookup:
         self.close()
 
 
-def _replace(cache: SlotCache, changed: torch.Tensor, stores: ShardedStores, width: int) -> int:
-    """Overwrite the cached rows of ``changed`` keys with ``stores``' rows; returns how many."""
+def _replace(cache: SlotCache, changed: torch.Tensor, path: ReadPath) -> int:
+    """Overwrite the cached rows of ``changed`` keys with the rows below ``path`` (the newer
+    version's stores, or init); returns how many."""
     if not len(changed) or not len(cache):
         return 0
     keys = changed.to(cache.device)
     cached = keys[cache.find_slots(keys) >= 0]
     if len(cached):
         # Every key is present, so the upsert overwrites in place and displaces nothing.
-        rows = stores.read(cached.cpu())[:, :width].contiguous()
-        cache.upsert(cached, rows.to(cache.device), dirty=False)
+        rows, _ = read_below(path.spec, path.below, cached.cpu(), path.width)
+        cache.upsert(cached, rows.contiguous().to(cache.device), dirty=False)
     return len(cached)
+
+
+def _check_unique(keys: torch.Tensor, table: str) -> None:
+    """Refuse a batch promised unique that is not: the caches index one row per key."""
+    if len(keys) < 2 or bool((keys[1:] > keys[:-1]).all()):  # sorted (a routed batch)
+        return
+    s = keys.sort().values
+    dup = (s[1:] == s[:-1]).nonzero()
+    if len(dup):
+        raise DataError(
+            f"table {table!r}: serving lookup(unique=True) got key {int(s[dup[0, 0]])} more "
+            "than once; pass unique=False (the default) to deduplicate"
+        )

@@ -5,6 +5,10 @@
     keys ──ShardMap.worker──► rank 0 store (mode "r", commit c) ──found──► rows
                               rank 1 store ...                 ──missing─► init(seed, key)
 
+:class:`ShardedStores` is what sits below the caches on serving's read path
+(:mod:`daskhps.table.read_path`, the table's own): its ``lookup`` reads the rank stores, and
+the read path gives keys none of them holds their initial rows.
+
 Stores are opened with ``mode="r"``: no lock is taken and nothing is ever written, so a
 trainer may keep appending and committing while a reader serves an earlier commit.
 """
@@ -15,15 +19,13 @@ import torch
 
 from daskhps.errors import StoreCorruptedError, StoreMismatchError, StoreNotFoundError
 from daskhps.serve.version import TableVersion
-from daskhps.table.init import init_embedding
-from daskhps.table.optimizers import init_state
-from daskhps.table.spec import TableSpec
+from daskhps.table.read_path import read_below
 from daskhps.table.table import open_store
-from daskhps.tiers.base import check_keys
+from daskhps.tiers.base import Lookup, check_keys
 from daskhps.tiers.store_check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
 
-__all__ = ["ShardedStores", "check_stores", "initial_rows"]
+__all__ = ["ShardedStores", "check_stores"]
 
 
 def check_stores(version: TableVersion, model: str) -> None:
@@ -55,13 +57,6 @@ def check_stores(version: TableVersion, model: str) -> None:
             "intact checkpoint (--checkpoint NAME; `daskhps inspect RUN_DIR` says which are "
             "intact) or restore the stores from a backup"
         )
-
-
-def initial_rows(spec: TableSpec, keys: torch.Tensor) -> torch.Tensor:
-    """Full rows (embedding, optimizer state) of keys never written: a pure function of
-    (table seed, key), as in training (docs/invariants.md, invariant 2)."""
-    emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
-    return torch.cat([emb, init_state(spec.optimizer, len(keys), spec.dim, keys.device)], dim=1)
 
 
 class ShardedStores:
@@ -96,28 +91,29 @@ class ShardedStores:
     def __len__(self) -> int:
         return sum(len(s) for s in self.stores)
 
+    def lookup(self, keys: torch.Tensor, *, out: torch.Tensor | None = None) -> Lookup:
+        """Full rows of unique CPU ``keys`` from their rank stores (zero where no store holds
+        the key, ``found`` False); ``out`` is an optional ``float32[n, width]`` to fill."""
+        if len(self.stores) == 1:
+            return self.stores[0].lookup(keys, out=out)
+        rows = torch.empty(len(keys), self.spec.width, dtype=torch.float32) if out is None else out
+        found = torch.zeros(len(keys), dtype=torch.bool)
+        owner = self.version.shard_map.worker(keys)
+        order = torch.argsort(owner, stable=True)
+        counts = torch.bincount(owner, minlength=len(self.stores)).tolist()
+        for store, idx in zip(self.stores, order.split(counts), strict=True):
+            if len(idx):
+                got = store.lookup(keys[idx])
+                rows[idx] = got.rows
+                found[idx] = got.found
+        return Lookup(rows, found)
+
     def read(self, keys: torch.Tensor) -> torch.Tensor:
         """Full rows of unique ``keys`` (CPU ``float32[n, width]``); unseen keys read their
         initial value."""
         keys = check_keys(keys, f"table {self.spec.name!r}: read").cpu()
-        rows = torch.empty(len(keys), self.spec.width, dtype=torch.float32)
-        found = torch.zeros(len(keys), dtype=torch.bool)
-        if len(self.stores) == 1:
-            got = self.stores[0].lookup(keys, out=rows)
-            found = got.found
-        else:
-            owner = self.version.shard_map.worker(keys)
-            order = torch.argsort(owner, stable=True)
-            counts = torch.bincount(owner, minlength=len(self.stores)).tolist()
-            for store, idx in zip(self.stores, order.split(counts), strict=True):
-                if len(idx):
-                    got = store.lookup(keys[idx])
-                    rows[idx] = got.rows
-                    found[idx] = got.found
-        fresh = (~found).nonzero().squeeze(1)
-        if len(fresh):
-            rows[fresh] = initial_rows(self.spec, keys[fresh])
-            self.initialised += len(fresh)
+        rows, fresh = read_below(self.spec, self, keys, self.spec.width)
+        self.initialised += fresh
         return rows
 
     def _check_delta(self, version: TableVersion) -> None:

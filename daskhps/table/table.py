@@ -13,7 +13,8 @@
                                               ▼                           │
                                             init(seed, key) ──────────────┘
     rows displaced from the device go to host memory; dirty rows displaced from host memory
-    are appended to the zarr store.
+    are appended to the zarr store. Everything below the device hit is the read path
+    (daskhps.table.read_path), which serving shares.
 
 The device and host tiers are *exclusive*: a row sits in at most one of them, carrying a dirty
 flag that says whether it differs from the store's copy. Rows that were only initialised are
@@ -32,8 +33,8 @@ from typing import Any, Literal
 import torch
 
 from daskhps.errors import CapacityError, DataError
-from daskhps.table.init import init_embedding
-from daskhps.table.optimizers import apply_update, init_state
+from daskhps.table.optimizers import apply_update
+from daskhps.table.read_path import ReadPath
 from daskhps.table.spec import TableSpec
 from daskhps.tiers.base import Evicted, check_keys
 from daskhps.tiers.device import DeviceCache
@@ -75,7 +76,8 @@ class EmbeddingTable:
         self.device_cache = device_cache
         self.host = host
         self.device = device_cache.device
-        self._sources = {"device": 0, "host": 0, "store": 0, "init": 0}
+        self._read = ReadPath(spec, device_cache, host, store, write_back=store.upsert)
+        self._sources = self._read.rows_from  # where rows came from; the read path counts too
         self._read_only = store.read_only
 
     # -- construction --------------------------------------------------------------
@@ -146,7 +148,7 @@ class EmbeddingTable:
         rows, found = got.rows, got.found
         if not bool(found.all()):
             miss = (~found).nonzero().squeeze(1)
-            rows[miss] = self._read_below(ukeys[miss])
+            rows[miss] = self._read.read(ukeys[miss])
         return rows[inv]
 
     def _lookup_rows(self, keys: torch.Tensor) -> torch.Tensor:
@@ -361,88 +363,9 @@ class EmbeddingTable:
 
     def _promote(self, mkeys: torch.Tensor) -> torch.Tensor:
         """Bring unique keys missing from the device tier into it (displacing unpinned rows
-        down the hierarchy); returns their slots. The caller checked that they fit."""
-        rows, dirty = self._fetch_below(mkeys)
-        new_slots, displaced = self.device_cache.insert_new(mkeys, rows, dirty)
-        self._push_down(displaced)
-        return new_slots
-
-    def _fetch_below(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of device-missing keys from host (moved), store (copied) or init, with their
-        dirty flags relative to the store."""
-        n, width = len(keys), self.spec.width
-        rows = torch.empty(n, width, dtype=torch.float32)
-        dirty = torch.zeros(n, dtype=torch.bool)
-        ckeys = keys.cpu()
-        todo = torch.ones(n, dtype=torch.bool)
-        if self.host is not None and len(self.host):
-            found, taken = self.host.take(ckeys)
-            if len(taken):
-                rows[found] = taken.rows
-                dirty[found] = taken.dirty
-                todo &= ~found
-                self._sources["host"] += len(taken)
-        rest = todo.nonzero().squeeze(1)
-        if len(rest):
-            got = self.store.lookup(ckeys[rest])
-            rows[rest] = got.rows
-            found = rest[got.found]
-            self._sources["store"] += len(found)
-            fresh = rest[~got.found]
-            if len(fresh):
-                rows[fresh] = self._initial_rows(ckeys[fresh])
-                self._sources["init"] += len(fresh)
-        return rows.to(self.device), dirty.to(self.device)
-
-    def _read_below(self, keys: torch.Tensor) -> torch.Tensor:
-        """Rows of device-missing keys without moving anything."""
-        n, width = len(keys), self.spec.width
-        ckeys = keys.cpu()
-        rows = torch.empty(n, width, dtype=torch.float32)
-        todo = torch.ones(n, dtype=torch.bool)
-        if self.host is not None and len(self.host):
-            got = self.host.lookup(ckeys)
-            rows[got.found] = got.rows[got.found]
-            todo &= ~got.found
-        rest = todo.nonzero().squeeze(1)
-        if len(rest):
-            got = self.store.lookup(ckeys[rest])
-            rows[rest] = got.rows
-            fresh = rest[~got.found]
-            if len(fresh):
-                rows[fresh] = self._initial_rows(ckeys[fresh])
-        return rows.to(self.device)
-
-    def _initial_rows(self, keys: torch.Tensor) -> torch.Tensor:
-        spec = self.spec
-        emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
-        state = init_state(spec.optimizer, len(keys), spec.dim, keys.device)
-        return torch.cat([emb, state], dim=1)
-
-    def _push_down(self, displaced: Evicted) -> None:
-        """Rows displaced from the device go to host memory; dirty rows that host memory
-        cannot keep are appended to the store."""
-        if not len(displaced):
-            return
-        displaced = displaced.to("cpu")
-        to_store = []
-        if self.host is None:
-            to_store.append(displaced.only_dirty())
-        else:
-            cap = self.host.capacity_rows or 0
-            if len(displaced) > cap:  # more than host memory holds: the rest goes straight down
-                rest = Evicted(displaced.keys[cap:], displaced.rows[cap:], displaced.dirty[cap:])
-                to_store.append(rest.only_dirty())
-                displaced = Evicted(
-                    displaced.keys[:cap], displaced.rows[:cap], displaced.dirty[:cap]
-                )
-            if len(displaced):
-                # Tiers are exclusive: rows leaving the device are unique and not in host memory.
-                _, pushed = self.host.insert_new(displaced.keys, displaced.rows, displaced.dirty)
-                to_store.append(pushed.only_dirty())
-        down = Evicted.concat(to_store, self.spec.width)
-        if len(down):
-            self.store.upsert(down.keys, down.rows)
+        down the hierarchy, see :mod:`daskhps.table.read_path`); returns their slots. The
+        caller checked that they fit."""
+        return self._read.promote(mkeys)[0]
 
 
 def open_store(

@@ -249,6 +249,15 @@ def test_bad_inputs_raise_clear_errors(stores: Path, tmp_path: Path) -> None:
         lk.lookup(torch.tensor([1.0, 2.0]))
 
 
+def test_a_batch_promised_unique_that_repeats_a_key_is_refused(stores: Path) -> None:
+    keys = _keys(stores)["keys"][:5]
+    with ServingLookup(version(stores, "v1"), device_rows=10) as lk:
+        with pytest.raises(DataError, match=rf"unique=True.*key {int(keys[1])} more than once"):
+            lk.lookup(torch.cat([keys, keys[1:2]]), unique=True)
+        assert len(lk.device_cache) == 0  # refused before any row moved
+        assert np.array_equal(bits(lk.lookup(keys, unique=True)), bits(lk.lookup(keys)))
+
+
 @pytest.mark.gpu
 def test_a_device_cache_on_the_gpu_returns_the_same_bits(stores: Path) -> None:
     keys = _keys(stores)["keys"]
