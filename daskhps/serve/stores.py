@@ -20,7 +20,7 @@ from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
 from daskhps.table.table import open_store
 from daskhps.tiers.base import check_keys
-from daskhps.tiers.store_check import StoreChecker
+from daskhps.tiers.store.check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
 
 __all__ = ["ShardedStores", "check_stores", "initial_rows"]

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from daskhps.errors import DataError
 
-__all__ = ["Evicted", "Lookup", "Tier", "TierStats", "check_keys", "check_rows"]
+__all__ = ["CommitInfo", "Evicted", "Lookup", "Tier", "TierStats", "check_keys", "check_rows"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,37 @@ class Evicted:
             torch.cat([p.rows for p in parts]),
             torch.cat([p.dirty for p in parts]),
         )
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """A durable commit point of a store: one checkpoint of its shard.
+
+    Attributes
+    ----------
+    name:
+        The caller's name for it (e.g. ``"pass-12"``); committing a name again replaces it.
+    seq:
+        Position in the store's history; later commits have larger ``seq``.
+    time:
+        Unix time of the commit.
+    rows:
+        Keys in the committed state.
+    snapshot:
+        Whether this commit wrote a full index snapshot (else it replays segments).
+    segments:
+        Segments the committed state reads rows from.
+    meta:
+        The caller's JSON metadata.
+    """
+
+    name: str
+    seq: int
+    time: float
+    rows: int
+    snapshot: bool
+    segments: int
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

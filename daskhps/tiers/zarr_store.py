@@ -49,22 +49,23 @@ from daskhps.errors import (
 )
 from daskhps.tiers._index import KeyIndex
 from daskhps.tiers._lock import WriterLock
-from daskhps.tiers._manifest import (
+from daskhps.tiers.base import (
     CommitInfo,
+    Evicted,
+    Lookup,
+    Tier,
+    TierStats,
+    check_keys,
+    check_rows,
+)
+from daskhps.tiers.store.arrays import RawArray, read_around_pays, write_array, write_group
+from daskhps.tiers.store.durable import fsync_dir, fsync_tree
+from daskhps.tiers.store.manifest import (
     Manifest,
     manifest_path,
     scan_manifests,
     write_manifest,
 )
-from daskhps.tiers._segments import (
-    RawArray,
-    fsync_dir,
-    fsync_tree,
-    read_around_pays,
-    write_array,
-    write_group,
-)
-from daskhps.tiers.base import Evicted, Lookup, Tier, TierStats, check_keys, check_rows
 
 __all__ = ["CommitInfo", "CompactReport", "ZarrStore"]
 

@@ -34,8 +34,8 @@ import torch
 from daskhps._version import __version__
 from daskhps.errors import CheckpointError
 from daskhps.table.table import open_store
-from daskhps.tiers._segments import file_sha256, fsync_dir
-from daskhps.tiers.store_check import StoreChecker
+from daskhps.tiers.store.check import StoreChecker
+from daskhps.tiers.store.durable import file_sha256, fsync_dir
 from daskhps.tiers.zarr_store import ZarrStore
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError, DaskHPSError
-from daskhps.tiers.store_check import StoreChecker
+from daskhps.tiers.store.check import StoreChecker
 from daskhps.tiers.zarr_store import ZarrStore
 from daskhps.training.checkpoint import (
     MANIFEST,

@@ -28,7 +28,7 @@ from daskhps.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
-from daskhps.tiers._segments import read_around_pays
+from daskhps.tiers.store.arrays import read_around_pays
 from daskhps.tiers.zarr_store import ZarrStore
 from tests.tiers.conformance import MakeTier, TierConformance, odd_bits_rows, same_bits
 

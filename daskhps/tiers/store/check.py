@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from daskhps.errors import StoreCorruptedError
-from daskhps.tiers._manifest import Manifest, scan_manifests
-from daskhps.tiers._segments import RawArray
+from daskhps.tiers.store.arrays import RawArray
+from daskhps.tiers.store.manifest import Manifest, scan_manifests
 
 __all__ = ["StoreCheck", "StoreChecker"]
 
