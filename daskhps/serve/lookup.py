@@ -34,8 +34,7 @@ import torch
 from daskhps.errors import DaskHPSError, StoreMismatchError
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import TableVersion
-from daskhps.tiers._slots import SlotCache
-from daskhps.tiers.base import check_keys
+from daskhps.tiers.base import Cache, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
 
@@ -238,7 +237,7 @@ class ServingLookup:
             seconds=time.perf_counter() - t,
         )
 
-    def _caches(self) -> list[SlotCache]:
+    def _caches(self) -> list[Cache]:
         return [self.device_cache] + ([self.host] if self.host is not None else [])
 
     # -- introspection ---------------------------------------------------------------------
@@ -269,7 +268,7 @@ class ServingLookup:
         self.close()
 
 
-def _replace(cache: SlotCache, changed: torch.Tensor, stores: ShardedStores, width: int) -> int:
+def _replace(cache: Cache, changed: torch.Tensor, stores: ShardedStores, width: int) -> int:
     """Overwrite the cached rows of ``changed`` keys with ``stores``' rows; returns how many."""
     if not len(changed) or not len(cache):
         return 0

@@ -35,10 +35,10 @@ from daskhps.errors import CapacityError, DataError
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import apply_update, init_state
 from daskhps.table.spec import TableSpec
-from daskhps.tiers.base import Evicted, check_keys
+from daskhps.tiers.base import Cache, CommitInfo, Evicted, PersistentStore, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from daskhps.tiers.zarr_store import CommitInfo, ZarrStore
+from daskhps.tiers.zarr_store import ZarrStore
 
 __all__ = ["EmbeddingTable", "StageReport", "open_store"]
 
@@ -61,14 +61,15 @@ class EmbeddingTable:
     """The tier stack of one shard of one table.
 
     Build it with :meth:`open`. All operations take int64 key tensors and are vectorised.
+    The tiers are used through their interfaces only (:mod:`daskhps.tiers.base`).
     """
 
     def __init__(
         self,
         spec: TableSpec,
-        store: ZarrStore,
-        device_cache: DeviceCache,
-        host: HostMemory | None,
+        store: PersistentStore,
+        device_cache: Cache,
+        host: Cache | None,
     ) -> None:
         self.spec = spec
         self.store = store

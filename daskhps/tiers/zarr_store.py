@@ -51,9 +51,9 @@ from daskhps.tiers._index import KeyIndex
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.base import (
     CommitInfo,
-    Evicted,
+    CompactReport,
     Lookup,
-    Tier,
+    PersistentStore,
     TierStats,
     check_keys,
     check_rows,
@@ -67,7 +67,7 @@ from daskhps.tiers.store.manifest import (
     write_manifest,
 )
 
-__all__ = ["CommitInfo", "CompactReport", "ZarrStore"]
+__all__ = ["ZarrStore"]
 
 FORMAT = 1
 Mode = Literal["w", "a", "r+", "r"]
@@ -76,16 +76,6 @@ _SHIFT = 32
 _OFFSET_MASK = (1 << _SHIFT) - 1
 _MAX_SEGMENT_ID = (1 << 31) - 1  # locations stay non-negative int64
 _SNAPSHOT_CHUNK_ROWS = 1 << 20
-
-
-@dataclass(frozen=True)
-class CompactReport:
-    """What :meth:`ZarrStore.compact` did."""
-
-    segments_rewritten: int
-    rows_moved: int
-    segments_deleted: int
-    bytes_freed: int
 
 
 @dataclass(frozen=True)
@@ -114,7 +104,7 @@ class _Chain:
         return cls(m.snapshot, list(m.replay), set(m.segments), m.since_snapshot)
 
 
-class ZarrStore(Tier):
+class ZarrStore(PersistentStore):
     """The complete persistent copy of one shard of one table.
 
     Parameters
@@ -153,8 +143,6 @@ class ZarrStore(Tier):
     Writes since the last :meth:`commit` are on disk but in no commit: reopening (or a
     crash) returns to the last commit.
     """
-
-    persistent = True
 
     def __init__(
         self,
@@ -489,10 +477,6 @@ class ZarrStore(Tier):
         """True when opened with ``mode="r"`` (or closed): writes raise."""
         return self._lock is None or not self._lock.held
 
-    @property
-    def capacity_rows(self) -> int | None:
-        return None
-
     def lookup(self, keys: torch.Tensor, *, out: torch.Tensor | None = None) -> Lookup:
         where = f"{self.name}: lookup"
         keys = check_keys(keys, where).cpu()
@@ -555,15 +539,15 @@ class ZarrStore(Tier):
                 out[to[c0:c1]] = mm[off[c0:c1] - c * cr]
                 del mm
 
-    def upsert(self, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
-        """Append one segment holding ``rows`` (``dirty`` is irrelevant at the bottom)."""
+    def upsert(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Append one segment holding ``rows``."""
         where = f"{self.name}: upsert"
         self._check_writable("upsert")
         keys = check_keys(keys, where)
         rows = check_rows(rows, int(keys.shape[0]), self.width, where)
         n = int(keys.shape[0])
         if n == 0:
-            return Evicted.empty(self.width)
+            return
         keys = keys.cpu().contiguous()
         if int(torch.unique(keys).numel()) != n:
             raise DataError(f"{where}: keys contain duplicates; upsert each key once per call")
@@ -575,7 +559,6 @@ class ZarrStore(Tier):
             self._buffer(keys, rows.cpu(), locs.cpu())
         self._stats.inserts += n - int(existed.sum())
         self._stats.rows_written += n
-        return Evicted.empty(self.width)
 
     def _new_segment_id(self) -> int:
         sid = self._next_segment
@@ -648,18 +631,11 @@ class ZarrStore(Tier):
         self._chain.refs.add(sid)
         self._unsynced.add(sid)
 
-    def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
-        """The persistent store never gives rows up."""
-        if keys is not None:
-            check_keys(keys, f"{self.name}: evict")
-        return Evicted.empty(self.width)
-
-    def flush(self) -> Evicted:
-        """Write the open segment and make every segment durable (fsync); returns nothing."""
+    def flush(self) -> None:
+        """Write the open segment and make every segment durable (fsync)."""
         if not self.read_only:
             self._seal()
         self._sync_segments()
-        return Evicted.empty(self.width)
 
     def keys(self) -> torch.Tensor:
         return self._index.items()[0]
@@ -718,12 +694,6 @@ class ZarrStore(Tier):
         self._buf_sid, self._buf_n = None, 0  # uncommitted rows are dropped, as in a crash
         if self._lock is not None:
             self._lock.release()
-
-    def __enter__(self) -> ZarrStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- commits ---------------------------------------------------------------------------
 
