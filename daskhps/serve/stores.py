@@ -18,10 +18,10 @@ from daskhps.serve.version import TableVersion
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
-from daskhps.table.table import open_store
+from daskhps.table.table import open_shard_store
 from daskhps.tiers.base import check_keys
+from daskhps.tiers.store import StoreReader
 from daskhps.tiers.store.check import StoreChecker
-from daskhps.tiers.zarr_store import ZarrStore
 
 __all__ = ["ShardedStores", "check_stores", "initial_rows"]
 
@@ -70,7 +70,7 @@ class ShardedStores:
     def __init__(self, version: TableVersion) -> None:
         self.version = version
         self.spec = version.spec
-        self.stores: list[ZarrStore] = []
+        self.stores: list[StoreReader] = []
         self.initialised = 0  # rows served from init (keys no store holds)
         try:
             for rank in range(version.num_workers):
@@ -79,8 +79,8 @@ class ShardedStores:
             self.close()
             raise
 
-    def _open(self, rank: int, version: TableVersion) -> ZarrStore:
-        return open_store(
+    def _open(self, rank: int, version: TableVersion) -> StoreReader:
+        return open_shard_store(
             self.spec,
             version.store_path(rank),
             label=f"{self.spec.name}/zarr rank-{rank}",
@@ -134,7 +134,7 @@ class ShardedStores:
 
     def advance(self, version: TableVersion) -> torch.Tensor:
         """Move every rank store to ``version``'s commit in place, replaying only the
-        segments it adds (:meth:`ZarrStore.advance`); returns the unique keys whose row may
+        segments it adds (:meth:`StoreReader.advance`); returns the unique keys whose row may
         differ.
 
         Raises

@@ -14,7 +14,7 @@ from daskhps.tiers.base import (
 )
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.tiers.store import StoreReader, StoreWriter, open_store
 
 __all__ = [
     "Cache",
@@ -25,8 +25,10 @@ __all__ = [
     "HostMemory",
     "Lookup",
     "PersistentStore",
+    "StoreReader",
+    "StoreWriter",
     "Tier",
     "TierStats",
-    "ZarrStore",
+    "open_store",
     "rows_for_bytes",
 ]
