@@ -41,11 +41,11 @@ from typing import Any, Literal
 from daskhps.errors import ConfigError
 from daskhps.tiers.store.layout import StoreFolder
 from daskhps.tiers.store.reader import StoreReader
-from daskhps.tiers.store.writer import StoreWriter
+from daskhps.tiers.store.writer import StoreWriter, WriteMode
 
 __all__ = ["Mode", "StoreReader", "StoreWriter", "open_store"]
 
-Mode = Literal["w", "a", "r+", "r"]
+Mode = Literal[WriteMode, "r"]
 
 
 def open_store(
