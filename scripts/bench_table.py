@@ -34,7 +34,7 @@ from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.table.init import mix64
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.tiers.store import open_store
 
 
 def unique_random_keys(n: int, seed: int) -> torch.Tensor:
@@ -122,7 +122,7 @@ def bench_zarr_staging(rep: Reporter, tmp: Path, rows: int, take: int, width: in
     keys = unique_random_keys(rows, seed=3)
     data = np.random.default_rng(0).standard_normal((rows, width), dtype=np.float32)
     t0 = time.perf_counter()
-    store = ZarrStore.open(
+    store = open_store(
         tmp / "store", name="bench/zarr", width=width, layout={"width": width}, mode="w"
     )
     segments = 4

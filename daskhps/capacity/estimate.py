@@ -52,8 +52,8 @@ __all__ = [
 INDEX_SCRATCH_PER_KEY = 96
 _SCRATCH_CHUNK = 1 << 19  # KeyIndex probes at most this many keys at once
 _SCRATCH_MIN = 1024  # buffers are never smaller
-WRITE_BUFFER_ROWS = 65536  # ZarrStore's default write_buffer_rows
-_STORE_INDEX_START = 1024  # ZarrStore starts with KeyIndex(1024)
+WRITE_BUFFER_ROWS = 65536  # the store's default write_buffer_rows (tiers.store.open_store)
+_STORE_INDEX_START = 1024  # an open store starts with KeyIndex(1024)
 # Optimizer state tensors per dense parameter (torch: Adam keeps exp_avg and exp_avg_sq,
 # Adagrad its sum; each also keeps a scalar step, negligible).
 DENSE_STATE = {"sgd": 0, "adagrad": 1, "adam": 2}

@@ -2,7 +2,7 @@
 
 A resumed run, or one whose table came from ``daskhps import``, opens every rank's store at
 the newest checkpoint's commit; its key index then holds every stored row, whatever the logs
-use. Each store commit records its row count (:class:`daskhps.tiers._manifest.Manifest`), so
+use. Each store commit records its row count (:class:`daskhps.tiers.store.manifest.Manifest`), so
 this reads one small JSON file per rank and never opens a store.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from daskhps.tiers._manifest import scan_manifests
+from daskhps.tiers.store.manifest import scan_manifests
 
 __all__ = ["StoredTable", "stored_table"]
 

@@ -50,7 +50,7 @@ from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
 from daskhps.sharding import ShardMap
 from daskhps.tiers._lock import WriterLock
-from daskhps.tiers._segments import fsync_dir
+from daskhps.tiers.store.durable import fsync_dir
 from daskhps.training import rundir
 from daskhps.training.checkpoint import (
     checkpoint_name,

@@ -19,8 +19,8 @@ from daskhps.importing.source import Chunk
 from daskhps.sharding import ShardMap
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
-from daskhps.table.table import open_store
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.table.table import open_shard_store
+from daskhps.tiers.base import PersistentStore
 
 __all__ = ["RepeatedKey", "StagedStores"]
 
@@ -45,11 +45,11 @@ class StagedStores:
         self.root = root
         # Every optimizer starts every row in the same state, so one row of it serves all.
         self.initial_state = init_state(spec.optimizer, 1, spec.dim, torch.device("cpu")).numpy()
-        self.stores: list[ZarrStore] = []
+        self.stores: list[PersistentStore] = []
         try:
             for r in range(shard_map.num_workers):
                 self.stores.append(
-                    open_store(
+                    open_shard_store(
                         spec,
                         self.path(r),
                         label=f"{spec.name}/zarr rank-{r}",

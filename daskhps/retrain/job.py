@@ -188,7 +188,7 @@ def retrain(
 
 def _check_restorable(version: Version) -> None:
     """Raise unless the version's checkpoint loads and every rank store holds its commit."""
-    from daskhps.tiers._manifest import scan_manifests
+    from daskhps.tiers.store.manifest import scan_manifests
     from daskhps.training.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(version.checkpoint)

@@ -37,8 +37,7 @@ from daskhps.errors import DaskHPSError, DataError, StoreMismatchError
 from daskhps.serve.stores import ShardedStores
 from daskhps.serve.version import TableVersion
 from daskhps.table.read_path import ReadPath, read_below
-from daskhps.tiers._slots import SlotCache
-from daskhps.tiers.base import check_keys
+from daskhps.tiers.base import Cache, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
 
@@ -210,7 +209,7 @@ class ServingLookup:
             seconds=time.perf_counter() - t,
         )
 
-    def _caches(self) -> list[SlotCache]:
+    def _caches(self) -> list[Cache]:
         return [self.device_cache] + ([self.host] if self.host is not None else [])
 
     # -- introspection ---------------------------------------------------------------------
@@ -241,7 +240,7 @@ class ServingLookup:
         self.close()
 
 
-def _replace(cache: SlotCache, changed: torch.Tensor, path: ReadPath) -> int:
+def _replace(cache: Cache, changed: torch.Tensor, path: ReadPath) -> int:
     """Overwrite the cached rows of ``changed`` keys with the rows below ``path`` (the newer
     version's stores, or init); returns how many."""
     if not len(changed) or not len(cache):

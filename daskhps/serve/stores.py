@@ -20,10 +20,10 @@ import torch
 from daskhps.errors import StoreCorruptedError, StoreMismatchError, StoreNotFoundError
 from daskhps.serve.version import TableVersion
 from daskhps.table.read_path import read_below
-from daskhps.table.table import open_store
+from daskhps.table.table import open_shard_store
 from daskhps.tiers.base import Lookup, check_keys
-from daskhps.tiers.store_check import StoreChecker
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.tiers.store import StoreReader
+from daskhps.tiers.store.check import StoreChecker
 
 __all__ = ["ShardedStores", "check_stores"]
 
@@ -65,7 +65,7 @@ class ShardedStores:
     def __init__(self, version: TableVersion) -> None:
         self.version = version
         self.spec = version.spec
-        self.stores: list[ZarrStore] = []
+        self.stores: list[StoreReader] = []
         self.initialised = 0  # rows served from init (keys no store holds)
         try:
             for rank in range(version.num_workers):
@@ -74,8 +74,8 @@ class ShardedStores:
             self.close()
             raise
 
-    def _open(self, rank: int, version: TableVersion) -> ZarrStore:
-        return open_store(
+    def _open(self, rank: int, version: TableVersion) -> StoreReader:
+        return open_shard_store(
             self.spec,
             version.store_path(rank),
             label=f"{self.spec.name}/zarr rank-{rank}",
@@ -130,7 +130,7 @@ class ShardedStores:
 
     def advance(self, version: TableVersion) -> torch.Tensor:
         """Move every rank store to ``version``'s commit in place, replaying only the
-        segments it adds (:meth:`ZarrStore.advance`); returns the unique keys whose row may
+        segments it adds (:meth:`StoreReader.advance`); returns the unique keys whose row may
         differ.
 
         Raises

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.table.spec import TableSpec
-from daskhps.table.table import EmbeddingTable, StageReport, open_store
+from daskhps.table.table import EmbeddingTable, StageReport, open_shard_store
 
-__all__ = ["EmbeddingTable", "OptimizerSpec", "StageReport", "TableSpec", "open_store"]
+__all__ = ["EmbeddingTable", "OptimizerSpec", "StageReport", "TableSpec", "open_shard_store"]

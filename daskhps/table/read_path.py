@@ -42,9 +42,7 @@ from daskhps.errors import ConfigError
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
-from daskhps.tiers.base import Evicted, Lookup
-from daskhps.tiers.device import DeviceCache
-from daskhps.tiers.host import HostMemory
+from daskhps.tiers.base import Cache, Evicted, Lookup
 
 __all__ = ["ReadPath", "RowSource", "WriteBack", "initial_rows", "read_below"]
 
@@ -112,8 +110,8 @@ class ReadPath:
     def __init__(
         self,
         spec: TableSpec,
-        device_cache: DeviceCache,
-        host: HostMemory | None,
+        device_cache: Cache,
+        host: Cache | None,
         below: RowSource,
         *,
         write_back: WriteBack | None = None,

@@ -36,12 +36,12 @@ from daskhps.errors import CapacityError, DataError
 from daskhps.table.optimizers import apply_update
 from daskhps.table.read_path import ReadPath
 from daskhps.table.spec import TableSpec
-from daskhps.tiers.base import Evicted, check_keys
+from daskhps.tiers.base import Cache, CommitInfo, Evicted, PersistentStore, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from daskhps.tiers.zarr_store import CommitInfo, ZarrStore
+from daskhps.tiers.store import StoreReader, open_store
 
-__all__ = ["EmbeddingTable", "StageReport", "open_store"]
+__all__ = ["EmbeddingTable", "StageReport", "open_shard_store"]
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,15 @@ class EmbeddingTable:
     """The tier stack of one shard of one table.
 
     Build it with :meth:`open`. All operations take int64 key tensors and are vectorised.
+    The tiers are used through their interfaces only (:mod:`daskhps.tiers.base`).
     """
 
     def __init__(
         self,
         spec: TableSpec,
-        store: ZarrStore,
-        device_cache: DeviceCache,
-        host: HostMemory | None,
+        store: PersistentStore,
+        device_cache: Cache,
+        host: Cache | None,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -115,7 +116,9 @@ class EmbeddingTable:
                 f"table {spec.name!r}: device_rows must be >= 1, got {device_rows}; "
                 "give the device tier room for at least one pass's working set"
             )
-        store = open_store(spec, path, mode=mode, commit=commit, snapshot_every=snapshot_every)
+        store = open_shard_store(
+            spec, path, mode=mode, commit=commit, snapshot_every=snapshot_every
+        )
         try:
             cache = DeviceCache(
                 f"{spec.name}/device", spec.width, device_rows, device=dev, policy=policy
@@ -368,14 +371,14 @@ class EmbeddingTable:
         return self._read.promote(mkeys)[0]
 
 
-def open_store(
+def open_shard_store(
     spec: TableSpec, path: str | Path, *, label: str | None = None, **kwargs: Any
-) -> ZarrStore:
+) -> StoreReader:
     """The zarr store of one shard of ``spec``'s table at ``path``, with the table's row width
     and layout (a store written with another layout is refused); ``kwargs`` go to
-    :meth:`ZarrStore.open` (``mode``, ``commit``, ...). ``label`` names it in messages
-    (default ``<table>/zarr``)."""
-    return ZarrStore.open(
+    :func:`daskhps.tiers.store.open_store` (``mode``, ``commit``, ...): a reader for
+    ``mode="r"``, else a writer. ``label`` names it in messages (default ``<table>/zarr``)."""
+    return open_store(
         path,
         name=label or f"{spec.name}/zarr",
         width=spec.width,

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-from daskhps.tiers.base import Evicted, Lookup, Tier, TierStats
+from daskhps.tiers.base import (
+    Cache,
+    CommitInfo,
+    CompactReport,
+    Evicted,
+    Lookup,
+    PersistentStore,
+    Tier,
+    TierStats,
+)
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from daskhps.tiers.zarr_store import CommitInfo, CompactReport, ZarrStore
+from daskhps.tiers.store import StoreReader, StoreWriter, open_store
 
 __all__ = [
+    "Cache",
     "CommitInfo",
     "CompactReport",
     "DeviceCache",
     "Evicted",
     "HostMemory",
     "Lookup",
+    "PersistentStore",
+    "StoreReader",
+    "StoreWriter",
     "Tier",
     "TierStats",
-    "ZarrStore",
+    "open_store",
     "rows_for_bytes",
 ]

@@ -26,7 +26,7 @@ import torch
 
 from daskhps.errors import CapacityError, ConfigError, DataError
 from daskhps.tiers._index import KeyIndex
-from daskhps.tiers.base import Evicted, Lookup, Tier, TierStats, check_keys, check_rows
+from daskhps.tiers.base import Cache, Evicted, Lookup, TierStats, check_keys, check_rows
 
 __all__ = ["POLICIES", "SlotCache"]
 
@@ -36,7 +36,7 @@ _STAMP_BITS = 40  # LFU score = count << 40 | stamp: counts first, then least re
 _POOL_SHARE = 16  # an LRU scan keeps the oldest 1/16 of the slots as the next victims
 
 
-class SlotCache(Tier):
+class SlotCache(Cache):
     """A bounded key -> row cache in one device's memory, evicting by LRU or LFU.
 
     Parameters
@@ -109,7 +109,7 @@ class SlotCache(Tier):
         meta = 8 + 3 + 8 + 8  # key, used/dirty/pinned, stamp, free-stack entry
         return 4 * width + meta + (8 if policy == "lfu" else 0)
 
-    # -- Tier ----------------------------------------------------------------------------------
+    # -- Cache ---------------------------------------------------------------------------------
 
     @property
     def capacity_rows(self) -> int:
@@ -120,7 +120,6 @@ class SlotCache(Tier):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every tensor the cache holds, index included."""
         parts = [self._slab, self._key, self._used, self._dirty, self._pinned, self._stamp]
         parts += [self._free] + ([self._count] if self._count is not None else [])
         return sum(t.nbytes for t in parts) + self._index.nbytes
@@ -237,18 +236,13 @@ class SlotCache(Tier):
             self._key[slots], self._slab[slots], torch.ones_like(slots, dtype=torch.bool)
         )
 
-    # -- device-cache extras -------------------------------------------------------------------
+    # -- slots: rows updated in place, pins -----------------------------------------------------
 
     @property
     def rows(self) -> torch.Tensor:
-        """The slab, ``float32[capacity_rows, width]``; index it with :meth:`find_slots`."""
         return self._slab[: self._cap]
 
     def find_slots(self, keys: torch.Tensor, *, touch: bool = False) -> torch.Tensor:
-        """Slot of each key in :attr:`rows`, ``-1`` where missing.
-
-        ``touch`` counts the call as a use of the found rows for the replacement policy.
-        """
         keys = self._keys(keys, "find_slots")
         slots, found = self._index.get(keys)
         if touch:
@@ -256,7 +250,6 @@ class SlotCache(Tier):
         return slots
 
     def mark_dirty(self, slots: torch.Tensor) -> None:
-        """Record that the rows in ``slots`` were changed in place through :attr:`rows`."""
         if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
             raise DataError(f"{self.name}: mark_dirty takes a 1-D int64 tensor of slots")
         slots = slots.to(self.device)
@@ -272,7 +265,8 @@ class SlotCache(Tier):
         self._dirty[slots] = True
 
     def pin(self, keys: torch.Tensor) -> torch.Tensor:
-        """Protect the rows of ``keys`` from eviction until :meth:`unpin_all`; returns found."""
+        """Protect the rows of ``keys`` from eviction until :meth:`unpin_all`; returns found.
+        (:meth:`pin_slots` with the lookup; the table pins slots it already has.)"""
         keys = self._keys(keys, "pin")
         slots, found = self._index.get(keys)
         self._pinned[slots[found]] = True
@@ -289,11 +283,8 @@ class SlotCache(Tier):
     # -- slot-level operations (the table's staging: no second hash lookup) --------------------
 
     def distinct_slots(self, slots: torch.Tensor) -> torch.Tensor:
-        """The distinct values of ``slots`` (all valid, ``>= 0``), ascending.
-
-        A mark per slot instead of a sort: linear in the keys and the capacity, several times
-        faster than ``torch.unique`` over a pass's million keys.
-        """
+        # A mark per slot instead of a sort: linear in the keys and the capacity, several times
+        # faster than torch.unique over a pass's million keys.
         mark = torch.zeros(self._cap, dtype=torch.bool, device=self.device)
         mark[slots] = True
         return mark.nonzero().squeeze(1)
@@ -303,33 +294,21 @@ class SlotCache(Tier):
         return self._key[slots]
 
     def touch(self, slots: torch.Tensor) -> None:
-        """Count a use of the rows in ``slots`` for the replacement policy."""
         self._touch(slots)
 
     def pinned_at(self, slots: torch.Tensor) -> torch.Tensor:
-        """Whether each of ``slots`` is pinned."""
         return self._pinned[slots]
 
     def pin_slots(self, slots: torch.Tensor) -> None:
-        """Pin the rows in ``slots`` (occupied slots), like :meth:`pin` without the lookup."""
         self._pinned[slots] = True
 
     def unpin_slots(self, slots: torch.Tensor) -> None:
-        """Release the pins of ``slots`` only (the others stay)."""
         self._pinned[slots] = False
         self._pool = self._pool[:0]  # unpinned rows may be older than the pooled ones
 
     def insert_new(
         self, keys: torch.Tensor, rows: torch.Tensor, dirty: torch.Tensor
     ) -> tuple[torch.Tensor, Evicted]:
-        """Insert rows of keys that are unique and absent; returns their slots and the rows
-        displaced to make room.
-
-        :meth:`upsert` without its uniqueness check and lookup, for callers that know both
-        (keys that just missed this cache, or rows moving between exclusive tiers). ``dirty``
-        is a flag per row. Displaces unpinned rows only; refuses (changing nothing) when they
-        are too few.
-        """
         keys = self._keys(keys, "insert_new")
         m = keys.numel()
         rows = check_rows(rows, m, self.width, f"{self.name}: insert_new").to(self.device)
@@ -356,8 +335,6 @@ class SlotCache(Tier):
         return s, evicted
 
     def take(self, keys: torch.Tensor) -> tuple[torch.Tensor, Evicted]:
-        """Remove the rows of the present ones among ``keys`` (unique); returns the found mask
-        and the removed rows in the order of ``keys[found]``."""
         keys = self._keys(keys, "take")
         slots, found = self._index.get(keys)
         slots = slots[found]

@@ -1,4 +1,4 @@
-"""The one interface every tier of the hierarchy implements.
+"""The interfaces of the tiers: the one a cache implements and the one the persistent store does.
 
 A tier maps int64 keys to fixed-width float32 rows. Every operation is vectorised over a key
 array; no tier loops over keys in Python. Rows are opaque to tiers: they are moved bit for bit
@@ -11,21 +11,42 @@ array; no tier loops over keys in Python. Rows are opaque to tiers: they are mov
     found  bool[n]             T    F    T    ...     (rows[i] is zero where found[i] is False)
     dirty  bool[n]             the row differs from the copy in the tier below
 
-Tiers above the persistent store are caches: they may displace rows to make room (returned as
-:class:`Evicted` so the caller can write dirty ones further down). The persistent store never
-displaces a row.
+    Tier                  the map every tier is: lookup, keys, len, stats, close
+     ├── Cache            bounded: displaces rows to make room (Evicted, so the caller can
+     │                    write dirty ones further down); slots the table updates in place.
+     │                    DeviceCache, HostMemory (tiers/_slots.py: SlotCache)
+     └── PersistentStore  the complete copy: never displaces a row; named commits.
+                          StoreReader (read-only), StoreWriter (tiers/store/)
+
+The table (``daskhps.table.table``) is typed against :class:`Cache` and
+:class:`PersistentStore` only: these two declare everything it and its callers use.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from daskhps.errors import DataError
 
-__all__ = ["Evicted", "Lookup", "Tier", "TierStats", "check_keys", "check_rows"]
+__all__ = [
+    "Cache",
+    "CommitInfo",
+    "CompactReport",
+    "Evicted",
+    "Lookup",
+    "PersistentStore",
+    "Tier",
+    "TierStats",
+    "check_keys",
+    "check_rows",
+]
+
+_Store = TypeVar("_Store", bound="PersistentStore")
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,47 @@ class Evicted:
             torch.cat([p.rows for p in parts]),
             torch.cat([p.dirty for p in parts]),
         )
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """A durable commit point of a store: one checkpoint of its shard.
+
+    Attributes
+    ----------
+    name:
+        The caller's name for it (e.g. ``"pass-12"``); committing a name again replaces it.
+    seq:
+        Position in the store's history; later commits have larger ``seq``.
+    time:
+        Unix time of the commit.
+    rows:
+        Keys in the committed state.
+    snapshot:
+        Whether this commit wrote a full index snapshot (else it replays segments).
+    segments:
+        Segments the committed state reads rows from.
+    meta:
+        The caller's JSON metadata.
+    """
+
+    name: str
+    seq: int
+    time: float
+    rows: int
+    snapshot: bool
+    segments: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """What :meth:`PersistentStore.compact` did."""
+
+    segments_rewritten: int
+    rows_moved: int
+    segments_deleted: int
+    bytes_freed: int
 
 
 @dataclass
@@ -137,23 +199,6 @@ class Tier(ABC):
         preallocated ``float32[n, width]`` buffer on :attr:`device` to fill."""
 
     @abstractmethod
-    def upsert(self, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
-        """Insert or overwrite the rows of unique ``keys``.
-
-        Returns the rows displaced to make room (never one of ``keys``). Raises
-        :class:`~daskhps.errors.CapacityError` if the rows cannot all be placed.
-        """
-
-    @abstractmethod
-    def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
-        """Remove rows and return them: those of ``keys`` that are present, or else up to ``n``
-        victims chosen by the tier's replacement policy. A persistent tier returns nothing."""
-
-    @abstractmethod
-    def flush(self) -> Evicted:
-        """Return every dirty row (they stay resident) and mark them clean."""
-
-    @abstractmethod
     def keys(self) -> torch.Tensor:
         """All resident keys (int64, order unspecified)."""
 
@@ -172,6 +217,180 @@ class Tier(ABC):
     def __contains__(self, key: object) -> bool:
         k = torch.as_tensor([key], dtype=torch.int64)
         return bool(self.lookup(k).found[0])
+
+
+class Cache(Tier):
+    """A bounded tier above the store: it displaces rows to make room and knows which of its
+    rows differ from the tier below (dirty).
+
+    Besides the map, the table updates rows in place through slots: :meth:`find_slots` gives
+    positions in :attr:`rows`, :meth:`mark_dirty` records a change, and pins keep a pass's
+    working set resident (:meth:`pin_slots` until :meth:`unpin_slots` or :meth:`unpin_all`).
+    Slots are ``int64`` positions in :attr:`rows`, ``-1`` for a missing key.
+    """
+
+    @property
+    @abstractmethod
+    def capacity_rows(self) -> int:
+        """Rows held, all of them usable."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of every tensor the cache holds, index included."""
+
+    @abstractmethod
+    def upsert(self, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
+        """Insert or overwrite the rows of unique ``keys``.
+
+        Returns the rows displaced to make room (never one of ``keys``). Raises
+        :class:`~daskhps.errors.CapacityError` if the rows cannot all be placed.
+        """
+
+    @abstractmethod
+    def insert_new(
+        self, keys: torch.Tensor, rows: torch.Tensor, dirty: torch.Tensor
+    ) -> tuple[torch.Tensor, Evicted]:
+        """Insert rows of keys that are unique and absent; returns their slots and the rows
+        displaced to make room.
+
+        :meth:`upsert` without its uniqueness check and lookup, for callers that know both
+        (keys that just missed this cache, or rows moving between exclusive tiers). ``dirty``
+        is a flag per row. Displaces unpinned rows only; refuses (changing nothing) when they
+        are too few.
+        """
+
+    @abstractmethod
+    def take(self, keys: torch.Tensor) -> tuple[torch.Tensor, Evicted]:
+        """Remove the rows of the present ones among ``keys`` (unique); returns the found mask
+        and the removed rows in the order of ``keys[found]``."""
+
+    @abstractmethod
+    def evict(self, keys: torch.Tensor | None = None, n: int | None = None) -> Evicted:
+        """Remove rows and return them: those of ``keys`` that are present, or else up to ``n``
+        victims chosen by the tier's replacement policy."""
+
+    @abstractmethod
+    def flush(self) -> Evicted:
+        """Return every dirty row (they stay resident) and mark them clean."""
+
+    @property
+    @abstractmethod
+    def rows(self) -> torch.Tensor:
+        """The slab, ``float32[capacity_rows, width]``; index it with :meth:`find_slots`."""
+
+    @abstractmethod
+    def find_slots(self, keys: torch.Tensor, *, touch: bool = False) -> torch.Tensor:
+        """Slot of each key in :attr:`rows`, ``-1`` where missing.
+
+        ``touch`` counts the call as a use of the found rows for the replacement policy.
+        """
+
+    @abstractmethod
+    def distinct_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """The distinct values of ``slots`` (all valid, ``>= 0``), ascending."""
+
+    @abstractmethod
+    def touch(self, slots: torch.Tensor) -> None:
+        """Count a use of the rows in ``slots`` for the replacement policy."""
+
+    @abstractmethod
+    def mark_dirty(self, slots: torch.Tensor) -> None:
+        """Record that the rows in ``slots`` were changed in place through :attr:`rows`."""
+
+    @abstractmethod
+    def pinned_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """Whether each of ``slots`` is pinned."""
+
+    @abstractmethod
+    def pin_slots(self, slots: torch.Tensor) -> None:
+        """Protect the rows in ``slots`` (occupied slots) from eviction until they are
+        unpinned."""
+
+    @abstractmethod
+    def unpin_slots(self, slots: torch.Tensor) -> None:
+        """Release the pins of ``slots`` only (the others stay)."""
+
+    @abstractmethod
+    def unpin_all(self) -> None:
+        """Release every pin."""
+
+    @property
+    @abstractmethod
+    def pinned_count(self) -> int:
+        """Rows pinned now."""
+
+
+class PersistentStore(Tier):
+    """The complete persistent copy of one shard: it never displaces a row, and names
+    durable states (commits) that can be opened again.
+
+    Writes since the last :meth:`commit` are in no commit: reopening (or a crash) returns to
+    the last commit. A store opened read-only (:attr:`read_only`) refuses every write with
+    :class:`~daskhps.errors.StoreReadOnlyError`, naming the mode that would allow it.
+
+    Attributes
+    ----------
+    path:
+        The store's folder.
+    """
+
+    persistent = True
+    path: Path
+
+    @property
+    def capacity_rows(self) -> None:
+        return None
+
+    @property
+    @abstractmethod
+    def read_only(self) -> bool:
+        """True when opened read-only (or closed): writes raise."""
+
+    @abstractmethod
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """``bool[n]``: whether each key has a row here (the index only; no row is read)."""
+
+    @abstractmethod
+    def upsert(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write the rows of unique ``keys`` (a new row for a key replaces its old one)."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make every write so far durable on disk (still in no commit)."""
+
+    @abstractmethod
+    def commit(self, name: str, meta: dict[str, Any] | None = None) -> CommitInfo:
+        """Make everything written so far durable and name the state ``name``, with the
+        caller's JSON-able ``meta``. Committing an existing name replaces that commit."""
+
+    @abstractmethod
+    def commits(self) -> list[CommitInfo]:
+        """Every readable commit, oldest first."""
+
+    @abstractmethod
+    def drop_commits(self, keep: int) -> list[CommitInfo]:
+        """Delete all but the newest ``keep`` commits and the files only they used.
+
+        Returns the dropped commits. Readers that opened a dropped commit lose their files.
+        """
+
+    @abstractmethod
+    def compact(self, min_stale: float = 0.5, merge_below: int = 0) -> CompactReport:
+        """Rewrite the live rows of segments with at least ``min_stale`` stale rows, and of
+        segments with fewer than ``merge_below`` rows (many small evictions make many small
+        segments), into new segments in their write order; then delete every segment and
+        snapshot that no kept commit and no live row uses.
+
+        Old segments that kept commits still use are freed once :meth:`drop_commits` drops
+        those commits. The next commit writes a full index snapshot.
+        """
+
+    def __enter__(self: _Store) -> _Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def check_keys(keys: object, where: str) -> torch.Tensor:

@@ -33,10 +33,10 @@ import torch
 
 from daskhps._version import __version__
 from daskhps.errors import CheckpointError
-from daskhps.table.table import open_store
-from daskhps.tiers._segments import file_sha256, fsync_dir
-from daskhps.tiers.store_check import StoreChecker
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.table.table import open_shard_store
+from daskhps.tiers.store import StoreReader
+from daskhps.tiers.store.check import StoreChecker
+from daskhps.tiers.store.durable import file_sha256, fsync_dir
 from daskhps.training.manifest import FORMAT, CheckpointManifest, ManifestError
 
 if TYPE_CHECKING:
@@ -127,9 +127,11 @@ class Checkpoint(CheckpointManifest):
         """The store of rank ``rank``'s shard of ``table`` (default: the run's table)."""
         return self.stores_dir / (table or str(self.table["table"])) / f"rank-{rank}"
 
-    def open_store(self, rank: int, mode: Literal["r", "r+"] = "r") -> ZarrStore:
+    def open_store(self, rank: int, mode: Literal["r", "r+"] = "r") -> StoreReader:
         """Rank ``rank``'s store of the run's table, at this checkpoint's commit."""
-        return open_store(self.table_spec, self.store_path(rank), mode=mode, commit=self.commit)
+        return open_shard_store(
+            self.table_spec, self.store_path(rank), mode=mode, commit=self.commit
+        )
 
     def state(self) -> dict[str, Any]:
         """``state.json``: plan position (``epoch``, ``pass``, ``step``) and the pass record."""

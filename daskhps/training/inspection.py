@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError, DaskHPSError
-from daskhps.tiers.store_check import StoreChecker
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.tiers.store import open_store
+from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
     Checkpoint,
@@ -37,7 +37,7 @@ _DAMAGE = ("unreadable", "damaged")
 def _store_rows(ckpt: Checkpoint, rank: int) -> int | None:
     spec = ckpt.table
     try:
-        with ZarrStore.open(
+        with open_store(
             ckpt.store_path(rank),
             name=f"{spec['table']}/zarr",
             width=int(spec["width"]),

@@ -21,7 +21,7 @@ from typing import Any
 from daskhps.config import RunConfig
 from daskhps.errors import ResumeError, StoreLockedError
 from daskhps.sharding import ShardMap
-from daskhps.table import open_store
+from daskhps.table import open_shard_store
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.changes import check_changes
 from daskhps.training.checkpoint import Checkpoint
@@ -68,7 +68,7 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     for old in sorted((out_dir / spec.name).glob("rank-*")):  # an earlier, killed re-shard's
         _wait_unlocked(old, f"re-sharded store {old.name}", deadline, 30.0)
     dst = [
-        open_store(spec, out_dir / spec.name / f"rank-{r}", mode="w", overwrite=True)
+        open_shard_store(spec, out_dir / spec.name / f"rank-{r}", mode="w", overwrite=True)
         for r in range(num_workers)
     ]
     moved = 0

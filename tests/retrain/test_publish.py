@@ -13,8 +13,8 @@ from daskhps.errors import CheckpointError
 from daskhps.retrain import Attempt, Registry, Version, VersionNotFoundError
 from daskhps.retrain.job import rollback
 from daskhps.retrain.publish import commit_name, freeze_version
-from daskhps.table import open_store
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.table import open_shard_store
+from daskhps.tiers.store import StoreReader
 from daskhps.training.checkpoint import (
     finish_checkpoint,
     load_checkpoint,
@@ -25,14 +25,14 @@ from daskhps.training.checkpoint import (
 W = 2
 
 
-def _store(cfg: RunConfig, stores: Path, rank: int, *, commit: str | None = None) -> ZarrStore:
+def _store(cfg: RunConfig, stores: Path, rank: int, *, commit: str | None = None) -> StoreReader:
     spec = cfg.table_spec()
-    return open_store(spec, stores / spec.name / f"rank-{rank}", mode="a", commit=commit)
+    return open_shard_store(spec, stores / spec.name / f"rank-{rank}", mode="a", commit=commit)
 
 
 def _rows(cfg: RunConfig, stores: Path, rank: int, commit: str, keys: torch.Tensor) -> list:
     spec = cfg.table_spec()
-    with open_store(spec, stores / spec.name / f"rank-{rank}", mode="r", commit=commit) as s:
+    with open_shard_store(spec, stores / spec.name / f"rank-{rank}", mode="r", commit=commit) as s:
         return s.lookup(keys).rows.tolist()
 
 

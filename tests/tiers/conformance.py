@@ -1,9 +1,15 @@
-"""One conformance suite that every tier passes.
+"""One conformance suite that every tier passes, and what caches pass on top.
 
-A backend's test module subclasses :class:`TierConformance` and supplies the ``make_tier``
-fixture: a factory ``make_tier(width, capacity_rows) -> Tier``. Persistent tiers ignore
-``capacity_rows``. The same tests then run against every backend, as zarr-python's
-``StoreTests`` do for stores.
+A backend's test module subclasses :class:`TierConformance` (the persistent store) or
+:class:`CacheConformance` (a cache) and supplies the ``make_tier`` fixture: a factory
+``make_tier(width, capacity_rows) -> Tier``. Persistent tiers ignore ``capacity_rows``. The
+same tests then run against every backend, as zarr-python's ``StoreTests`` do for stores.
+
+The two contracts differ where a cache gives rows up (``tiers/base.py``): a cache's ``upsert``
+and ``flush`` return the rows it displaced or found dirty, and it has ``evict``; the
+persistent store displaces nothing, keeps no dirty flags and has no ``evict``. The shared
+tests write through :func:`write` and :func:`flush`, which read the persistent store's
+"nothing" as an empty :class:`Evicted`.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from daskhps.errors import CapacityError, DataError
-from daskhps.tiers.base import Evicted, Tier
+from daskhps.tiers.base import Cache, Evicted, PersistentStore, Tier
 
 MakeTier = Callable[[int, int], Tier]
+MakeCache = Callable[[int, int], Cache]
 
 # Devices a torch-backed tier runs on; CUDA cases carry the `gpu` marker.
 DEVICES = [
@@ -64,6 +71,24 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)))
 
 
+def write(tier: Tier, keys: torch.Tensor, rows: torch.Tensor, *, dirty: bool = True) -> Evicted:
+    """Upsert through either contract: the rows a cache displaced; none for the store."""
+    if isinstance(tier, Cache):
+        return tier.upsert(keys, rows, dirty=dirty)
+    assert isinstance(tier, PersistentStore)
+    tier.upsert(keys, rows)
+    return Evicted.empty(tier.width, tier.device)
+
+
+def flush(tier: Tier) -> Evicted:
+    """Flush through either contract: a cache's dirty rows; none for the store."""
+    if isinstance(tier, Cache):
+        return tier.flush()
+    assert isinstance(tier, PersistentStore)
+    tier.flush()
+    return Evicted.empty(tier.width, tier.device)
+
+
 def resident_model(tier: Tier) -> dict[int, np.ndarray]:
     keys = tier.keys().cpu()
     got = tier.lookup(keys.to(tier.device))
@@ -94,7 +119,7 @@ class TierConformance:
         tier = make_tier(WIDTH, 16)
         keys = keys_of(*EXTREME_KEYS, 42, 7)
         rows = odd_bits_rows(len(keys))
-        ev = tier.upsert(keys.to(tier.device), rows.to(tier.device))
+        ev = write(tier, keys.to(tier.device), rows.to(tier.device))
         assert len(ev) == 0
         probe = keys_of(7, 999, *EXTREME_KEYS).to(tier.device)
         got = tier.lookup(probe)
@@ -107,9 +132,9 @@ class TierConformance:
     def test_overwrite_replaces_row(self, make_tier: MakeTier) -> None:
         tier = make_tier(WIDTH, 16)
         keys = keys_of(1, 2, 3).to(tier.device)
-        tier.upsert(keys, rows_for(keys.cpu()).to(tier.device))
+        write(tier, keys, rows_for(keys.cpu()).to(tier.device))
         new = rows_for(keys.cpu()[1:], salt=100.0).to(tier.device)
-        tier.upsert(keys[1:], new)
+        write(tier, keys[1:], new)
         got = tier.lookup(keys)
         assert bool(got.found.all())
         assert torch.equal(got.rows[0].cpu(), rows_for(keys.cpu()[:1])[0])
@@ -120,7 +145,7 @@ class TierConformance:
         tier = make_tier(WIDTH, 16)
         keys = keys_of(10, 11).to(tier.device)
         rows = rows_for(keys.cpu()).to(tier.device)
-        tier.upsert(keys, rows)
+        write(tier, keys, rows)
         out = torch.full((3, WIDTH), -7.0, device=tier.device)
         got = tier.lookup(keys_of(11, 12, 10).to(tier.device), out=out)
         assert got.rows.data_ptr() == out.data_ptr()
@@ -132,8 +157,9 @@ class TierConformance:
         tier = make_tier(WIDTH, 16)
         none = torch.empty(0, dtype=torch.int64, device=tier.device)
         assert tier.lookup(none).rows.shape == (0, WIDTH)
-        assert len(tier.upsert(none, torch.empty(0, WIDTH, device=tier.device))) == 0
-        assert len(tier.evict(keys=none)) == 0
+        assert len(write(tier, none, torch.empty(0, WIDTH, device=tier.device))) == 0
+        if isinstance(tier, Cache):
+            assert len(tier.evict(keys=none)) == 0
         assert len(tier) == 0
 
     # -- bad input: clear errors, tier unchanged ---------------------------------------
@@ -142,11 +168,11 @@ class TierConformance:
     def test_wrong_key_dtype_names_the_tier(self, make_tier: MakeTier, dtype: torch.dtype) -> None:
         tier = make_tier(WIDTH, 16)
         keys = keys_of(1, 2).to(tier.device)
-        tier.upsert(keys, rows_for(keys.cpu()).to(tier.device))
+        write(tier, keys, rows_for(keys.cpu()).to(tier.device))
         before = resident_model(tier)
         bad = torch.tensor([5, 6], dtype=dtype, device=tier.device)
         with pytest.raises(DataError, match="int64") as info:
-            tier.upsert(bad, rows_for(keys.cpu()).to(tier.device))
+            write(tier, bad, rows_for(keys.cpu()).to(tier.device))
         assert tier.name in str(info.value)
         with pytest.raises(DataError, match="int64"):
             tier.lookup(bad)
@@ -166,11 +192,11 @@ class TierConformance:
     ) -> None:
         tier = make_tier(WIDTH, 16)
         keys = keys_of(1, 2).to(tier.device)
-        tier.upsert(keys, rows_for(keys.cpu()).to(tier.device))
+        write(tier, keys, rows_for(keys.cpu()).to(tier.device))
         before = resident_model(tier)
         with pytest.raises(DataError) as info:
             bad_rows = torch.zeros(shape, dtype=dtype).to(tier.device)
-            tier.upsert(keys_of(1, 9).to(tier.device), bad_rows)
+            write(tier, keys_of(1, 9).to(tier.device), bad_rows)
         assert tier.name in str(info.value)
         assert _equal_models(resident_model(tier), before)
 
@@ -178,11 +204,11 @@ class TierConformance:
         tier = make_tier(WIDTH, 16)
         keys = keys_of(4, 5, 4).to(tier.device)
         with pytest.raises(DataError, match="duplicate") as info:
-            tier.upsert(keys, rows_for(keys.cpu()).to(tier.device))
+            write(tier, keys, rows_for(keys.cpu()).to(tier.device))
         assert tier.name in str(info.value)
         assert len(tier) == 0
 
-    # -- capacity, eviction, dirty tracking ------------------------------------------
+    # -- capacity and dirty tracking -----------------------------------------------
 
     def test_nothing_is_lost_when_over_capacity(self, make_tier: MakeTier) -> None:
         cap = 8
@@ -192,7 +218,7 @@ class TierConformance:
         for step in range(6):
             keys = torch.arange(step * 3, step * 3 + 5, dtype=torch.int64)
             rows = rows_for(keys, salt=float(step))
-            ev = tier.upsert(keys.to(tier.device), rows.to(tier.device))
+            ev = write(tier, keys.to(tier.device), rows.to(tier.device))
             just_written = set(ev.keys.cpu().tolist()) & set(keys.tolist())
             assert not just_written, "displaced a key just written"
             for k, r in zip(ev.keys.cpu().tolist(), ev.rows.cpu(), strict=True):
@@ -213,56 +239,24 @@ class TierConformance:
         tier = make_tier(WIDTH, 4)
         keys = torch.arange(100, 110, dtype=torch.int64)
         if tier.capacity_rows is None or tier.capacity_rows >= len(keys):
-            tier.upsert(keys.to(tier.device), rows_for(keys).to(tier.device))
+            write(tier, keys.to(tier.device), rows_for(keys).to(tier.device))
             assert len(tier) == len(keys)
             return
-        tier.upsert(keys[:2].to(tier.device), rows_for(keys[:2]).to(tier.device))
+        write(tier, keys[:2].to(tier.device), rows_for(keys[:2]).to(tier.device))
         before = resident_model(tier)
         with pytest.raises(CapacityError) as info:
-            tier.upsert(keys.to(tier.device), rows_for(keys).to(tier.device))
+            write(tier, keys.to(tier.device), rows_for(keys).to(tier.device))
         assert tier.name in str(info.value)
         assert _equal_models(resident_model(tier), before)
-
-    def test_evict_by_keys(self, make_tier: MakeTier) -> None:
-        tier = make_tier(WIDTH, 16)
-        keys = keys_of(1, 2, 3).to(tier.device)
-        rows = rows_for(keys.cpu()).to(tier.device)
-        tier.upsert(keys, rows)
-        ev = tier.evict(keys=keys_of(3, 77, 1).to(tier.device))
-        if tier.persistent:
-            assert len(ev) == 0
-            assert len(tier) == 3
-            return
-        got = dict(zip(ev.keys.cpu().tolist(), ev.rows.cpu(), strict=True))
-        assert set(got) == {1, 3}
-        assert torch.equal(got[1], rows[0].cpu())
-        assert torch.equal(got[3], rows[2].cpu())
-        assert bool(ev.dirty.all())
-        assert sorted(tier.keys().cpu().tolist()) == [2]
-        assert not bool(tier.lookup(keys_of(1, 3).to(tier.device)).found.any())
-
-    def test_evict_n_by_policy(self, make_tier: MakeTier) -> None:
-        tier = make_tier(WIDTH, 16)
-        keys = torch.arange(6, dtype=torch.int64)
-        tier.upsert(keys.to(tier.device), rows_for(keys).to(tier.device))
-        ev = tier.evict(n=4)
-        if tier.persistent:
-            assert len(ev) == 0
-            return
-        assert len(ev) == 4
-        assert len(tier) == 2
-        left = set(tier.keys().cpu().tolist())
-        assert left | set(ev.keys.cpu().tolist()) == set(range(6))
-        assert torch.equal(ev.rows.cpu(), rows_for(ev.keys.cpu()))
 
     def test_flush_returns_each_dirty_row_once(self, make_tier: MakeTier) -> None:
         tier = make_tier(WIDTH, 16)
         dirty = keys_of(1, 2).to(tier.device)
         clean = keys_of(3).to(tier.device)
-        tier.upsert(dirty, rows_for(dirty.cpu()).to(tier.device), dirty=True)
-        tier.upsert(clean, rows_for(clean.cpu()).to(tier.device), dirty=False)
-        first = tier.flush()
-        second = tier.flush()
+        write(tier, dirty, rows_for(dirty.cpu()).to(tier.device), dirty=True)
+        write(tier, clean, rows_for(clean.cpu()).to(tier.device), dirty=False)
+        first = flush(tier)
+        second = flush(tier)
         assert len(second) == 0
         if tier.persistent:
             assert len(first) == 0
@@ -272,15 +266,6 @@ class TierConformance:
             order = first.keys.cpu().argsort()
             assert torch.equal(first.rows.cpu()[order], rows_for(dirty.cpu()))
         assert len(tier) == 3  # flushing keeps rows resident
-
-    def test_clean_rows_evict_clean(self, make_tier: MakeTier) -> None:
-        tier = make_tier(WIDTH, 16)
-        if tier.persistent:
-            pytest.skip("a persistent tier never displaces rows")
-        k = keys_of(8, 9).to(tier.device)
-        tier.upsert(k, rows_for(k.cpu()).to(tier.device), dirty=False)
-        ev = tier.evict(keys=k)
-        assert not bool(ev.dirty.any())
 
     # -- against a dict model --------------------------------------------------------
 
@@ -311,15 +296,15 @@ class TierConformance:
                 if tier.capacity_rows is not None and len(ks) > tier.capacity_rows:
                     continue
                 rows = rows_for(keys, salt=float(i))
-                ev = tier.upsert(keys.to(dev), rows.to(dev), dirty=flag)
+                ev = write(tier, keys.to(dev), rows.to(dev), dirty=flag)
                 for k, r in zip(keys.tolist(), rows, strict=True):
                     model[k] = (r, flag)
                 _absorb(ev, model, below)
             elif op == "evict":
-                ev = tier.evict(keys=keys.to(dev))
-                _absorb(ev, model, below)
+                if isinstance(tier, Cache):  # the persistent store gives no row up
+                    _absorb(tier.evict(keys=keys.to(dev)), model, below)
             elif op == "flush":
-                ev = tier.flush()
+                ev = flush(tier)
                 for k, r in zip(ev.keys.cpu().tolist(), ev.rows.cpu(), strict=True):
                     assert model[k][1], f"flush returned clean key {k}"
                     assert torch.equal(r, model[k][0])
@@ -336,6 +321,43 @@ class TierConformance:
             if tier.capacity_rows is not None:
                 assert len(tier) <= tier.capacity_rows
             assert set(tier.keys().cpu().tolist()) == set(model)
+
+
+class CacheConformance(TierConformance):
+    """What every cache does on top: give rows up, by key or by its replacement policy, with
+    their dirty flags. Subclasses provide ``make_tier`` returning a :class:`Cache`."""
+
+    def test_evict_by_keys(self, make_tier: MakeCache) -> None:
+        tier = make_tier(WIDTH, 16)
+        keys = keys_of(1, 2, 3).to(tier.device)
+        rows = rows_for(keys.cpu()).to(tier.device)
+        tier.upsert(keys, rows)
+        ev = tier.evict(keys=keys_of(3, 77, 1).to(tier.device))
+        got = dict(zip(ev.keys.cpu().tolist(), ev.rows.cpu(), strict=True))
+        assert set(got) == {1, 3}
+        assert torch.equal(got[1], rows[0].cpu())
+        assert torch.equal(got[3], rows[2].cpu())
+        assert bool(ev.dirty.all())
+        assert sorted(tier.keys().cpu().tolist()) == [2]
+        assert not bool(tier.lookup(keys_of(1, 3).to(tier.device)).found.any())
+
+    def test_evict_n_by_policy(self, make_tier: MakeCache) -> None:
+        tier = make_tier(WIDTH, 16)
+        keys = torch.arange(6, dtype=torch.int64)
+        tier.upsert(keys.to(tier.device), rows_for(keys).to(tier.device))
+        ev = tier.evict(n=4)
+        assert len(ev) == 4
+        assert len(tier) == 2
+        left = set(tier.keys().cpu().tolist())
+        assert left | set(ev.keys.cpu().tolist()) == set(range(6))
+        assert torch.equal(ev.rows.cpu(), rows_for(ev.keys.cpu()))
+
+    def test_clean_rows_evict_clean(self, make_tier: MakeCache) -> None:
+        tier = make_tier(WIDTH, 16)
+        k = keys_of(8, 9).to(tier.device)
+        tier.upsert(k, rows_for(k.cpu()).to(tier.device), dirty=False)
+        ev = tier.evict(keys=k)
+        assert not bool(ev.dirty.any())
 
 
 def _absorb(ev: Evicted, model: dict, below: dict) -> None:

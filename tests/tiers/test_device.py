@@ -18,7 +18,7 @@ from daskhps.errors import CapacityError, ConfigError, DataError
 from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.base import Evicted
 from daskhps.tiers.device import DeviceCache
-from tests.tiers.conformance import DEVICES, MakeTier, TierConformance, odd_bits_rows, same_bits
+from tests.tiers.conformance import DEVICES, CacheConformance, MakeCache, odd_bits_rows, same_bits
 
 W = 4
 
@@ -41,15 +41,15 @@ def cache(device: str, cap: int = 4, policy: str = "lru") -> DeviceCache:
     return DeviceCache("ads/device", W, cap, device=device, policy=policy)
 
 
-class TestConformance(TierConformance):
+class TestConformance(CacheConformance):
     @pytest.fixture(params=DEVICES)
-    def make_tier(self, request: pytest.FixtureRequest) -> MakeTier:
+    def make_tier(self, request: pytest.FixtureRequest) -> MakeCache:
         return lambda width, cap: DeviceCache("ads/device", width, cap, device=request.param)
 
 
-class TestConformanceLFU(TierConformance):
+class TestConformanceLFU(CacheConformance):
     @pytest.fixture
-    def make_tier(self) -> MakeTier:
+    def make_tier(self) -> MakeCache:
         return lambda width, cap: DeviceCache("ads/device", width, cap, policy="lfu")
 
 

@@ -14,7 +14,7 @@ from daskhps.errors import ConfigError
 from daskhps.tiers._index import KeyIndex
 from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from tests.tiers.conformance import MakeTier, TierConformance, odd_bits_rows, same_bits
+from tests.tiers.conformance import CacheConformance, MakeCache, odd_bits_rows, same_bits
 from tests.tiers.test_device import CacheMachine
 
 MiB = 1 << 20
@@ -26,9 +26,9 @@ def budget_for(width: int, rows: int, policy: str = "lru") -> int:
     return sinks + rows * SlotCache.bytes_per_row(width, policy) + KeyIndex.nbytes_for(rows)
 
 
-class TestConformance(TierConformance):
+class TestConformance(CacheConformance):
     @pytest.fixture
-    def make_tier(self) -> MakeTier:
+    def make_tier(self) -> MakeCache:
         return lambda width, cap: HostMemory("ads/host", width, budget_for(width, cap))
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from daskhps.errors import StoreCorruptedError
-from daskhps.tiers._segments import RawArray, chunk_digests, file_sha256, write_array
-from daskhps.tiers.store_check import StoreChecker
+from daskhps.tiers.store.arrays import RawArray, chunk_digests, write_array
+from daskhps.tiers.store.check import StoreChecker
+from daskhps.tiers.store.durable import file_sha256
 from tests.tiers.test_zarr_store import W, keys_of, rows_of, state, store
 
 

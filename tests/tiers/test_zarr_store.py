@@ -28,18 +28,18 @@ from daskhps.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
-from daskhps.tiers._segments import read_around_pays
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.tiers.store import StoreReader, open_store
+from daskhps.tiers.store.arrays import read_around_pays
 from tests.tiers.conformance import MakeTier, TierConformance, odd_bits_rows, same_bits
 
 W = 6
 LAYOUT = {"table": "ads", "dim": 2, "width": W, "optimizer": "adam", "dtype": "float32"}
 
 
-def store(path: Path, **kw: Any) -> ZarrStore:
+def store(path: Path, **kw: Any) -> StoreReader:
     args: dict[str, Any] = {"name": "ads/zarr", "width": W, "layout": LAYOUT}
     args.update(kw)
-    return ZarrStore.open(path, **args)
+    return open_store(path, **args)
 
 
 def keys_of(*values: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ def rows_of(keys: torch.Tensor, salt: float = 0.0) -> torch.Tensor:
     return keys.to(torch.float32)[:, None] * 10 + torch.arange(W, dtype=torch.float32) + salt
 
 
-def state(s: ZarrStore) -> dict[int, bytes]:
+def state(s: StoreReader) -> dict[int, bytes]:
     """Every row of a store, as raw bytes by key."""
     keys = s.keys()
     got = s.lookup(keys)
@@ -71,10 +71,10 @@ def path(tmp_path: Path) -> Path:
 class TestConformance(TierConformance):
     @pytest.fixture
     def make_tier(self, tmp_path: Path) -> Iterator[MakeTier]:
-        made: list[ZarrStore] = []
+        made: list[StoreReader] = []
 
-        def make(width: int, capacity_rows: int) -> ZarrStore:
-            s = ZarrStore.open(
+        def make(width: int, capacity_rows: int) -> StoreReader:
+            s = open_store(
                 tmp_path / f"s{len(made)}", name="t/zarr", width=width, layout={}, mode="w"
             )
             made.append(s)
@@ -240,8 +240,8 @@ def test_crash_after_commit_reopens_last_commit(path: Path) -> None:
     """A writer process dies (no close, no commit) after writing more segments."""
     code = f"""
         import os, torch
-        from daskhps.tiers.zarr_store import ZarrStore
-        s = ZarrStore.open({str(path)!r}, name="ads/zarr", width={W}, layout={LAYOUT!r}, mode="w")
+        from daskhps.tiers.store import open_store
+        s = open_store({str(path)!r}, name="ads/zarr", width={W}, layout={LAYOUT!r}, mode="w")
         k = torch.arange(10)
         s.upsert(k, torch.ones(10, {W}))
         s.commit("c0")
@@ -354,9 +354,9 @@ def test_writer_in_another_process_is_refused(path: Path) -> None:
     with store(path, mode="w"):
         code = f"""
             from daskhps.errors import StoreLockedError
-            from daskhps.tiers.zarr_store import ZarrStore
+            from daskhps.tiers.store import open_store
             try:
-                ZarrStore.open({str(path)!r}, name="ads/zarr", width={W}, layout={LAYOUT!r})
+                open_store({str(path)!r}, name="ads/zarr", width={W}, layout={LAYOUT!r})
             except StoreLockedError as e:
                 print("refused:", e)
         """

@@ -31,7 +31,7 @@ from daskhps.cli import main as cli_main
 from daskhps.config import RunConfig, load_config
 from daskhps.errors import CheckpointError
 from daskhps.table import EmbeddingTable
-from daskhps.tiers.zarr_store import ZarrStore
+from daskhps.tiers.store import open_store
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.training.trainer import RunResult, Trainer
@@ -293,7 +293,7 @@ def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
     # pass 3's checkpoint is a base: the store was compacted and its commit is a full index
     # snapshot; pass 2's is a delta that only lists the segments written since
     spec = final.table_spec
-    with ZarrStore.open(
+    with open_store(
         final.store_path(0), name="t", width=spec.width, layout=spec.layout(), mode="r"
     ) as store:
         snapshot = {c.name: c.snapshot for c in store.commits()}

@@ -13,7 +13,7 @@ import torch
 
 from daskhps.errors import ConfigError, RunExistsError
 from daskhps.retrain.versions import Attempt, Registry
-from daskhps.table import OptimizerSpec, TableSpec, open_store
+from daskhps.table import OptimizerSpec, TableSpec, open_shard_store
 from daskhps.training import rundir
 from daskhps.training.checkpoint import finish_checkpoint, start_checkpoint, write_payload
 
@@ -31,7 +31,7 @@ def tree_digest(*roots: Path) -> str:
 
 def _store(path: Path, commit: str) -> None:
     spec = TableSpec("t", 2, OptimizerSpec("sgd", lr=0.1))
-    with open_store(spec, path / "t" / "rank-0", mode="w") as s:
+    with open_shard_store(spec, path / "t" / "rank-0", mode="w") as s:
         s.upsert(torch.arange(5, dtype=torch.int64), torch.ones(5, spec.width))
         s.commit(commit)
 

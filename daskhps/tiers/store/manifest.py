@@ -13,47 +13,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daskhps.tiers._segments import fsync_dir
+from daskhps.tiers.base import CommitInfo
+from daskhps.tiers.store.durable import fsync_dir
 
-__all__ = ["CommitInfo", "Manifest", "scan_manifests", "write_manifest"]
+__all__ = ["Manifest", "manifest_path", "scan_manifests", "write_manifest"]
 
 FORMAT = 1
 _FILE = re.compile(r"^(\d+)\.json$")
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """A durable commit point of a store: one checkpoint of its shard.
-
-    Attributes
-    ----------
-    name:
-        The caller's name for it (e.g. ``"pass-12"``); committing a name again replaces it.
-    seq:
-        Position in the store's history; later commits have larger ``seq``.
-    time:
-        Unix time of the commit.
-    rows:
-        Keys in the committed state.
-    snapshot:
-        Whether this commit wrote a full index snapshot (else it replays segments).
-    segments:
-        Segments the committed state reads rows from.
-    meta:
-        The caller's JSON metadata.
-    """
-
-    name: str
-    seq: int
-    time: float
-    rows: int
-    snapshot: bool
-    segments: int
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

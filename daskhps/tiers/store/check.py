@@ -8,7 +8,7 @@ how long each is, so a missing or truncated file is found with one ``stat`` per 
 (every byte read), which also finds a changed byte. Arrays written before daskhps recorded
 checksums are counted (:attr:`StoreCheck.without_checksum`) and checked by size only.
 
-Opening the store (:class:`~daskhps.tiers.zarr_store.ZarrStore`) stops at the first problem;
+Opening the store (:func:`~daskhps.tiers.store.open_store`) stops at the first problem;
 this lists all of them, and never writes or locks anything.
 """
 
@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from daskhps.errors import StoreCorruptedError
-from daskhps.tiers._manifest import Manifest, scan_manifests
-from daskhps.tiers._segments import RawArray
+from daskhps.tiers.store.arrays import RawArray
+from daskhps.tiers.store.layout import segment_dir, snapshot_dir
+from daskhps.tiers.store.manifest import Manifest, scan_manifests
 
 __all__ = ["StoreCheck", "StoreChecker"]
 
@@ -102,10 +103,10 @@ class StoreChecker:
         if m is None:
             return out
         out.segments = len(m.segments)
-        parts = [(p / "segments" / f"{sid:010d}", "segment") for sid in m.segments]
+        parts = [(segment_dir(p, sid), "segment") for sid in m.segments]
         if m.snapshot is not None:
             out.snapshots = 1
-            parts.append((p / "index" / f"{m.snapshot:010d}", "index snapshot"))
+            parts.append((snapshot_dir(p, m.snapshot), "index snapshot"))
         for folder, kind in parts:
             part = self._parts.get(folder)
             if part is None:

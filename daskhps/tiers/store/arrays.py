@@ -31,17 +31,9 @@ from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
 from daskhps.errors import StoreCorruptedError
+from daskhps.tiers.store.durable import file_sha256
 
-__all__ = [
-    "RawArray",
-    "chunk_digests",
-    "file_sha256",
-    "fsync_dir",
-    "fsync_tree",
-    "read_around_pays",
-    "write_array",
-    "write_group",
-]
+__all__ = ["RawArray", "chunk_digests", "read_around_pays", "write_array", "write_group"]
 
 _RAW_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}]
 
@@ -80,15 +72,6 @@ def chunk_digests(data: np.ndarray, chunk_rows: int) -> list[str]:
     return out
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file, read in blocks of 1 MiB."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_array(directory: Path, data: np.ndarray, chunk_rows: int) -> RawArray:
     """Write ``data`` as a new uncompressed zarr v3 array; chunks span whole rows. Its
     metadata records the sha256 of each chunk file (:func:`chunk_digests`)."""
@@ -107,27 +90,6 @@ def write_array(directory: Path, data: np.ndarray, chunk_rows: int) -> RawArray:
         attributes={"sha256": chunk_digests(data, chunk_rows)},
     )
     return RawArray.load(directory, data.dtype)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make the entries of ``directory`` (new, renamed or removed files) durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(directory: Path) -> None:
-    """fsync every file and folder under ``directory``, then ``directory`` itself."""
-    for root, _, files in os.walk(directory, topdown=False):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(root))
 
 
 READ_AROUND = 128 * 1024  # bytes Linux reads around a page fault of a mapped file by default
