@@ -47,6 +47,26 @@ def test_owner_tasks_pin_the_shuffle_output_and_what_follows() -> None:
     }
 
 
+def test_owner_tasks_leave_what_follows_a_p2p_shuffle_where_p2p_puts_it() -> None:
+    """p2p picks the worker of each output partition itself: the steps after it stay there
+    (they may shrink the partition before it moves), and what precedes the barrier is
+    shared by every partition."""
+
+    def task(*deps: str) -> tuple[Any, ...]:
+        return (max, 0, *deps)
+
+    graph: dict[str, Any] = {"read0": task(), "read1": task()}
+    graph["transfer0"], graph["transfer1"] = task("read0"), task("read1")
+    graph["shuffle-barrier-x"] = task("transfer0", "transfer1")
+    for w in range(2):
+        graph[f"unpack{w}"] = task("shuffle-barrier-x")
+        graph[f"finish{w}"] = task(f"unpack{w}")
+    graph["alone0"], graph["other1"] = task(), task()  # a second frame, no shuffle
+    graph["other0"] = task("alone0")
+    outputs = [["finish0", "finish1"], ["other0", "other1"]]
+    assert owner_tasks(graph, outputs) == {"alone0": 0, "other0": 0, "other1": 1}
+
+
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
     with (
@@ -101,13 +121,14 @@ def test_partitions_are_built_on_their_owner(
     ran_on = {r["key"]: r["worker"] for r in stream.data}
     moved = _moved_keys(client)
     for keys, placement in zip(outputs, placed, strict=True):
-        # The futures are the frame's own partitions, not copies made by a second task.
-        assert [f.key for f in placement.futures] == keys
         who = client.who_has(list(placement.futures))
-        for w, key in enumerate(keys):
-            assert ran_on[key] == addresses[w]
-            assert list(who[key]) == [addresses[w]]
-            assert key not in moved
+        for w, future in enumerate(placement.futures):
+            assert ran_on[future.key] == addresses[w]
+            assert list(who[future.key]) == [addresses[w]]
+            assert future.key not in moved
+        if shuffle_method == "tasks":
+            # The futures are the frames' own partitions, not copies made by a second task.
+            assert [f.key for f in placement.futures] == keys
     if shuffle_method == "tasks":
         # The shuffle's output concat of partition w ran on worker w and never moved: the
         # pieces of the shuffle went straight to their owner.
@@ -116,3 +137,8 @@ def test_partitions_are_built_on_their_owner(
         for key in concats:
             assert ran_on[key] == addresses[key[1]]
             assert key not in moved
+    else:
+        # p2p placed its outputs itself; they were finished there, never fetched unfinished.
+        unpacked = [k for k in ran_on if isinstance(k, tuple) and k[0].startswith("p2pshuffle-")]
+        assert len(unpacked) == 4
+        assert not set(unpacked) & moved
