@@ -9,14 +9,8 @@ from daskhps.passes.config import PassConfig
 
 if TYPE_CHECKING:
     from daskhps.passes.keys import pass_keys, select_examples
-    from daskhps.passes.owners import (
-        OwnerPlacement,
-        owner_keys,
-        place_on_workers,
-        place_together,
-        plan_owner_keys,
-        worker_addresses,
-    )
+    from daskhps.passes.owners import owner_keys, plan_owner_keys, worker_addresses
+    from daskhps.passes.placement import OwnerPlacement, place_on_workers, place_together
     from daskhps.passes.plan import PassPlan, PassSpec, build_plan, split_batch
 
 # The planning modules build Dask graphs: they are loaded on first use of their names, so that
@@ -24,10 +18,10 @@ if TYPE_CHECKING:
 _LAZY = {
     "pass_keys": "keys",
     "select_examples": "keys",
-    "OwnerPlacement": "owners",
+    "OwnerPlacement": "placement",
     "owner_keys": "owners",
-    "place_on_workers": "owners",
-    "place_together": "owners",
+    "place_on_workers": "placement",
+    "place_together": "placement",
     "plan_owner_keys": "owners",
     "worker_addresses": "owners",
     "PassPlan": "plan",

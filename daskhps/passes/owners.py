@@ -9,7 +9,7 @@
     partition w                worker 0: its shards' keys | worker 1: ... | ...
     dedup + sort (global,      each key reaches exactly one partition, so a per-partition
     since owners are unique)   drop_duplicates is a global one                owner_keys
-    pin partition w on worker w (distributed)                               place_on_workers
+    partition w built on worker w (distributed)             placement.place_on_workers
 
 ``df.shuffle(on=...)`` hashes the column and would not put owner w in partition w, so the
 routing uses ``set_index`` with divisions ``0, 1, ..., W``: partition w holds exactly the keys
@@ -19,8 +19,6 @@ whose owner is w.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import dask.dataframe as dd
@@ -35,11 +33,9 @@ from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
 
 __all__ = [
-    "OwnerPlacement",
     "owner_keys",
     "pass_keys",
-    "place_on_workers",
-    "place_together",
+    "plan_owner_keys",
     "select_examples",
     "worker_addresses",
 ]
@@ -98,55 +94,3 @@ def plan_owner_keys(
 def worker_addresses(client: Any) -> list[str]:
     """Worker addresses in rank order (sorted by address, so every caller agrees)."""
     return sorted(scheduler_workers(client))
-
-
-def _identity(df: Any) -> Any:
-    return df
-
-
-@dataclass(frozen=True)
-class OwnerPlacement:
-    """Each worker's keys held on that worker: ``futures[w]`` lives on ``addresses[w]``."""
-
-    futures: tuple[Any, ...]
-    addresses: tuple[str, ...]
-
-
-def place_on_workers(
-    client: Any, owned: dd.DataFrame, addresses: Sequence[str] | None = None
-) -> OwnerPlacement:
-    """Compute :func:`owner_keys` output (or any frame of one partition per worker) and pin
-    partition ``w`` on worker ``w``."""
-    (placed,) = place_together(client, [owned], addresses)
-    return placed
-
-
-def place_together(
-    client: Any, frames: Sequence[dd.DataFrame], addresses: Sequence[str] | None = None
-) -> list[OwnerPlacement]:
-    """:func:`place_on_workers` of several frames in one computation, so the tasks they share
-    (reading a pass's partitions) run once.
-
-    The frames are computed wherever the scheduler likes; one pinned task per partition then
-    pulls each worker's partition onto it (``allow_other_workers=False``).
-    """
-    addresses = list(addresses or worker_addresses(client))
-    for owned in frames:
-        if owned.npartitions != len(addresses):
-            raise ValueError(
-                f"{owned.npartitions} owner partitions for {len(addresses)} workers; build the "
-                "shard map with num_workers equal to the number of workers"
-            )
-    # One future per partition, in partition order (computing the list of per-partition
-    # delayed objects keeps the order that futures_of would not).
-    parts = client.compute([d for f in frames for d in f.to_delayed()])
-    W = len(addresses)
-    out = []
-    for i in range(len(frames)):
-        pinned = tuple(
-            client.submit(_identity, part, workers=[addr], allow_other_workers=False, pure=False)
-            for part, addr in zip(parts[i * W : (i + 1) * W], addresses, strict=True)
-        )
-        out.append(OwnerPlacement(pinned, tuple(addresses)))
-    del parts  # the pinned copies are the ones kept
-    return out

@@ -43,6 +43,19 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_bench_placement_quick(tmp_path: Path) -> None:
+    recs = run_script(
+        "bench_placement.py", "--rows", "20000", "--parts", "2", "--repeat", "1",
+        "--out", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert ["p2p shuffle" in recs[0]["name"], "tasks shuffle" in recs[1]["name"]] == [True, True]
+    # One hop: the finished partitions never move, so the workers fetch no more than when each
+    # partition was computed anywhere and then copied to its owner (as much when the scheduler
+    # happened to pick every owner itself).
+    assert recs[1]["fetched_mib"] <= recs[1]["baseline_fetched_mib"]
+
+
+@pytest.mark.slow
 def test_bench_train_quick() -> None:
     recs = run_script("bench_train.py", "--quick")
     vs_torch = [r for r in recs if r["name"].startswith("daskhps train step")]
