@@ -71,7 +71,6 @@ class RunHost(WorkerPlugin):
         self.comm: Comm | None = None
         self.rendezvous_store: Any = None  # rank 0 serves the TCP store: kept with the group
         self.replica: Any = None  # the dense model replica (daskhps.training.worker)
-        self.monitor: ShardMetrics | None = None
 
     # -- plugin hooks (event loop: keep them light; opening runs in a task) -------------
 
@@ -82,8 +81,8 @@ class RunHost(WorkerPlugin):
             log.warning("worker %s is not one of the run's ranks: it holds nothing", addr)
         if self.shards is not None:
             self.shards.bind(self.rank, worker.memory_manager.memory_limit or None)
-            self.monitor = self.shards.monitor = ShardMetrics(self.shards, addr)
-            self.monitor.register(worker)
+            self.shards.monitor = ShardMetrics(self.shards, addr)
+            self.shards.monitor.register(worker)
 
     def teardown(self, worker: Any) -> None:
         if self.monitor is not None:
@@ -98,6 +97,11 @@ class RunHost(WorkerPlugin):
         self.replica = None
         if comm is not None:
             comm.close()
+
+    @property
+    def monitor(self) -> ShardMetrics | None:
+        """The shards' figures for the dashboard and ``/metrics`` (set up with the plugin)."""
+        return self.shards.monitor if self.shards is not None else None
 
     # -- what tasks read -------------------------------------------------------------------
 

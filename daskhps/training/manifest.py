@@ -1,8 +1,9 @@
 """``MANIFEST.json`` of a checkpoint, field by field: the one declaration of what it records.
 
 The trainer's checkpointer, ``daskhps import`` and publishing write it through
-:meth:`CheckpointManifest.from_json` (so a missing field fails before anything is visible);
-loading checks it the same way; everyone else reads typed attributes of the
+``finish_checkpoint``, which checks it against this declaration (:meth:`json_fields`) before
+the file is written, so a missing field fails before anything is visible; loading checks it
+the same way; everyone else reads typed attributes of the
 :class:`~daskhps.training.checkpoint.Checkpoint`, which is a manifest with its folder.
 Keys this daskhps does not know (a published version's ``version`` and ``trained_as``) are
 kept in :attr:`CheckpointManifest.extra` and written back unchanged.
@@ -88,10 +89,6 @@ class CheckpointManifest:
         kwargs["stores_dir"] = Path(kwargs["stores_dir"])
         kwargs["metrics"] = dict(kwargs.get("metrics") or {})
         return kwargs
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckpointManifest:
-        return CheckpointManifest(**cls.json_fields(data))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

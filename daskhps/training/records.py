@@ -72,9 +72,11 @@ class PassRecord:
         pass_in_epoch: int,
         batches: Batches,
         train_seconds: float,
+        rows_staged: int,
+        staged_from: dict[str, int],
     ) -> PassRecord:
-        """The training part of a pass's record, from every rank's result: losses are the
-        ranks' sums over the global batch's examples."""
+        """The training part of a pass's record, from every rank's result (losses are the
+        ranks' sums over the global batch's examples) and its staging."""
         B, n = batches.batch_size, batches.num_examples
         return cls(
             pass_number=pass_number,
@@ -86,8 +88,8 @@ class PassRecord:
                 sum(o.batch_loss_sums[b] for o in outs) / min(B, n - b * B)
                 for b in range(batches.num_batches)
             ],
-            rows_staged=0,
-            staged_from={},
+            rows_staged=rows_staged,
+            staged_from=staged_from,
             worker_seconds={k: max(o.seconds.get(k, 0.0) for o in outs) for k in outs[0].seconds},
         )
 

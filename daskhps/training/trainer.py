@@ -347,7 +347,7 @@ class Trainer:
             shards = self._worker_shards(spec)
             group = RunGroup.start(client, addresses, shards=shards, **self._comm_args())
             try:
-                self._train(client, group, addresses, logs, result)
+                self._train(group, logs, result)
             finally:
                 # Stopped (Ctrl-C, an error): the rows changed since the last checkpoint are
                 # dropped on purpose, a resume starts from it.
@@ -393,16 +393,12 @@ class Trainer:
         return resuming.reshard(ckpt, num_workers, out)
 
     def _train(
-        self,
-        client: Any,
-        group: RunGroup,
-        addresses: list[str],
-        logs: tuple[ClickLog, ClickLog | None],
-        result: RunResult,
+        self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
     ) -> None:
         """Every pass of the schedule not done yet, through the pass pipeline."""
         cfg = self.config
-        begun = self._begin(client, group, logs, result)
+        client, addresses = group.client, list(group.addresses)
+        begun = self._begin(group, logs, result)
         ctx = PassContext(
             group,
             logs[0],
@@ -428,15 +424,15 @@ class Trainer:
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
                 progress.start_pass(active.position + 1)
+                epoch = begun.schedule[active.position][0]
                 rec = self._train_pass(ctx, active, step, begun.total_steps)
                 rec.seconds["unpin_repin"] = pipe.release(active)
-                self._finish_record(ctx, rec, begun, active)
+                self._finish_record(ctx, rec, begun, active.spec, epoch)
                 step += active.spec.num_batches
                 progress.end_pass(active.spec.num_batches, rec.train_loss, rec.auc)
                 result.passes.append(line := rec.to_json())
                 with begun.metrics_path.open("a") as f:
                     f.write(json.dumps(line) + "\n")
-                epoch = begun.schedule[active.position][0]
                 pos = Position(
                     active.position + 1, len(specs), epoch + 1, active.spec.index + 1, step
                 )
@@ -446,16 +442,12 @@ class Trainer:
         self._end(group, begun.holdout, result)
 
     def _begin(
-        self,
-        client: Any,
-        group: RunGroup,
-        logs: tuple[ClickLog, ClickLog | None],
-        result: RunResult,
+        self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
     ) -> _Begun:
         """Scan the log, plan its passes, check a resume against them, build (and restore)
         the dense replicas, and start (or restore) ``metrics.jsonl``."""
         cfg = self.config
-        addresses = list(group.addresses)
+        client, addresses = group.client, list(group.addresses)
         train_log, holdout_log = logs
         # One streaming read of the log: good rows per partition (the plan's input), bad rows,
         # and the holdout written to the workers' disks. Nothing of the log stays in memory:
@@ -567,14 +559,14 @@ class Trainer:
             pass_in_epoch=spec.index + 1,
             batches=batches,
             train_seconds=train_s,
+            rows_staged=int(sum(r.rows for r in active.reports)),
+            staged_from=active.staged_from(),
         )
-        rec.rows_staged = int(sum(r.rows for r in active.reports))
-        rec.staged_from = active.staged_from()
         rec.seconds = {**active.seconds, "train": train_s}
         return rec
 
     def _finish_record(
-        self, ctx: PassContext, rec: PassRecord, begun: _Begun, active: PreparedPass
+        self, ctx: PassContext, rec: PassRecord, begun: _Begun, spec: PassSpec, epoch: int
     ) -> None:
         """Evaluate (``eval.every_pass``), take the tiers' figures (after the release) and the
         bad rows skipped (counted when their file is first read: in the first epoch)."""
@@ -585,9 +577,8 @@ class Trainer:
             rec.seconds["eval"] = time.perf_counter() - t
         stats = ctx.group.on_shards(WorkerShards.stats, what="shard stats")
         rec.tiers = _tier_summary(stats, ctx.table)
-        epoch = begun.schedule[active.position][0]
         rec.epoch = epoch + 1
-        rec.bad_rows_skipped = begun.bad_by_pass.get(active.spec.index, {}) if epoch == 0 else {}
+        rec.bad_rows_skipped = begun.bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
 
     def _evaluate(self, group: RunGroup, holdout: HoldoutStream) -> dict[str, float]:
         def run_chunk(placed: Any) -> list[tuple[np.ndarray, np.ndarray]]:

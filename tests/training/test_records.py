@@ -39,6 +39,8 @@ def _record(train_seconds: float) -> PassRecord:
         pass_in_epoch=1,
         batches=Batches(batch_size=4, num_batches=3, num_examples=10),
         train_seconds=train_seconds,
+        rows_staged=7,
+        staged_from={"device": 0, "host": 0, "store": 2, "init": 5},
     )
 
 
@@ -48,6 +50,7 @@ def test_losses_are_sums_over_the_global_batch_and_seconds_the_slowest_rank() ->
     assert rec.batch_losses == [2.0 / 4, 2.0 / 4, 1.0 / 2]  # the last batch holds 2 examples
     assert rec.examples_per_s == 5.0
     assert rec.worker_seconds == {"pull": 0.3, "push": 0.1}
+    assert rec.rows_staged == 7 and rec.staged_from["init"] == 5
 
 
 def test_the_line_keeps_its_keys_and_leaves_eval_out_when_not_evaluated() -> None:
