@@ -4,8 +4,8 @@
 
 One worker process on a LocalCluster (2 GiB limit) trains once on small logs (so imports,
 the process group's first setup and the allocators' start are in its baseline), then trains
-the measured run while a thread inside it samples its resident memory every 10 ms
-(:func:`daskhps.capacity.measured.measure_growth`). Two figures, from ``size_run`` with the
+the measured run while its peak resident memory is recorded (the kernel's high-water mark,
+:func:`daskhps.capacity.measured.measure_growth`). Two figures, from ``size_run`` with the
 keys counted by ``--scan``: the plan's growth (its total less the worker process) against the
 worker's peak growth, and the plan's total against the worker's peak RSS, which is what
 ``daskhps plan`` promises.

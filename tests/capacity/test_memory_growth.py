@@ -2,7 +2,7 @@
 its peak with the worker process itself.
 
 ``scripts/bench_plan.py`` does the measuring: the resident set size (RSS) of the one worker
-process of a LocalCluster, sampled every 10 ms by a thread inside it, from just before
+process of a LocalCluster, its peak read from the kernel's high-water mark, from just before
 training (the worker already warmed: torch, daskhps and a dense model built once, so imports
 and the allocator's start are not counted) to the peak of the run, against the growth of
 ``size_run(...).memory`` for the same config with the keys counted by ``--scan``; and the
