@@ -66,15 +66,10 @@ def open_store(
 
     Parameters
     ----------
-    path:
-        The store's folder.
-    name:
-        The tier's name, ``"<table>/zarr"`` by convention; every message starts with it.
-    width:
-        Floats per row.
-    layout:
-        JSON-able description of the rows (table, dim, optimizer, ...). It is stored at
-        creation and must match on every reopen.
+    path, name, width, layout:
+        The store's folder, its tier name, floats per row and the description of its rows:
+        see :class:`~daskhps.tiers.store.layout.StoreFolder` (the layout must match on every
+        reopen).
     mode:
         ``"w"`` create (an existing store is an error unless ``overwrite``); ``"a"`` open for
         writing, creating the store if the path is missing or empty; ``"r+"`` open an existing
