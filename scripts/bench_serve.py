@@ -67,7 +67,7 @@ class Tables:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.spec = TableSpec("emb", 16, OptimizerSpec("adagrad", lr=0.05))
+        self.spec = TableSpec("emb", 16, OptimizerSpec(kind="adagrad", lr=0.05))
 
     def train_and_commit(
         self, keys: torch.Tensor, commit: str, seed: int, peek: torch.Tensor

@@ -160,7 +160,7 @@ def bench_zarr_staging(rep: Reporter, tmp: Path, rows: int, take: int, width: in
     )
     store.close()
 
-    spec = TableSpec("bench", dim=width, optimizer=OptimizerSpec("sgd"))
+    spec = TableSpec("bench", dim=width, optimizer=OptimizerSpec(kind="sgd"))
     layout_store = tmp / "table"
     with EmbeddingTable.open(spec, layout_store, device_rows=take, mode="w") as table:
         for part in np.array_split(np.arange(rows), segments):
@@ -202,7 +202,7 @@ def zipf_stream(n_distinct: int, batches: int, batch: int, seed: int) -> list[to
 
 
 def bench_zipf(rep: Reporter, tmp: Path, n_distinct: int, batches: int, batch: int) -> None:
-    spec = TableSpec("zipf", dim=32, optimizer=OptimizerSpec("adagrad", lr=0.01))
+    spec = TableSpec("zipf", dim=32, optimizer=OptimizerSpec(kind="adagrad", lr=0.01))
     warm = zipf_stream(n_distinct, batches // 4, batch, seed=5)
     stream = zipf_stream(n_distinct, batches, batch, seed=6)
     grads = torch.full((batch, spec.dim), 1e-3)

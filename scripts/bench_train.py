@@ -175,7 +175,7 @@ class DaskhpsSide:
         flush_each_pass: bool,
         comm: Comm | None = None,
     ) -> DaskhpsSide:
-        spec = TableSpec("bench", dim=DIM, optimizer=OptimizerSpec("adagrad", lr=SPARSE_LR))
+        spec = TableSpec("bench", dim=DIM, optimizer=OptimizerSpec(kind="adagrad", lr=SPARSE_LR))
         table = EmbeddingTable.open(
             spec, path, device_rows=device_rows, host_bytes=host_bytes, mode="w"
         )
@@ -387,7 +387,7 @@ def bench_vs_torch(rep: Reporter, tmp: Path, data: Data, repeat: int) -> None:
 
 def bench_out_of_core(rep: Reporter, tmp: Path, data: Data, rounds: int) -> None:
     n = len(data.distinct)
-    spec = TableSpec("bench", dim=DIM, optimizer=OptimizerSpec("adagrad", lr=SPARSE_LR))
+    spec = TableSpec("bench", dim=DIM, optimizer=OptimizerSpec(kind="adagrad", lr=SPARSE_LR))
     working = max(int(torch.unique(p.keys).numel()) for p in data.passes)
     host_rows = n // 10
     host_bytes = 0

@@ -3,7 +3,6 @@ override checker and the reference cannot drift from what the loader enforces.""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from daskhps.config.checkpoint import CheckpointConfig
@@ -41,7 +40,7 @@ def _node(keys: tuple[str, ...], **sub: Any) -> dict[str, Any]:
 def key_tree() -> dict[str, Any]:
     """``{key: None (a value) | FREE | {subkey: ...}}`` for the whole config."""
     return {
-        "run": _node(RunSection.KEYS),
+        "run": _node(RunSection.key_names()),
         "data": _node(
             DataConfig.KEYS,
             train=_node(TRAIN_KEYS),
@@ -50,22 +49,22 @@ def key_tree() -> dict[str, Any]:
             bad_rows=_node(("action", "max_fraction")),
             holdout=_node(HoldoutConfig.KEYS),
         ),
-        "passes": _node(PassesConfig.KEYS),
+        "passes": _node(PassesConfig.key_names()),
         "table": _node(
-            TableConfig.KEYS,
-            optimizer=_node(tuple(f.name for f in fields(OptimizerSpec))),
+            TableConfig.key_names(),
+            optimizer=_node(OptimizerSpec.key_names()),
             tiers=_node(
-                TiersConfig.KEYS,
-                device=_node(DeviceTierConfig.KEYS),
-                host=_node(HostTierConfig.KEYS),
+                TiersConfig.key_names(),
+                device=_node(DeviceTierConfig.key_names()),
+                host=_node(HostTierConfig.key_names()),
             ),
         ),
         "model": {"name": None, "options": FREE},
-        "dense_optimizer": _node(DenseOptimizerConfig.KEYS),
-        "cluster": _node(ClusterConfig.KEYS),
-        "eval": _node(EvalConfig.KEYS),
-        "checkpoint": _node(CheckpointConfig.KEYS),
-        "retrain": _node(RetrainConfig.KEYS),
+        "dense_optimizer": _node(DenseOptimizerConfig.key_names()),
+        "cluster": _node(ClusterConfig.key_names()),
+        "eval": _node(EvalConfig.key_names()),
+        "checkpoint": _node(CheckpointConfig.key_names()),
+        "retrain": _node(RetrainConfig.key_names()),
     }
 
 

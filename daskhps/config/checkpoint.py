@@ -3,35 +3,31 @@ checkpoint is a full base instead of a delta (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
+
+from pydantic import Field
 
 from daskhps.config._context import Ctx
+from daskhps.config._options import Int, Options, validate
 
 __all__ = ["CheckpointConfig"]
 
 
-@dataclass(frozen=True)
-class CheckpointConfig:
+class CheckpointConfig(Options):
     """Checkpoint after every ``every_passes`` passes (0: never; the last pass always, unless
     0), keep the newest ``keep``, and make every ``full_every``-th one a full base (the table
     stores compacted, a full index snapshot); the others are deltas (rows written since)."""
 
-    every_passes: int = 1
-    keep: int = 3
-    full_every: int = 4
-
-    KEYS: ClassVar[tuple[str, ...]] = ("every_passes", "keep", "full_every")
+    every_passes: Int = Field(1, ge=0)
+    """Checkpoint every N passes and after the last; 0: never."""
+    keep: Int = Field(3, ge=1)
+    """Keep the newest N checkpoints (older ones are deleted)."""
+    full_every: Int = Field(4, ge=1)
+    """Every Nth checkpoint is a full base; others are deltas."""
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> CheckpointConfig:
-        p = "checkpoint"
-        d = ctx.mapping(d, cls.KEYS, p)
-        return cls(
-            every_passes=ctx.get(d, p, "every_passes", int, cls.every_passes, minimum=0),
-            keep=ctx.get(d, p, "keep", int, cls.keep, minimum=1),
-            full_every=ctx.get(d, p, "full_every", int, cls.full_every, minimum=1),
-        )
+        return validate(cls, d, ctx, "checkpoint")
 
     @property
     def enabled(self) -> bool:
@@ -40,6 +36,3 @@ class CheckpointConfig:
     def due(self, passes_done: int, last: bool) -> bool:
         """Whether to checkpoint once ``passes_done`` passes of the run are done."""
         return self.enabled and (last or passes_done % self.every_passes == 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.KEYS}

@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
-from daskhps.config._context import Ctx, size_bytes
+from pydantic import BeforeValidator, Field, model_validator
+
+from daskhps.config._context import Ctx
+from daskhps.config._options import Int, Options, Problem, parse_size, shown, validate
 
 __all__ = ["ClusterConfig"]
 
-GPU_CHOICES = (False, True, "auto")
-BACKENDS = ("auto", "gloo", "nccl")
 
-
-def _memory_limit(d: dict[str, Any], ctx: Ctx) -> int | None:
-    key = "cluster.memory_limit"
-    value = ctx.get(d, "cluster", "memory_limit", (int, str, type(None)), None)
+def _memory_limit(value: Any) -> Any:
     if value is None or value == "auto":
         return None  # Dask's "auto": the machine's memory split evenly between workers
-    value = size_bytes(ctx, key, value, "bytes (4294967296), a size ('4GiB', '500MB') or auto")
-    if value < 1 << 26:
-        raise ctx.error(key, f"{value} bytes is below 64 MiB; too small for a worker")
-    return int(value)
+    value = parse_size(value, "bytes (4294967296), a size ('4GiB', '500MB') or auto")
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1 << 26:
+        raise Problem("", f"{value} bytes is below 64 MiB; too small for a worker")
+    return value
 
 
-@dataclass(frozen=True)
-class ClusterConfig:
+def _gpu(value: Any) -> Any:
+    if not (isinstance(value, bool) or value == "auto"):
+        raise Problem("", f"{value!r} is not allowed; choose false, true or auto")
+    return value
+
+
+class ClusterConfig(Options):
     """Where the workers come from.
 
     ``address`` connects to a running scheduler; otherwise a LocalCluster (a LocalCUDACluster
@@ -37,14 +39,25 @@ class ClusterConfig:
     """
 
     address: str | None = None
-    n_workers: int = 2
-    threads_per_worker: int = 1
-    memory_limit: int | None = None
+    """Existing scheduler; null: start a LocalCluster."""
+    n_workers: Int = Field(2, ge=1)
+    """Local workers."""
+    threads_per_worker: Int = Field(1, ge=1)
+    """Threads per local worker."""
+    memory_limit: Annotated[Int | None, BeforeValidator(_memory_limit)] = Field(
+        None, json_schema_extra=shown("bytes, size or `auto`", "`auto`")
+    )
+    """Per local worker (`4GiB`, `auto`)."""
     processes: bool = True
-    gpu: bool | str = "auto"
-    dashboard_address: str = "127.0.0.1:8787"
-    dist_backend: str = "auto"
-    dist_timeout_s: float = 60.0
+    """Local workers as processes (else threads)."""
+    dashboard_address: str = Field("127.0.0.1:8787", json_schema_extra=shown("host:port"))
+    """Dask dashboard of the LocalCluster."""
+    gpu: Annotated[bool | Literal["auto"], BeforeValidator(_gpu)] = "auto"
+    """GPU workers (LocalCUDACluster locally)."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend."""
+    dist_timeout_s: float = Field(60.0, gt=0.0)
+    """Timeout of collectives: a lost worker fails."""
 
     LOCAL_KEYS: ClassVar[tuple[str, ...]] = (
         "n_workers",
@@ -53,53 +66,30 @@ class ClusterConfig:
         "processes",
         "dashboard_address",
     )
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "address",
-        *LOCAL_KEYS,
-        "gpu",
-        "dist_backend",
-        "dist_timeout_s",
-    )
+    NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = LOCAL_KEYS
 
+    @model_validator(mode="before")
     @classmethod
-    def parse(cls, d: Any, ctx: Ctx) -> ClusterConfig:
-        p = "cluster"
-        d = ctx.mapping(d, cls.KEYS, p)
-        address = ctx.get(d, p, "address", (str, type(None)), None)
-        if address is not None:
-            local = [k for k in cls.LOCAL_KEYS if d.get(k) is not None]
+    def _local_or_address(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("address") is not None:
+            local = [k for k in cls.LOCAL_KEYS if data.get(k) is not None]
             if local:
-                raise ctx.error(
-                    f"{p}.{local[0]}",
+                raise Problem(
+                    local[0],
                     "applies to the embedded LocalCluster only; remove it or cluster.address "
                     f"({', '.join(cls.LOCAL_KEYS)} are local settings)",
                 )
-        gpu = ctx.get(d, p, "gpu", (bool, str), "auto")
-        if gpu not in GPU_CHOICES:
-            raise ctx.error(f"{p}.gpu", f"{gpu!r} is not allowed; choose false, true or auto")
-        backend = ctx.get(d, p, "dist_backend", str, "auto", choices=BACKENDS)
-        if backend == "nccl" and gpu is not True:
-            raise ctx.error(f"{p}.dist_backend", "nccl needs GPU workers: set cluster.gpu: true")
-        timeout = ctx.get(d, p, "dist_timeout_s", float, 60.0)
-        if not timeout > 0:
-            raise ctx.error(f"{p}.dist_timeout_s", f"must be > 0 seconds, got {timeout!r}")
-        base = cls()
-        return cls(
-            address=address,
-            n_workers=ctx.get(d, p, "n_workers", (int, type(None)), None, minimum=1)
-            or base.n_workers,
-            threads_per_worker=ctx.get(
-                d, p, "threads_per_worker", (int, type(None)), None, minimum=1
-            )
-            or base.threads_per_worker,
-            memory_limit=_memory_limit(d, ctx),
-            processes=ctx.get(d, p, "processes", (bool, type(None)), None) is not False,
-            gpu=gpu,
-            dashboard_address=ctx.get(d, p, "dashboard_address", (str, type(None)), None)
-            or base.dashboard_address,
-            dist_backend=backend,
-            dist_timeout_s=timeout,
-        )
+        return data
+
+    @model_validator(mode="after")
+    def _nccl_needs_gpus(self) -> ClusterConfig:
+        if self.dist_backend == "nccl" and self.gpu is not True:
+            raise Problem("dist_backend", "nccl needs GPU workers: set cluster.gpu: true")
+        return self
+
+    @classmethod
+    def parse(cls, d: Any, ctx: Ctx) -> ClusterConfig:
+        return validate(cls, d, ctx, "cluster")
 
     @property
     def local(self) -> bool:

@@ -12,16 +12,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from daskhps.config._keys import key_tree
+from pydantic.fields import FieldInfo
 
-__all__ = ["DOCS", "defaults", "render", "update_document"]
+from daskhps.config._keys import key_tree
+from daskhps.config._options import Options, literal_args, options_in, type_name, union_members
+
+__all__ = ["DOCS", "declared", "defaults", "describe", "render", "update_document"]
 
 # key: (type, meaning) or (type, meaning, default shown when it depends on other keys)
+# The sections whose options are not declared on models yet: key: (type, meaning) or (type,
+# meaning, default shown when it depends on other keys). Declared options are read from their
+# fields (:func:`describe`).
 DOCS: dict[str, tuple[str, ...]] = {
-    "run.name": ("str", "Run name: letters, digits, `-_.`.", "the config file's name"),
-    "run.dir": ("path", "Run directory: metrics, checkpoints, logs.", "`runs/<run.name>`"),
-    "run.seed": ("int >= 0", "Default of every other seed (table, holdout)."),
-    "run.quiet": ("bool", "No progress output on the terminal."),
     "data.train": (
         "mapping",
         "Click logs to train on. Exactly one of `train` or `generate`.",
@@ -71,90 +73,8 @@ DOCS: dict[str, tuple[str, ...]] = {
         "bytes, a size (`64MiB`) or null",
         "Read plain-text files larger than this in blocks (one partition each); null: whole.",
     ),
-    "passes.epochs": ("int >= 1", "Times every training row is trained on."),
-    "passes.examples_per_pass": ("int >= 1", "Examples per pass (the last may be shorter)."),
-    "passes.global_batch_size": ("int >= 1", "Examples per optimizer step over all workers."),
-    "passes.max_working_set": ("int or null", "Split passes with more unique keys than this."),
-    "passes.num_shards": ("int >= 1", "Virtual shards of the key space."),
-    "passes.shuffle_examples": ("bool", "Permute examples within each pass."),
-    "passes.shuffle_method": ("`tasks`, `p2p`, `disk` or null", "Dask shuffle of the keys."),
-    "table.name": ("str", "Table name (store paths, messages)."),
-    "table.dim": ("int >= 1", "Embedding dim; the model may add columns (`sparse_dim`)."),
-    "table.optimizer": ("mapping", "Sparse optimizer; its state lives in the row."),
-    "table.optimizer.kind": ("`sgd`, `adagrad` or `adam`", "Sparse optimizer kind."),
-    "table.optimizer.lr": ("float > 0", "Learning rate of the embeddings."),
-    "table.optimizer.row_wise": ("bool", "Adagrad with one accumulator per row."),
-    "table.optimizer.eps": ("float > 0", "Adagrad/Adam epsilon."),
-    "table.optimizer.initial_accumulator": ("float >= 0", "Adagrad's starting accumulator."),
-    "table.optimizer.beta1": ("float in [0, 1)", "Adam's first-moment decay."),
-    "table.optimizer.beta2": ("float in [0, 1)", "Adam's second-moment decay."),
-    "table.seed": ("int >= 0", "Initialisation seed: a row starts as f(seed, key).", "`run.seed`"),
-    "table.init_scale": ("float >= 0 or null", "Uniform init bound; null: `1/sqrt(dim)`."),
-    "table.tiers": ("mapping", "The tier stack of every worker's shard."),
-    "table.tiers.device": ("mapping", "Device cache per worker: `rows` or `fraction`."),
-    "table.tiers.device.rows": ("int >= 1 or null", "Rows of the device cache."),
-    "table.tiers.device.fraction": (
-        "float in (0, 1) or null",
-        "Of the worker memory limit (GPU memory on GPU workers).",
-    ),
-    "table.tiers.host": ("mapping", "Host-memory tier per worker."),
-    "table.tiers.host.fraction": ("float in [0, 1)", "Of the worker memory limit; 0: none."),
-    "table.tiers.policy": ("`lru` or `lfu`", "Eviction policy of device and host tiers."),
-    "table.tiers.store_dir": ("path", "Zarr stores (local disk).", "`<run.dir>/stores`"),
-    "table.tiers.snapshot_every": ("int >= 1", "Full index snapshot every N commits."),
-    "table.expected_keys": (
-        "int >= 1 or null",
-        "Distinct keys expected; sizes the run (`daskhps plan`, `train`'s early check).",
-    ),
     "model.name": ("str", "`dlrm`, `deepfm`, `wide_deep` or `package.module:Class`."),
     "model.options": ("mapping", "The model's constructor options (docs/models.md)."),
-    "dense_optimizer.kind": ("`sgd`, `adam` or `adagrad`", "Optimizer of the dense model."),
-    "dense_optimizer.lr": ("float > 0", "Peak learning rate."),
-    "dense_optimizer.weight_decay": ("float >= 0", "Weight decay."),
-    "dense_optimizer.schedule": (
-        "`constant`, `warmup_constant` or `cosine`",
-        "Learning rate over the steps of the run.",
-    ),
-    "dense_optimizer.warmup_steps": ("int >= 0", "Linear warmup steps (not with `constant`)."),
-    "dense_optimizer.grad_clip_norm": ("float > 0 or null", "Clip the global gradient norm."),
-    "cluster.address": ("str or null", "Existing scheduler; null: start a LocalCluster."),
-    "cluster.n_workers": ("int >= 1", "Local workers."),
-    "cluster.threads_per_worker": ("int >= 1", "Threads per local worker."),
-    "cluster.memory_limit": ("bytes, size or `auto`", "Per local worker (`4GiB`, `auto`)."),
-    "cluster.processes": ("bool", "Local workers as processes (else threads)."),
-    "cluster.dashboard_address": ("host:port", "Dask dashboard of the LocalCluster."),
-    "cluster.gpu": ("`false`, `true` or `auto`", "GPU workers (LocalCUDACluster locally)."),
-    "cluster.dist_backend": ("`auto`, `gloo` or `nccl`", "torch.distributed backend."),
-    "cluster.dist_timeout_s": ("float > 0", "Timeout of collectives: a lost worker fails."),
-    "eval.every_pass": ("bool", "Evaluate after every pass (always at the end)."),
-    "eval.batch_size": (
-        "int >= 1",
-        "Rows per evaluation batch on each worker. A batch's activations are held at once "
-        "(about 8 KiB a row for the quickstart's DLRM; `daskhps plan` measures the configured "
-        "model); predictions do not depend on it.",
-    ),
-    "eval.metrics": ("list", "Of `auc`, `logloss`, `ne`, `calibration`."),
-    "checkpoint.every_passes": (
-        "int >= 0",
-        "Checkpoint every N passes and after the last; 0: never.",
-    ),
-    "checkpoint.keep": ("int >= 1", "Keep the newest N checkpoints (older ones are deleted)."),
-    "checkpoint.full_every": (
-        "int >= 1",
-        "Every Nth checkpoint is a full base; others are deltas.",
-    ),
-    "retrain.max_auc_drop": (
-        "float in [0, 1] or null",
-        "`daskhps retrain` publishes only if AUC drops at most this much; null: no check.",
-    ),
-    "retrain.max_logloss_rise": (
-        "float >= 0 or null",
-        "... and logloss rises at most this much (null: no check).",
-    ),
-    "retrain.min_auc": (
-        "float in [0, 1] or null",
-        "... and AUC is at least this (null: no check).",
-    ),
 }
 _SECTION_TEXT = {
     "run": "The run: its name, directory and seed.",
@@ -174,6 +94,89 @@ _SAMPLES: tuple[dict[str, Any], ...] = (
     {"data": {"generate": {}}},
     {"data": {"train": {"paths": "logs"}, "holdout": {"fraction": 0.1}}},
 )
+
+
+def _section_models() -> dict[str, type[Options]]:
+    from daskhps.config.checkpoint import CheckpointConfig
+    from daskhps.config.cluster import ClusterConfig
+    from daskhps.config.retrain import RetrainConfig
+    from daskhps.config.run import RunSection
+    from daskhps.config.table import TableConfig
+    from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
+
+    return {
+        "run": RunSection,
+        "passes": PassesConfig,
+        "table": TableConfig,
+        "dense_optimizer": DenseOptimizerConfig,
+        "cluster": ClusterConfig,
+        "eval": EvalConfig,
+        "checkpoint": CheckpointConfig,
+        "retrain": RetrainConfig,
+    }
+
+
+def declared(key: str) -> FieldInfo | None:
+    """The field that declares ``key`` (``table.tiers.policy``), or None."""
+    section, *parts = key.split(".")
+    node: Any = _section_models().get(section)
+    info = None
+    for part in parts:
+        if node is None or part not in node.model_fields:
+            return None
+        info = node.model_fields[part]
+        node = options_in(info.annotation)
+    return info
+
+
+def describe(key: str) -> tuple[str, ...]:
+    """(type, meaning) of ``key``, and the default to show where it depends on other keys."""
+    info = declared(key)
+    if info is None:
+        return DOCS[key]
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    typ = str(extra.get("x-daskhps-type") or _type_text(info))
+    meaning = " ".join((info.description or "").split())
+    default = extra.get("x-daskhps-default")
+    return (typ, meaning) if default is None else (typ, meaning, str(default))
+
+
+def _num(x: Any) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
+def _type_text(info: FieldInfo) -> str:
+    """``int >= 1 or null``, ``float in [0, 1)``, ```lru` or `lfu```: the declaration in words."""
+    t = info.annotation
+    nullable = type(None) in union_members(t)
+    members = [m for m in union_members(t) if m is not type(None)] or [t]
+    choices = [c for m in members for c in literal_args(m)]
+    if choices and bool in members:  # true, false or a word (cluster.gpu)
+        choices = [False, True, *choices]
+    if choices:
+        words = [f"`{_yaml(c)}`" for c in choices] + (["null"] if nullable else [])
+        return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    base = type_name(members[0] if len(members) == 1 else t)
+    if nullable:
+        base = base.replace(" or null", "")
+    bounds = {type(m).__name__: m for m in info.metadata}
+    lo = next((("[", b.ge) for b in [bounds.get("Ge")] if b is not None), None) or next(
+        (("(", b.gt) for b in [bounds.get("Gt")] if b is not None), None
+    )
+    hi = next(((")", b.lt) for b in [bounds.get("Lt")] if b is not None), None) or next(
+        (("]", b.le) for b in [bounds.get("Le")] if b is not None), None
+    )
+    if lo and hi:
+        base += f" in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+    elif lo:
+        base += f" {'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
+    elif hi:
+        base += f" {'<' if hi[0] == ')' else '<='} {_num(hi[1])}"
+    return base + (" or null" if nullable else "")
+
+
+def _yaml(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -227,7 +230,7 @@ def render() -> str:
         for key in _leaves({section: tree[section]}):
             if key == section:
                 continue
-            typ, meaning, *explicit = DOCS[key]
+            typ, meaning, *explicit = describe(key)
             if explicit:
                 default = explicit[0]
             elif key in vals:

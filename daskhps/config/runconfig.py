@@ -43,16 +43,16 @@ class RunConfig:
     config; the object pickles, so it can be sent to Dask workers.
     """
 
-    run: RunSection = field(default_factory=RunSection)
+    run: RunSection = field(default_factory=lambda: RunSection())
     data: DataConfig = field(default_factory=DataConfig)
-    passes: PassesConfig = field(default_factory=PassesConfig)
-    table: TableConfig = field(default_factory=TableConfig)
+    passes: PassesConfig = field(default_factory=lambda: PassesConfig())
+    table: TableConfig = field(default_factory=lambda: TableConfig())
     model: ModelSpec = field(default_factory=lambda: ModelSpec("dlrm"))
-    dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    dense_optimizer: DenseOptimizerConfig = field(default_factory=lambda: DenseOptimizerConfig())
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig())
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig())
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig())
+    retrain: RetrainConfig = field(default_factory=lambda: RetrainConfig())
     source: str = field(default="<dict>", compare=False)
 
     @classmethod

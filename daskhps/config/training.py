@@ -3,110 +3,66 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, field_validator, model_validator
 
 from daskhps.config._context import Ctx
-from daskhps.passes.config import SHUFFLE_METHODS, PassConfig
+from daskhps.config._options import Int, Noun, Options, Problem, Seq, validate
+from daskhps.passes.config import PassConfig
 
 __all__ = ["METRICS", "DenseOptimizerConfig", "EvalConfig", "PassesConfig"]
 
-METRICS = ("auc", "logloss", "ne", "calibration")
+Metric = Annotated[Literal["auc", "logloss", "ne", "calibration"], Noun("metric")]
+METRICS: tuple[Any, ...] = get_args(get_args(Metric)[0])
 
 
-@dataclass(frozen=True)
-class PassesConfig:
-    """``epochs`` over the training rows, each cut into passes by ``plan``."""
+class PassesConfig(PassConfig):
+    """``epochs`` over the training rows, each cut into passes by :attr:`plan`."""
 
-    plan: PassConfig = field(
-        default_factory=lambda: PassConfig(examples_per_pass=1 << 20, global_batch_size=4096)
-    )
-    epochs: int = 1
-
-    KEYS: ClassVar[tuple[str, ...]] = ("epochs", *PassConfig._KEYS)
+    epochs: Int = Field(1, ge=1)
+    """Times every training row is trained on."""
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> PassesConfig:
-        p = "passes"
-        d = ctx.mapping(d, cls.KEYS, p)
-        base = cls().plan
-        kw = {
-            "examples_per_pass": ctx.get(
-                d, p, "examples_per_pass", int, base.examples_per_pass, minimum=1
-            ),
-            "global_batch_size": ctx.get(
-                d, p, "global_batch_size", int, base.global_batch_size, minimum=1
-            ),
-            "max_working_set": ctx.get(d, p, "max_working_set", (int, type(None)), None, minimum=1),
-            "num_shards": ctx.get(d, p, "num_shards", int, base.num_shards, minimum=1),
-            "shuffle_examples": ctx.get(d, p, "shuffle_examples", bool, base.shuffle_examples),
-            "shuffle_method": ctx.get(
-                d, p, "shuffle_method", (str, type(None)), None, choices=SHUFFLE_METHODS
-            ),
-        }
-        if kw["global_batch_size"] > kw["examples_per_pass"]:
-            raise ctx.error(
-                f"{p}.global_batch_size",
-                f"{kw['global_batch_size']} must not exceed passes.examples_per_pass "
-                f"({kw['examples_per_pass']})",
-            )
-        with ctx.section(p):
-            plan = PassConfig(**kw)
-        return cls(plan=plan, epochs=ctx.get(d, p, "epochs", int, 1, minimum=1))
+        return validate(cls, d, ctx, "passes")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs, **{k: getattr(self.plan, k) for k in PassConfig._KEYS}}
+    @property
+    def plan(self) -> PassConfig:
+        """The options that plan passes (everything but ``epochs``)."""
+        return PassConfig(**{k: getattr(self, k) for k in PassConfig.model_fields})
 
 
-@dataclass(frozen=True)
-class DenseOptimizerConfig:
+class DenseOptimizerConfig(Options):
     """The dense model's optimizer: torch ``kind`` with ``lr`` and ``weight_decay``, a learning
     rate ``schedule`` (see :meth:`lr_factor`) and optional gradient clipping by global norm."""
 
-    kind: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    grad_clip_norm: float | None = None
+    kind: Literal["sgd", "adam", "adagrad"] = "adam"
+    """Optimizer of the dense model."""
+    lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """Weight decay."""
+    schedule: Literal["constant", "warmup_constant", "cosine"] = "constant"
+    """Learning rate over the steps of the run."""
+    warmup_steps: Int = Field(0, ge=0)
+    """Linear warmup steps (not with `constant`)."""
+    grad_clip_norm: float | None = Field(None, gt=0.0)
+    """Clip the global gradient norm."""
 
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "kind",
-        "lr",
-        "weight_decay",
-        "schedule",
-        "warmup_steps",
-        "grad_clip_norm",
-    )
-    KINDS: ClassVar[tuple[str, ...]] = ("sgd", "adam", "adagrad")
-    SCHEDULES: ClassVar[tuple[str, ...]] = ("constant", "warmup_constant", "cosine")
+    @model_validator(mode="after")
+    def _warmup_fits_schedule(self) -> DenseOptimizerConfig:
+        if self.schedule == "constant" and self.warmup_steps:
+            raise Problem(
+                "warmup_steps", "has no effect with schedule constant; use warmup_constant"
+            )
+        if self.schedule == "warmup_constant" and not self.warmup_steps:
+            raise Problem("warmup_steps", "schedule warmup_constant needs warmup_steps >= 1")
+        return self
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> DenseOptimizerConfig:
-        p = "dense_optimizer"
-        d = ctx.mapping(d, cls.KEYS, p)
-        lr = ctx.get(d, p, "lr", float, 1e-3)
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ctx.error(f"{p}.lr", f"must be a positive number, got {lr!r}")
-        clip = ctx.get(d, p, "grad_clip_norm", (float, type(None)), None)
-        if clip is not None and not clip > 0:
-            raise ctx.error(f"{p}.grad_clip_norm", f"must be > 0 or null, got {clip!r}")
-        schedule = ctx.get(d, p, "schedule", str, "constant", choices=cls.SCHEDULES)
-        warmup = ctx.get(d, p, "warmup_steps", int, 0, minimum=0)
-        if schedule == "constant" and warmup:
-            raise ctx.error(
-                f"{p}.warmup_steps", "has no effect with schedule constant; use warmup_constant"
-            )
-        if schedule == "warmup_constant" and not warmup:
-            raise ctx.error(f"{p}.warmup_steps", "schedule warmup_constant needs warmup_steps >= 1")
-        return cls(
-            kind=ctx.get(d, p, "kind", str, "adam", choices=cls.KINDS),
-            lr=lr,
-            weight_decay=ctx.get(d, p, "weight_decay", float, 0.0, minimum=0.0),
-            schedule=schedule,
-            warmup_steps=warmup,
-            grad_clip_norm=clip,
-        )
+        return validate(cls, d, ctx, "dense_optimizer")
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of ``lr`` at optimizer step ``step`` (0-based) of ``total_steps``.
@@ -124,42 +80,27 @@ class DenseOptimizerConfig:
         t = min(1.0, (step - self.warmup_steps) / span)
         return 0.5 * (1.0 + math.cos(math.pi * t))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.KEYS}
 
-
-@dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(Options):
     """Evaluation on ``data.holdout`` after every pass (``every_pass``) and at the end, with
     read-only lookups in batches of ``batch_size``. Without a holdout nothing is evaluated."""
 
     every_pass: bool = True
-    batch_size: int = 8192
-    metrics: tuple[str, ...] = METRICS
+    """Evaluate after every pass (always at the end)."""
+    batch_size: Int = Field(8192, ge=1)
+    """Rows per evaluation batch on each worker. A batch's activations are held at once (about
+    8 KiB a row for the quickstart's DLRM; `daskhps plan` measures the configured model);
+    predictions do not depend on it."""
+    metrics: Seq[Metric] = METRICS
+    """Of `auc`, `logloss`, `ne`, `calibration`."""
 
-    KEYS: ClassVar[tuple[str, ...]] = ("every_pass", "batch_size", "metrics")
+    @field_validator("metrics")
+    @classmethod
+    def _once_each(cls, metrics: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(metrics)) != len(metrics):
+            raise Problem("", "lists a metric twice")
+        return metrics
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> EvalConfig:
-        p = "eval"
-        d = ctx.mapping(d, cls.KEYS, p)
-        metrics = ctx.get(d, p, "metrics", list, list(METRICS))
-        for i, m in enumerate(metrics):
-            if m not in METRICS:
-                raise ctx.error(
-                    f"{p}.metrics[{i}]", f"{m!r} is not a metric; choose from {', '.join(METRICS)}"
-                )
-        if len(set(metrics)) != len(metrics):
-            raise ctx.error(f"{p}.metrics", "lists a metric twice")
-        return cls(
-            every_pass=ctx.get(d, p, "every_pass", bool, True),
-            batch_size=ctx.get(d, p, "batch_size", int, 8192, minimum=1),
-            metrics=tuple(metrics),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "every_pass": self.every_pass,
-            "batch_size": self.batch_size,
-            "metrics": list(self.metrics),
-        }
+        return validate(cls, d, ctx, "eval")

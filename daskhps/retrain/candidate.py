@@ -71,14 +71,11 @@ def candidate_config(
     )
     return dataclasses.replace(
         config,
-        run=dataclasses.replace(config.run, dir=str(attempt_dir)),
+        run=config.run.replace(dir=str(attempt_dir)),
         data=data,
-        table=dataclasses.replace(
-            config.table,
-            tiers=dataclasses.replace(config.table.tiers, store_dir=str(stores_dir)),
-        ),
-        eval=dataclasses.replace(config.eval, metrics=metrics),
-        checkpoint=dataclasses.replace(config.checkpoint, every_passes=_ONLY_AT_THE_END),
+        table=config.table.replace(tiers=config.table.tiers.replace(store_dir=str(stores_dir))),
+        eval=config.eval.replace(metrics=metrics),
+        checkpoint=config.checkpoint.replace(every_passes=_ONLY_AT_THE_END),
     )
 
 

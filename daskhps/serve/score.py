@@ -103,7 +103,7 @@ class Scorer:
             device_rows=sizes.device_rows,
             host_bytes=sizes.host_bytes,
             device=sizes.device,
-            policy=servable.config.table.tiers.policy,  # type: ignore[arg-type]
+            policy=servable.config.table.tiers.policy,
         )
         self._lock = threading.Lock()  # the caches are not thread-safe; the model is
 

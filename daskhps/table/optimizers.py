@@ -14,60 +14,60 @@ here is vectorised over a block of unique rows; duplicate keys are summed by the
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
+from pydantic import Field, field_validator, model_validator
 
-from daskhps.errors import ConfigError
+from daskhps.config._options import Options, Problem
 
 __all__ = ["OptimizerSpec", "apply_update", "state_width"]
 
 OptimizerKind = Literal["sgd", "adagrad", "adam"]
-_KINDS = ("sgd", "adagrad", "adam")
+_KINDS: tuple[str, ...] = get_args(OptimizerKind)
 
 
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """A sparse optimizer and its hyper-parameters.
+class OptimizerSpec(Options):
+    """A sparse optimizer and its hyper-parameters (the ``table.optimizer`` section).
 
     ``kind`` and ``row_wise`` decide the row layout and are stored with the table; the
     hyper-parameters (learning rate, betas, eps) may change between runs.
     """
 
     kind: OptimizerKind = "adagrad"
-    lr: float = 0.01
+    """Sparse optimizer kind."""
+    lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)
+    """Learning rate of the embeddings."""
     row_wise: bool = False
-    eps: float = 1e-8
-    initial_accumulator: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
+    """Adagrad with one accumulator per row."""
+    eps: float = Field(1e-8, gt=0.0)
+    """Adagrad/Adam epsilon."""
+    initial_accumulator: float = Field(0.0, ge=0.0)
+    """Adagrad's starting accumulator."""
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """Adam's first-moment decay."""
+    beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    """Adam's second-moment decay."""
 
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ConfigError(f"optimizer kind {self.kind!r} is not one of {', '.join(_KINDS)}")
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _known_kind(cls, kind: Any) -> Any:
+        if isinstance(kind, str) and kind not in _KINDS:
+            raise Problem("", f"{kind!r} is not one of {', '.join(map(repr, _KINDS))}")
+        return kind
+
+    @model_validator(mode="after")
+    def _row_wise_is_adagrads(self) -> OptimizerSpec:
         if self.row_wise and self.kind != "adagrad":
-            raise ConfigError(f"row_wise applies to adagrad only, not {self.kind!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"optimizer lr must be a positive number, got {self.lr!r}")
-        if not self.eps > 0:
-            raise ConfigError(f"optimizer eps must be positive, got {self.eps!r}")
-        if self.initial_accumulator < 0:
-            raise ConfigError(
-                f"optimizer initial_accumulator must be >= 0, got {self.initial_accumulator!r}"
-            )
-        for name in ("beta1", "beta2"):
-            b = getattr(self, name)
-            if not 0.0 <= b < 1.0:
-                raise ConfigError(f"optimizer {name} must be in [0, 1), got {b!r}")
+            raise Problem("", f"row_wise applies to adagrad only, not {self.kind!r}")
+        return self
 
     def layout(self) -> dict[str, Any]:
         """The fields that decide the row layout (stored with the table, checked on reopen)."""
         return {"optimizer": self.kind, "row_wise": self.row_wise}
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.to_dict()
 
 
 def state_width(spec: OptimizerSpec, dim: int) -> int:

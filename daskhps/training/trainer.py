@@ -177,7 +177,7 @@ class Trainer:
             [spec],
             self._stores,
             self._sizing(),
-            policy=cfg.table.tiers.policy,  # type: ignore[arg-type]
+            policy=cfg.table.tiers.policy,
             snapshot_every=cfg.table.tiers.snapshot_every,
             mode="a",
             commit=self._ckpt.commit if self._ckpt is not None else None,

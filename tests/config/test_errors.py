@@ -51,7 +51,8 @@ CASES = [
     (MINIMAL + "table:\n  optimizer:\n    kind: rmsprop\n", "table.optimizer.kind", 5, "'adam'"),
     (MINIMAL + "table:\n  optimizer:\n    kind: sgd\n    row_wise: true\n", "table.optimizer", 4,
      "adagrad only"),
-    (MINIMAL + "table:\n  optimizer:\n    beta1: 1.0\n", "table.optimizer", 4, "beta1"),
+    # the bound is declared on the key: the message names it and its line, not the section's
+    (MINIMAL + "table:\n  optimizer:\n    beta1: 1.0\n", "table.optimizer.beta1", 5, "< 1"),
     (MINIMAL + "table:\n  optimizer:\n    lr: 0\n", "table.optimizer.lr", 5, "> 0"),
     (MINIMAL + "table:\n  tiers:\n    device: {rows: 10, fraction: 0.1}\n", "table.tiers.device",
      5, "not both"),

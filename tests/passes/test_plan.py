@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daskhps.config._context import Ctx
+from daskhps.config._options import validate
 from daskhps.data import ClickLog
 from daskhps.errors import CapacityError, ConfigError
 from daskhps.passes import (
@@ -132,19 +134,20 @@ def test_max_working_set_splits_at_batch_boundaries(click_log: ClickLog) -> None
         build_plan(click_log, tiny, num_workers=1, partition_lengths=lengths)
 
 
-def test_pass_config_from_dict() -> None:
-    cfg = PassConfig.from_dict(
+def test_pass_config_from_a_mapping() -> None:
+    def from_dict(d: dict[str, object], source: str = "<dict>") -> PassConfig:
+        return validate(PassConfig, d, Ctx(source), "passes")
+
+    cfg = from_dict(
         {"examples_per_pass": 1000, "global_batch_size": 100, "shuffle_method": "tasks"}
     )
     assert cfg.num_shards == 64 and cfg.max_working_set is None
     with pytest.raises(ConfigError, match=r"run\.yaml: passes\.batch: unknown key"):
-        PassConfig.from_dict({"batch": 1}, "run.yaml")
+        from_dict({"batch": 1}, "run.yaml")
     with pytest.raises(ConfigError, match=r"run\.yaml: .*global_batch_size.*must not exceed"):
-        PassConfig.from_dict({"examples_per_pass": 10, "global_batch_size": 100}, "run.yaml")
+        from_dict({"examples_per_pass": 10, "global_batch_size": 100}, "run.yaml")
     with pytest.raises(ConfigError, match="shuffle_method"):
-        PassConfig.from_dict(
-            {"examples_per_pass": 10, "global_batch_size": 1, "shuffle_method": "magic"}
-        )
+        from_dict({"examples_per_pass": 10, "global_batch_size": 1, "shuffle_method": "magic"})
 
 
 @given(
@@ -163,7 +166,14 @@ def test_passes_per_partition_counts_the_passes_that_read_it(
         for i, a in enumerate(range(0, total, per_pass))
     )
     files = tuple(f"f{i}" for i in range(len(lengths)))
-    plan = PassPlan(passes, files, tuple(lengths), PassConfig(per_pass, per_pass), 1, 0)
+    plan = PassPlan(
+        passes,
+        files,
+        tuple(lengths),
+        PassConfig(examples_per_pass=per_pass, global_batch_size=per_pass),
+        1,
+        0,
+    )
     got = plan.passes_per_partition()
     begin = 0
     for i, n in enumerate(lengths):
@@ -185,7 +195,14 @@ def test_a_run_warns_of_files_read_whole_by_many_passes(
     big.write_bytes(b"x" * 5000)
     small.write_bytes(b"x" * 100)
     passes = tuple(PassSpec(i, 10 * i, 10 * i + 10, 5, 1, 0) for i in range(6))
-    plan = PassPlan(passes, (str(big), str(small)), (30, 30), PassConfig(10, 5), 1, 0)
+    plan = PassPlan(
+        passes,
+        (str(big), str(small)),
+        (30, 30),
+        PassConfig(examples_per_pass=10, global_batch_size=5),
+        1,
+        0,
+    )
     with caplog.at_level("WARNING"):
         _warn_rereads(plan, 1000)
     (record,) = [r for r in caplog.records if "read whole" in r.getMessage()]

@@ -48,9 +48,7 @@ def _base(cfg: RunConfig, tmp_path: Path) -> Checkpoint:
 def test_warm_start_accepts_day_to_day_changes(tmp_path: Path) -> None:
     base = _base(_cfg(), tmp_path)
     new = _cfg(optimizer={"kind": "adagrad", "lr": 0.5})
-    new = dataclasses.replace(
-        new, cluster=dataclasses.replace(new.cluster, n_workers=1), source="next.yaml"
-    )
+    new = dataclasses.replace(new, cluster=new.cluster.replace(n_workers=1), source="next.yaml")
     check_warm_start(base, candidate_config(new, PLAN, tmp_path / "a", tmp_path / "s"))
 
 

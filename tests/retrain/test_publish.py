@@ -108,7 +108,7 @@ def _publish(reg: Registry, ckpt_path: Path, name: str, parent: str | None) -> V
 def test_rollback_checks_the_version_is_still_there(tmp_path: Path, cfg: RunConfig) -> None:
     import dataclasses
 
-    run = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(tmp_path / "run")))
+    run = dataclasses.replace(cfg, run=cfg.run.replace(dir=str(tmp_path / "run")))
     stores, reg = tmp_path / "stores", Registry(tmp_path / "run" / "versions")
     v1 = freeze_version(
         _train_like(cfg, stores, tmp_path / "a1", 1.0, None), reg.folder / "v000001", "v000001"

@@ -12,7 +12,7 @@ from daskhps.serve import TableVersion
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 
-SPEC = TableSpec("emb", 4, OptimizerSpec("adagrad", lr=0.1), seed=7)
+SPEC = TableSpec("emb", 4, OptimizerSpec(kind="adagrad", lr=0.1), seed=7)
 SHARDS = 8
 
 

@@ -239,7 +239,7 @@ def test_bad_inputs_raise_clear_errors(stores: Path, tmp_path: Path) -> None:
         ServingLookup(version(stores, "v9"), device_rows=10)
     with pytest.raises(StoreNotFoundError, match="rank-0"):
         ServingLookup(version(tmp_path / "nothing", "v1"), device_rows=10)
-    other = TableSpec("emb", 8, OptimizerSpec("adagrad"), seed=7)
+    other = TableSpec("emb", 8, OptimizerSpec(kind="adagrad"), seed=7)
     with pytest.raises(StoreMismatchError, match="dim"):
         ServingLookup(TableVersion(stores, other, 2, 8, "v1"), device_rows=10)
     with (

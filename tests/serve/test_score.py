@@ -20,7 +20,7 @@ from daskhps.serve.score import predict_frame
 from daskhps.table import OptimizerSpec, TableSpec
 from tests.serve.helpers import reference_rows, train_commit, version
 
-SPEC = TableSpec("emb", 4, OptimizerSpec("sgd", lr=0.5), seed=3)
+SPEC = TableSpec("emb", 4, OptimizerSpec(kind="sgd", lr=0.5), seed=3)
 
 
 def _schema() -> Schema:

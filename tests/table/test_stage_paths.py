@@ -17,7 +17,7 @@ from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from .helpers import DictTable, bits
 
 UNIVERSE = torch.arange(-10, 14, dtype=torch.int64) * 999_983
-SPEC = TableSpec("paths", dim=3, optimizer=OptimizerSpec("adagrad", lr=0.1), seed=5)
+SPEC = TableSpec("paths", dim=3, optimizer=OptimizerSpec(kind="adagrad", lr=0.1), seed=5)
 DEVICE_ROWS = 8
 picks = st.lists(st.integers(0, len(UNIVERSE) - 1), min_size=1, max_size=12)
 

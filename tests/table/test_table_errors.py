@@ -22,7 +22,7 @@ from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 
 from .helpers import bits
 
-SPEC = TableSpec("clicks", dim=4, optimizer=OptimizerSpec("adagrad", lr=0.1), seed=1)
+SPEC = TableSpec("clicks", dim=4, optimizer=OptimizerSpec(kind="adagrad", lr=0.1), seed=1)
 KEYS = torch.arange(10, dtype=torch.int64)
 
 
@@ -90,7 +90,7 @@ def test_bad_gradients_change_nothing(
     "other,field",
     [
         (TableSpec("clicks", dim=8, optimizer=SPEC.optimizer, seed=1), "dim"),
-        (TableSpec("clicks", dim=4, optimizer=OptimizerSpec("adam"), seed=1), "optimizer"),
+        (TableSpec("clicks", dim=4, optimizer=OptimizerSpec(kind="adam"), seed=1), "optimizer"),
         (TableSpec("clicks", dim=4, optimizer=OptimizerSpec(row_wise=True), seed=1), "row_wise"),
         (TableSpec("clicks", dim=4, optimizer=SPEC.optimizer, seed=2), "seed"),
     ],
@@ -107,7 +107,7 @@ def test_reopen_with_another_layout(
 
 def test_learning_rate_may_change_on_reopen(trained: tuple[Path, torch.Tensor]) -> None:
     path, rows = trained
-    spec = TableSpec("clicks", dim=4, optimizer=OptimizerSpec("adagrad", lr=0.5), seed=1)
+    spec = TableSpec("clicks", dim=4, optimizer=OptimizerSpec(kind="adagrad", lr=0.5), seed=1)
     with EmbeddingTable.open(spec, path, device_rows=16) as t:
         assert torch.equal(bits(t.peek(KEYS)), bits(rows))
 

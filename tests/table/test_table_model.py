@@ -34,7 +34,7 @@ key_lists = st.lists(st.integers(0, len(UNIVERSE) - 1), min_size=1, max_size=6).
 
 
 class TableMachine(RuleBasedStateMachine):
-    optimizer = OptimizerSpec("adagrad", lr=0.1)
+    optimizer = OptimizerSpec(kind="adagrad", lr=0.1)
     commits = Bundle("commits")
 
     def __init__(self) -> None:
@@ -145,15 +145,15 @@ class TableMachine(RuleBasedStateMachine):
 
 
 class AdamMachine(TableMachine):
-    optimizer = OptimizerSpec("adam", lr=0.05)
+    optimizer = OptimizerSpec(kind="adam", lr=0.05)
 
 
 class RowwiseAdagradMachine(TableMachine):
-    optimizer = OptimizerSpec("adagrad", lr=0.05, row_wise=True)
+    optimizer = OptimizerSpec(kind="adagrad", lr=0.05, row_wise=True)
 
 
 class SgdMachine(TableMachine):
-    optimizer = OptimizerSpec("sgd", lr=0.5)
+    optimizer = OptimizerSpec(kind="sgd", lr=0.5)
 
 
 def _case(machine: type[TableMachine]) -> type:

@@ -45,10 +45,10 @@ def _workload(table: EmbeddingTable) -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     "optimizer",
     [
-        OptimizerSpec("adagrad", lr=0.05),
-        OptimizerSpec("adagrad", lr=0.05, row_wise=True),
-        OptimizerSpec("adam", lr=0.01),
-        OptimizerSpec("sgd", lr=0.1),
+        OptimizerSpec(kind="adagrad", lr=0.05),
+        OptimizerSpec(kind="adagrad", lr=0.05, row_wise=True),
+        OptimizerSpec(kind="adam", lr=0.01),
+        OptimizerSpec(kind="sgd", lr=0.1),
     ],
     ids=["adagrad", "rowwise-adagrad", "adam", "sgd"],
 )

@@ -159,7 +159,7 @@ def test_batch_forward_pools_bags_and_gradients_reach_the_rows(
     data = WorkerExamples.from_frame(df, schema, batch_size=6, num_batches=1)
     dense, keys, offsets, labels = data.batch(0)
     nf = len(schema.categorical)
-    spec = TableSpec("t", DIM, OptimizerSpec("sgd", lr=0.5), seed=3)
+    spec = TableSpec("t", DIM, OptimizerSpec(kind="sgd", lr=0.5), seed=3)
     with EmbeddingTable.open(spec, tmp_path / "t", device_rows=64) as table:
         before = table.peek(keys).clone()
         model = _Capture(nf)

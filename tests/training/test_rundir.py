@@ -30,7 +30,7 @@ def tree_digest(*roots: Path) -> str:
 
 
 def _store(path: Path, commit: str) -> None:
-    spec = TableSpec("t", 2, OptimizerSpec("sgd", lr=0.1))
+    spec = TableSpec("t", 2, OptimizerSpec(kind="sgd", lr=0.1))
     with open_shard_store(spec, path / "t" / "rank-0", mode="w") as s:
         s.upsert(torch.arange(5, dtype=torch.int64), torch.ones(5, spec.width))
         s.commit(commit)

@@ -1,0 +1,319 @@
+"""The declaration of config options: one pydantic field per option, and its errors in
+daskhps's words.
+
+A section is an :class:`Options` model: each field declares the option's type, default,
+bounds or choices, and (the docstring below it) its one line of documentation. Parsing,
+``to_dict``, the key tree that ``--set`` checks, the reference in docs/configuration.md and the
+JSON schema are all read from these declarations.
+
+pydantic validates; :func:`validate` turns the first error into today's one-line
+:class:`~daskhps.errors.ConfigError`, with the file, the line, the dotted key and what is
+allowed::
+
+    configs/run.yaml:14: table.tiers.device.rows: must be >= 1, got 0
+    configs/run.yaml:9: table.dimm: unknown key; did you mean 'table.dim'? allowed keys: ...
+
+The coercion rules are daskhps's, not pydantic's lax ones: models are strict (a bool is no
+int, a string is no number), an int is a float, and a whole float below 2**53 is an int
+(YAML reads ``1e6`` as a float).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic.config import JsonDict
+from pydantic_core import PydanticCustomError
+
+from daskhps.config._context import Ctx, closest, join
+from daskhps.errors import ConfigError
+
+__all__ = [
+    "Int",
+    "Noun",
+    "Options",
+    "Problem",
+    "Seq",
+    "literal_args",
+    "options_in",
+    "parse_size",
+    "shown",
+    "type_name",
+    "union_members",
+    "validate",
+]
+
+S = TypeVar("S", bound="Options")
+
+
+def _whole(value: Any) -> Any:
+    """1e6 reads as a float in YAML; a whole float is the int it names."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def _seq(value: Any) -> Any:
+    """A YAML list is the option's tuple (a frozen config holds no mutable lists)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
+T = TypeVar("T")
+Seq = Annotated[tuple[T, ...], BeforeValidator(_seq)]
+
+
+@dataclass(frozen=True)
+class Noun:
+    """What one of a set of choices is called (``Annotated[Literal[...], Noun("metric")]``):
+    a wrong value reads "'f1' is not a metric; choose from auc, logloss, ..."."""
+
+    noun: str
+
+
+class Problem(PydanticCustomError):
+    """A check across fields of one section, raised in its validators: ``key`` is the dotted
+    key under the section that the message is about ('' for the section itself)."""
+
+    def __new__(cls, key: str, message: str) -> Problem:
+        return super().__new__(cls, "daskhps", "{message}", {"key": key, "message": message})
+
+
+def shown(type: str | None = None, default: str | None = None) -> JsonDict:
+    """How the reference shows an option whose type or default its declaration cannot say
+    (a path; a default derived from another key): the field's ``json_schema_extra``."""
+    out: JsonDict = {}
+    if type is not None:
+        out["x-daskhps-type"] = type
+    if default is not None:
+        out["x-daskhps-default"] = default
+    return out
+
+
+class Options(BaseModel):
+    """A config section: frozen, strict, no unknown keys; null means every default."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        strict=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        arbitrary_types_allowed=True,
+    )
+
+    # Keys whose null means their default (a YAML key left empty), not a value.
+    NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_empty(cls, data: Any) -> Any:
+        if data is None:
+            return {}
+        if isinstance(data, dict) and cls.NULL_IS_DEFAULT:
+            return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
+        return data
+
+    @classmethod
+    def key_names(cls) -> tuple[str, ...]:
+        """The section's keys, in declaration order."""
+        return tuple(cls.model_fields)
+
+    def replace(self: S, **changes: Any) -> S:
+        """A copy with ``changes``, validated like the original."""
+        return type(self)(**{**dict(self), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (lists, not tuples) that :func:`validate` reads back to an equal section."""
+        return {k: _plain(getattr(self, k)) for k in type(self).model_fields}
+
+
+def parse_size(value: Any, forms: str) -> Any:
+    """A byte count written as a size (``'64MiB'``, ``'500MB'``) as an int; other values as
+    they are (the field's type checks them). ``forms`` says what the option takes."""
+    if not isinstance(value, str):
+        return value
+    from dask.utils import parse_bytes  # dask only when a size is written as text
+
+    try:
+        return int(parse_bytes(value))
+    except ValueError:
+        raise Problem("", f"{value!r}: expected {forms}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Options):
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def validate(
+    model: type[S], data: Any, ctx: Ctx, prefix: str, context: Mapping[str, Any] | None = None
+) -> S:
+    """``data`` (a section as read from YAML) as ``model``; the first problem is a
+    :class:`ConfigError` located in ``ctx``'s file under ``prefix``."""
+    try:
+        return model.model_validate(data, context=dict(context or {}))
+    except ValidationError as e:
+        raise _config_error(e, model, ctx, prefix) from None
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+_BOUNDS = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+
+
+def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: str) -> ConfigError:
+    err = e.errors(include_url=False)[0]
+    key, node, field = _walk(model, err["loc"], prefix)
+    kind, value = err["type"], err.get("input")
+    info = err.get("ctx") or {}
+    if kind == "daskhps":
+        sub = info["key"]
+        return ctx.error(join(key, sub) if sub else key, info["message"])
+    if kind == "extra_forbidden":
+        allowed = node.key_names()
+        name = str(err["loc"][-1])
+        hint = closest(name, list(allowed))
+        did = f"did you mean {join(_parent(key), hint)!r}? " if hint else ""
+        return ctx.error(key, f"unknown key; {did}allowed keys: {', '.join(allowed)}")
+    if kind == "missing":
+        return ctx.error(key, "required key is missing")
+    if kind in ("model_type", "model_attributes_type", "dict_type") and field is None:
+        keys = ", ".join(node.key_names())
+        return ctx.error(key, f"expected a mapping with keys {keys}; got {value!r}")
+    if kind in _BOUNDS:
+        op, name = _BOUNDS[kind]
+        return ctx.error(key, f"must be {op} {info[name]}, got {value!r}")
+    if kind == "literal_error" and field is not None:
+        choices, noun = _literals(field), _noun(field)
+        if noun is not None:
+            return ctx.error(key, f"{value!r} is not a {noun}; choose from {', '.join(choices)}")
+        return ctx.error(
+            key, f"{value!r} is not allowed; choose one of {', '.join(map(repr, choices))}"
+        )
+    if kind == "finite_number":
+        return ctx.error(key, f"must be a finite number, got {value!r}")
+    if kind in ("value_error", "assertion_error"):
+        return ctx.error(key, str(info.get("error", err["msg"])))
+    if field is not None:  # a type error: say what the declaration allows
+        return ctx.error(key, f"expected {type_name(field)}, got {type(value).__name__} {value!r}")
+    return ctx.error(key, err["msg"])
+
+
+def _parent(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _walk(model: type[Options], loc: tuple[Any, ...], prefix: str) -> tuple[str, Any, Any]:
+    """The dotted key of ``loc`` (pydantic's path, union tags dropped), the model that holds
+    its last field, and that field's annotation (None when the path ends at a model)."""
+    key, node, field = prefix, model, None
+    for part in loc:
+        if isinstance(part, int):
+            key = f"{key}[{part}]"
+            field = _item(field)
+            continue
+        if isinstance(node, type) and issubclass(node, Options) and part in node.model_fields:
+            key = join(key, part)
+            field = node.model_fields[part].annotation
+            inner = options_in(field)
+            if inner is not None:
+                node, field = inner, None
+            continue
+        if isinstance(node, type) and issubclass(node, Options) and field is None:
+            key = join(key, str(part))  # an unknown key of this section
+            break
+        break  # a union member's tag, or a part of a value: the key is complete
+    return key, node, field
+
+
+def options_in(annotation: Any) -> type[Options] | None:
+    """The section inside ``annotation`` (``X``, ``X | None``), if it is one."""
+    for t in (annotation, *_members(annotation)):
+        if isinstance(t, type) and issubclass(t, Options):
+            return t
+    return None
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    if get_origin(annotation) is Annotated:
+        return _members(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return tuple(a for m in get_args(annotation) for a in (m, *_members(m)))
+    return ()
+
+
+def _item(annotation: Any) -> Any:
+    base = _strip(annotation)
+    args = get_args(base)
+    return args[0] if args else None
+
+
+def union_members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union (``int | None``: int, NoneType), Annotated stripped; or ()."""
+    t = _strip(annotation)
+    if get_origin(t) in (Union, types.UnionType):
+        return tuple(_strip(m) for m in get_args(t))
+    return ()
+
+
+def literal_args(annotation: Any) -> tuple[Any, ...]:
+    """The choices of a ``Literal`` (Annotated stripped); () if it is none."""
+    t = _strip(annotation)
+    return get_args(t) if get_origin(t) is Literal else ()
+
+
+def _strip(annotation: Any) -> Any:
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return annotation
+
+
+def _noun(annotation: Any) -> str | None:
+    for t in (annotation, *_members(annotation)):
+        if get_origin(t) is Annotated:
+            for meta in get_args(t)[1:]:
+                if isinstance(meta, Noun):
+                    return meta.noun
+    return None
+
+
+def _literals(annotation: Any) -> list[Any]:
+    out: list[Any] = []
+    for t in (annotation, *_members(annotation)):
+        t = _strip(t)
+        if get_origin(t) is Literal:
+            out.extend(get_args(t))
+        elif t is type(None) and out:
+            out.insert(0, None)
+    return out
+
+
+_NAMES = {int: "int", float: "float", bool: "bool", str: "str", type(None): "null"}
+
+
+def type_name(annotation: Any) -> str:
+    """``int or null``: what a declaration accepts, in the words of the YAML a user writes."""
+    t = _strip(annotation)
+    if get_origin(t) in (Union, types.UnionType):
+        return " or ".join(dict.fromkeys(type_name(m) for m in get_args(t)))
+    if get_origin(t) is Literal:
+        return " or ".join(dict.fromkeys(_NAMES.get(type(a), "str") for a in get_args(t)))
+    if get_origin(t) in (tuple, list) or t in (tuple, list):
+        return "list"
+    if get_origin(t) in (dict, Mapping) or t in (dict, Mapping):
+        return "mapping"
+    if isinstance(t, type) and issubclass(t, Options):
+        return "mapping"
+    return _NAMES.get(t, getattr(t, "__name__", str(t)))
