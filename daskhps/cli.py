@@ -71,18 +71,9 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from daskhps.data.synthetic import GeneratorConfig, generate
 
-    cfg = GeneratorConfig(
-        days=args.days,
-        rows_per_day=args.rows_per_day,
-        parts_per_day=args.parts_per_day,
-        seed=args.seed,
-        start_day=args.start_day,
-        exponent=args.exponent,
-        vocab_scale=args.vocab_scale,
-        signal=args.signal,
-        ctr=args.ctr,
-        gzip=args.gzip,
-    )
+    # The flags are the generator's options: checked by its declaration, errors in one line.
+    options = {k: getattr(args, k) for k in GeneratorConfig.key_names()}
+    cfg = GeneratorConfig.from_dict(options, source="generator")
     summary = generate(
         cfg, args.out, num_workers=args.workers, progress=not args.json and sys.stderr.isatty()
     )

@@ -150,7 +150,10 @@ def main() -> None:
         addresses = sorted(client.scheduler_info()["workers"])
         for method in args.shuffles.split(","):
             cfg = PassConfig(
-                args.rows, 1000 * args.workers, shuffle_examples=True, shuffle_method=method
+                examples_per_pass=args.rows,
+                global_batch_size=1000 * args.workers,
+                shuffle_examples=True,
+                shuffle_method=method,
             )
             plan = build_plan(log, cfg, num_workers=args.workers)
             one = OnePass(log, plan, ShardMap(64, args.workers), method, addresses)

@@ -12,6 +12,7 @@ from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
 from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
+from daskhps.data.badrows import BadRowPolicy
 from daskhps.table.optimizers import OptimizerSpec
 
 __all__ = ["FREE", "SECTIONS", "all_keys", "key_tree"]
@@ -44,10 +45,10 @@ def key_tree() -> dict[str, Any]:
         "data": _node(
             DataConfig.KEYS,
             train=_node(TRAIN_KEYS),
-            generate=_node(GenerateConfig.KEYS),
+            generate=_node(GenerateConfig.key_names()),
             schema=FREE,
-            bad_rows=_node(("action", "max_fraction")),
-            holdout=_node(HoldoutConfig.KEYS),
+            bad_rows=_node(BadRowPolicy.key_names()),
+            holdout=_node(HoldoutConfig.key_names()),
         ),
         "passes": _node(PassesConfig.key_names()),
         "table": _node(

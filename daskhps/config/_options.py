@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic._internal._model_construction import ModelMetaclass  # its public class's type
 from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from daskhps.config._context import Ctx, closest, join
@@ -41,6 +43,7 @@ __all__ = [
     "literal_args",
     "options_in",
     "parse_size",
+    "plain_number",
     "shown",
     "type_name",
     "union_members",
@@ -94,7 +97,20 @@ def shown(type: str | None = None, default: str | None = None) -> JsonDict:
     return out
 
 
-class Options(BaseModel):
+class _Checked(ModelMetaclass):
+    """Options built in code (``OptimizerSpec(lr=0)``) fail with the same one-line
+    :class:`ConfigError` as a config file's, named after the class. A metaclass, not an
+    ``__init__``: pydantic validates a model with its own ``__init__`` through that
+    ``__init__``, without the validation context the sections' defaults need."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as e:
+            raise _config_error(e, cls, Ctx(f"<{cls.__name__}>"), "") from None  # type: ignore[arg-type]
+
+
+class Options(BaseModel, metaclass=_Checked):
     """A config section: frozen, strict, no unknown keys; null means every default."""
 
     model_config = ConfigDict(
@@ -116,6 +132,11 @@ class Options(BaseModel):
         if isinstance(data, dict) and cls.NULL_IS_DEFAULT:
             return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_IS_DEFAULT)}
         return data
+
+    @classmethod
+    def from_dict(cls: type[S], d: Any, source: str = "<dict>", prefix: str = "") -> S:
+        """``d`` validated as this section; errors name ``source`` and keys under ``prefix``."""
+        return validate(cls, d, Ctx(source), prefix)
 
     @classmethod
     def key_names(cls) -> tuple[str, ...]:
@@ -175,7 +196,7 @@ _BOUNDS = {
 
 def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: str) -> ConfigError:
     err = e.errors(include_url=False)[0]
-    key, node, field = _walk(model, err["loc"], prefix)
+    key, node, field, declared = _walk(model, err["loc"], prefix)
     kind, value = err["type"], err.get("input")
     info = err.get("ctx") or {}
     if kind == "daskhps":
@@ -194,7 +215,7 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
         return ctx.error(key, f"expected a mapping with keys {keys}; got {value!r}")
     if kind in _BOUNDS:
         op, name = _BOUNDS[kind]
-        return ctx.error(key, f"must be {op} {info[name]}, got {value!r}")
+        return ctx.error(key, f"must be {op} {info[name]}, got {value!r}{_interval(declared)}")
     if kind == "literal_error" and field is not None:
         choices, noun = _literals(field), _noun(field)
         if noun is not None:
@@ -215,10 +236,13 @@ def _parent(key: str) -> str:
     return key.rpartition(".")[0]
 
 
-def _walk(model: type[Options], loc: tuple[Any, ...], prefix: str) -> tuple[str, Any, Any]:
+def _walk(
+    model: type[Options], loc: tuple[Any, ...], prefix: str
+) -> tuple[str, Any, Any, FieldInfo | None]:
     """The dotted key of ``loc`` (pydantic's path, union tags dropped), the model that holds
-    its last field, and that field's annotation (None when the path ends at a model)."""
-    key, node, field = prefix, model, None
+    its last field, that field's annotation (None when the path ends at a model) and its
+    declaration."""
+    key, node, field, info = prefix, model, None, None
     for part in loc:
         if isinstance(part, int):
             key = f"{key}[{part}]"
@@ -226,7 +250,8 @@ def _walk(model: type[Options], loc: tuple[Any, ...], prefix: str) -> tuple[str,
             continue
         if isinstance(node, type) and issubclass(node, Options) and part in node.model_fields:
             key = join(key, part)
-            field = node.model_fields[part].annotation
+            info = node.model_fields[part]
+            field = info.annotation
             inner = options_in(field)
             if inner is not None:
                 node, field = inner, None
@@ -235,7 +260,29 @@ def _walk(model: type[Options], loc: tuple[Any, ...], prefix: str) -> tuple[str,
             key = join(key, str(part))  # an unknown key of this section
             break
         break  # a union member's tag, or a part of a value: the key is complete
-    return key, node, field
+    return key, node, field, info
+
+
+def _interval(info: FieldInfo | None) -> str:
+    """``; allowed: (0, 1)`` for a field bounded on both sides, else ''."""
+    if info is None:
+        return ""
+    b = {
+        name: getattr(m, name)
+        for m in info.metadata
+        for name in ("ge", "gt", "le", "lt")
+        if hasattr(m, name)
+    }
+    lo = ("[", b["ge"]) if "ge" in b else ("(", b["gt"]) if "gt" in b else None
+    hi = ("]", b["le"]) if "le" in b else (")", b["lt"]) if "lt" in b else None
+    if lo is None or hi is None:
+        return ""
+    return f"; allowed: {lo[0]}{plain_number(lo[1])}, {plain_number(hi[1])}{hi[0]}"
+
+
+def plain_number(x: Any) -> str:
+    """``1.0`` as ``1``: bounds as a user writes them."""
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
 
 
 def options_in(annotation: Any) -> type[Options] | None:

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
 from daskhps.config._context import Ctx, size_bytes
+from daskhps.config._options import Int, Options, Problem, shown, validate
 from daskhps.data.backend import BACKENDS
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, load_schema
@@ -25,33 +28,31 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRAIN_KEYS = ("paths", "days", "require_complete")
 
 
-@dataclass(frozen=True)
-class GenerateConfig:
+class GenerateConfig(GeneratorConfig):
     """Synthetic Criteo-format logs written to ``out`` (or reused when ``out`` already holds
-    every day, complete, generated with the same settings). ``workers``: generator threads."""
+    every day, complete, generated with the same settings): the generator's options, and
+    ``workers`` generator threads."""
 
-    out: str
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    workers: int | None = None
+    out: str = Field("runs/daskhps/data", json_schema_extra=shown("path", "`<run.dir>/data`"))
+    """Folder of the generated logs."""
+    workers: Int | None = Field(None, ge=1)
+    """Generator threads (null: all cores)."""
 
-    KEYS: ClassVar[tuple[str, ...]] = ("out", "workers", *GeneratorConfig._KEYS)
-
+    @model_validator(mode="before")
     @classmethod
-    def parse(cls, d: Any, ctx: Ctx, default_out: str) -> GenerateConfig:
-        p = "data.generate"
-        d = ctx.mapping(d, cls.KEYS, p)
-        gen = {k: v for k, v in d.items() if k in GeneratorConfig._KEYS}
-        with ctx.section(p, alias="generator"):
-            generator = GeneratorConfig.from_dict(gen, ctx.source)
-        return cls(
-            out=ctx.get(d, p, "out", (str, type(None)), None) or default_out,
-            generator=generator,
-            workers=ctx.get(d, p, "workers", (int, type(None)), None, minimum=1),
-        )
+    def _logs_in_the_run(cls, data: Any, info: ValidationInfo) -> Any:
+        # The logs default to (and null means) <run.dir>/data.
+        context = info.context or {}
+        if data is None:
+            data = {}
+        if isinstance(data, dict) and data.get("out") is None and "run_dir" in context:
+            return {**data, "out": f"{context['run_dir']}/data"}
+        return data
 
-    def to_dict(self) -> dict[str, Any]:
-        g = {k: getattr(self.generator, k) for k in GeneratorConfig._KEYS}
-        return {"out": self.out, "workers": self.workers, **g}
+    @property
+    def generator(self) -> GeneratorConfig:
+        """What to generate (everything but where and with how many threads)."""
+        return GeneratorConfig(**{k: getattr(self, k) for k in GeneratorConfig.model_fields})
 
     @property
     def day_range(self) -> tuple[str, str]:
@@ -75,7 +76,7 @@ class GenerateConfig:
             found = json.loads(meta.read_text())["config"]
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        want = {k: getattr(self.generator, k) for k in GeneratorConfig._KEYS}
+        want = self.generator.to_dict()
         differ = sorted(k for k in want if found.get(k) != want[k])
         if differ == ["days"] and isinstance(found.get("days"), int):
             differ = []  # the same logs with more or fewer days (see above)
@@ -99,36 +100,41 @@ class GenerateConfig:
         return True
 
 
-@dataclass(frozen=True)
-class HoldoutConfig:
+class HoldoutConfig(Options):
     """Evaluation rows held out of training: one ``day`` (``last`` or ``YYYY-MM-DD``) of a
     day-partitioned log, or a ``fraction`` of rows chosen by ``seed`` (never both)."""
 
-    day: str | None = None
-    fraction: float | None = None
-    seed: int = 0
+    day: str | None = Field(
+        None, json_schema_extra=shown("`last`, YYYY-MM-DD or null", "one of day, fraction")
+    )
+    """Hold out one day (not trained on)."""
+    fraction: float | None = Field(
+        None, gt=0.0, lt=1.0, json_schema_extra=shown(default="one of day, fraction")
+    )
+    """Hold out this fraction of rows."""
+    seed: Int = Field(0, ge=0, json_schema_extra=shown(default="`run.seed`"))
+    """Seed of the fraction split."""
 
-    KEYS: ClassVar[tuple[str, ...]] = ("day", "fraction", "seed")
-
+    @model_validator(mode="before")
     @classmethod
-    def parse(cls, d: Any, ctx: Ctx, default_seed: int) -> HoldoutConfig | None:
-        p = "data.holdout"
-        if d is None:
-            return None
-        d = ctx.mapping(d, cls.KEYS, p)
-        day = ctx.get(d, p, "day", (str, type(None)), None)
-        fraction = ctx.get(d, p, "fraction", (float, type(None)), None, minimum=0.0, below=1.0)
-        if (day is None) == (fraction is None):
-            raise ctx.error(p, "give exactly one of day (last or YYYY-MM-DD) or fraction")
-        if day is not None and day != "last" and not _DATE.match(day):
-            raise ctx.error(f"{p}.day", f"expected last or YYYY-MM-DD, got {day!r}")
-        if fraction is not None and fraction <= 0:
-            raise ctx.error(f"{p}.fraction", f"must be > 0, got {fraction!r}")
-        seed = ctx.get(d, p, "seed", (int, type(None)), None, minimum=0)
-        return cls(day=day, fraction=fraction, seed=default_seed if seed is None else seed)
+    def _seed_of_the_run(cls, data: Any, info: ValidationInfo) -> Any:
+        context = info.context or {}
+        if isinstance(data, dict) and data.get("seed") is None and "seed" in context:
+            return {**data, "seed": context["seed"]}
+        return data
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"day": self.day, "fraction": self.fraction, "seed": self.seed}
+    @field_validator("day")
+    @classmethod
+    def _a_day(cls, day: str | None) -> str | None:
+        if day is not None and day != "last" and not _DATE.match(day):
+            raise Problem("", f"expected last or YYYY-MM-DD, got {day!r}")
+        return day
+
+    @model_validator(mode="after")
+    def _day_or_fraction(self) -> HoldoutConfig:
+        if (self.day is None) == (self.fraction is None):
+            raise Problem("", "give exactly one of day (last or YYYY-MM-DD) or fraction")
+        return self
 
 
 def _schema(spec: Any, ctx: Ctx) -> Schema:
@@ -188,8 +194,7 @@ class DataConfig:
         d = ctx.mapping(d, cls.KEYS, p)
         has_schema = d.get("schema") is not None
         schema = _schema(d["schema"], ctx) if has_schema else criteo_schema()
-        with ctx.section(f"{p}.bad_rows"):
-            bad_rows = BadRowPolicy.from_dict(d.get("bad_rows") or {}, ctx.source, "data.bad_rows")
+        bad_rows = validate(BadRowPolicy, d.get("bad_rows"), ctx, f"{p}.bad_rows")
         train_raw, gen_raw = d.get("train"), d.get("generate")
         if (train_raw is None) == (gen_raw is None):
             raise ctx.error(
@@ -202,12 +207,14 @@ class DataConfig:
                 src = DataSource.from_dict(raw, ctx.source, f"{p}.train")
             train = dataclasses.replace(src, schema=schema, bad_rows=bad_rows)
         else:
-            generate = GenerateConfig.parse(gen_raw, ctx, f"{run_dir}/data")
+            generate = validate(GenerateConfig, gen_raw, ctx, f"{p}.generate", {"run_dir": run_dir})
             if schema != criteo_schema():
                 raise ctx.error(
                     f"{p}.schema", "generated logs are Criteo-format; leave schema out (criteo)"
                 )
-        holdout = HoldoutConfig.parse(d.get("holdout"), ctx, seed)
+        holdout = None
+        if d.get("holdout") is not None:
+            holdout = validate(HoldoutConfig, d["holdout"], ctx, f"{p}.holdout", {"seed": seed})
         if generate is not None and holdout is not None and holdout.day is not None:
             days = generate.generator.day_names()
             if holdout.day != "last" and holdout.day not in days:
@@ -258,10 +265,7 @@ class DataConfig:
             "train": train,
             "generate": self.generate.to_dict() if self.generate else None,
             "schema": schema,
-            "bad_rows": {
-                "action": self.bad_rows.action,
-                "max_fraction": self.bad_rows.max_fraction,
-            },
+            "bad_rows": self.bad_rows.to_dict(),
             "holdout": self.holdout.to_dict() if self.holdout else None,
             "backend": self.backend,
             "block_size": self.block_size,

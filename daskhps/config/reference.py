@@ -15,7 +15,14 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from daskhps.config._keys import key_tree
-from daskhps.config._options import Options, literal_args, options_in, type_name, union_members
+from daskhps.config._options import (
+    Options,
+    literal_args,
+    options_in,
+    plain_number,
+    type_name,
+    union_members,
+)
 
 __all__ = ["DOCS", "declared", "defaults", "describe", "render", "update_document"]
 
@@ -37,37 +44,12 @@ DOCS: dict[str, tuple[str, ...]] = {
         "Synthetic Criteo-format logs to generate or reuse.",
         "one of train, generate",
     ),
-    "data.generate.out": ("path", "Folder of the generated logs.", "`<run.dir>/data`"),
-    "data.generate.workers": ("int or null", "Generator threads (null: all cores)."),
-    "data.generate.days": ("int >= 1", "Days to generate."),
-    "data.generate.rows_per_day": ("int >= 1", "Rows per day."),
-    "data.generate.parts_per_day": ("int >= 1", "Files per day."),
-    "data.generate.seed": ("int >= 0", "Generator seed (independent of `run.seed`)."),
-    "data.generate.start_day": ("YYYY-MM-DD", "First day."),
-    "data.generate.exponent": ("float > 0", "Power-law exponent of categorical values."),
-    "data.generate.vocab_scale": ("float > 0", "Scales every field's vocabulary."),
-    "data.generate.signal": ("float >= 0", "Strength of the planted signal (0: none)."),
-    "data.generate.ctr": ("float in (0, 1)", "Target click-through rate."),
-    "data.generate.gzip": ("bool", "Write `.tsv.gz` parts."),
     "data.schema": (
         "name, path or mapping",
         "Schema of the logs: `criteo`, a schema file (beside the config first) or inline.",
     ),
     "data.bad_rows": ("`skip`, `fail` or mapping", "What to do with malformed rows."),
-    "data.bad_rows.action": ("`skip` or `fail`", "Drop and count, or stop at the first."),
-    "data.bad_rows.max_fraction": ("float >= 0", "Fail when more of one file is bad."),
     "data.holdout": ("mapping or null", "Rows held out for evaluation; null: none."),
-    "data.holdout.day": (
-        "`last`, YYYY-MM-DD or null",
-        "Hold out one day (not trained on).",
-        "one of day, fraction",
-    ),
-    "data.holdout.fraction": (
-        "float in (0, 1) or null",
-        "Hold out this fraction of rows.",
-        "one of day, fraction",
-    ),
-    "data.holdout.seed": ("int >= 0", "Seed of the fraction split.", "`run.seed`"),
     "data.backend": ("`auto`, `pandas` or `cudf`", "Dataframe backend (auto: cudf on GPU)."),
     "data.block_size": (
         "bytes, a size (`64MiB`) or null",
@@ -116,8 +98,23 @@ def _section_models() -> dict[str, type[Options]]:
     }
 
 
+def _subsection_models() -> dict[str, type[Options]]:
+    # Declared parts of the data section, until the section itself is a model.
+    from daskhps.config.data import GenerateConfig, HoldoutConfig
+    from daskhps.data.badrows import BadRowPolicy
+
+    return {
+        "data.generate": GenerateConfig,
+        "data.holdout": HoldoutConfig,
+        "data.bad_rows": BadRowPolicy,
+    }
+
+
 def declared(key: str) -> FieldInfo | None:
     """The field that declares ``key`` (``table.tiers.policy``), or None."""
+    head, _, last = key.rpartition(".")
+    if head in _subsection_models():
+        return _subsection_models()[head].model_fields.get(last)
     section, *parts = key.split(".")
     node: Any = _section_models().get(section)
     info = None
@@ -139,10 +136,6 @@ def describe(key: str) -> tuple[str, ...]:
     meaning = " ".join((info.description or "").split())
     default = extra.get("x-daskhps-default")
     return (typ, meaning) if default is None else (typ, meaning, str(default))
-
-
-def _num(x: Any) -> str:
-    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
 
 
 def _type_text(info: FieldInfo) -> str:
@@ -167,11 +160,11 @@ def _type_text(info: FieldInfo) -> str:
         (("]", b.le) for b in [bounds.get("Le")] if b is not None), None
     )
     if lo and hi:
-        base += f" in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+        base += f" in {lo[0]}{plain_number(lo[1])}, {plain_number(hi[1])}{hi[0]}"
     elif lo:
-        base += f" {'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
+        base += f" {'>=' if lo[0] == '[' else '>'} {plain_number(lo[1])}"
     elif hi:
-        base += f" {'<' if hi[0] == ')' else '<='} {_num(hi[1])}"
+        base += f" {'<' if hi[0] == ')' else '<='} {plain_number(hi[1])}"
     return base + (" or null" if nullable else "")
 
 

@@ -11,12 +11,12 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
+from pydantic import Field, field_validator, model_validator
 
-from daskhps.data._validate import check_keys, get
-from daskhps.errors import DataError
+from daskhps.config._options import Options
 
 __all__ = ["REASONS", "BadRowPolicy", "BadRowReport", "Reason"]
 
@@ -51,33 +51,28 @@ REASONS = (
 SHARD_REASONS = (Reason.EMPTY_SHARD, Reason.UNREADABLE_SHARD, Reason.SCHEMA_MISMATCH)
 
 
-@dataclass(frozen=True)
-class BadRowPolicy:
-    """``action``: ``skip`` drops and counts bad rows; ``fail`` raises on the first one.
+class BadRowPolicy(Options):
+    """``action``: ``skip`` drops and counts bad rows; ``fail`` raises on the first one (a
+    bare ``skip`` or ``fail`` is the action).
 
     ``max_fraction`` (skip only): raise when more than this fraction of a shard's rows is bad,
     because a file that is mostly garbage usually means a wrong schema, not noisy data.
     """
 
-    action: str = "skip"
-    max_fraction: float = 1.0
+    action: Literal["skip", "fail"] = "skip"
+    """Drop and count, or stop at the first."""
+    max_fraction: float = Field(1.0, ge=0.0)
+    """Fail when more of one file is bad (above 1: 1)."""
 
-    ACTIONS = ("skip", "fail")
-
-    def __post_init__(self) -> None:
-        if self.action not in self.ACTIONS:
-            raise DataError(f"bad-row action {self.action!r}: choose skip or fail")
-
+    @model_validator(mode="before")
     @classmethod
-    def from_dict(cls, d: Any, source: str = "<dict>", prefix: str = "bad_rows") -> BadRowPolicy:
-        if isinstance(d, str):
-            d = {"action": d}
-        d = check_keys(d, ("action", "max_fraction"), source, prefix)
-        frac = get(d, "max_fraction", float, source, prefix, 1.0, minimum=0.0)
-        return cls(
-            action=get(d, "action", str, source, prefix, "skip", cls.ACTIONS),
-            max_fraction=min(frac, 1.0),
-        )
+    def _action_alone(cls, data: Any) -> Any:
+        return {"action": data} if isinstance(data, str) else data
+
+    @field_validator("max_fraction")
+    @classmethod
+    def _at_most_all(cls, fraction: float) -> float:
+        return min(fraction, 1.0)
 
     @property
     def fail(self) -> bool:

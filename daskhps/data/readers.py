@@ -164,7 +164,7 @@ def read_click_log(
             bad_rows=(
                 bad_rows
                 if isinstance(bad_rows, BadRowPolicy)
-                else BadRowPolicy.from_dict(bad_rows)
+                else BadRowPolicy.from_dict(bad_rows, prefix="bad_rows")
                 if bad_rows is not None
                 else BadRowPolicy()
             ),

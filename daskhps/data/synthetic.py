@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +37,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from pydantic import Field, field_validator
 
-from daskhps.data._validate import check_keys, get
+from daskhps.config._options import Int, Options, Problem, shown
 from daskhps.data.hashing import fmix64
 from daskhps.data.source import SUCCESS
-from daskhps.errors import ConfigError
 
 __all__ = ["GenerationSummary", "GeneratorConfig", "auc_from_histograms", "generate"]
 
@@ -63,68 +62,39 @@ _BLOCK = 1 << 17  # rows generated and written at a time: keeps temporaries smal
 _HEX2 = np.array([ord(f"{b:02x}"[0]) | (ord(f"{b:02x}"[1]) << 8) for b in range(256)], dtype="<u2")
 
 
-@dataclass(frozen=True)
-class GeneratorConfig:
+class GeneratorConfig(Options):
     """What to generate. ``exponent`` > 0 is the power-law exponent of categorical values;
     ``signal`` scales the planted weights (0 gives labels independent of the features)."""
 
-    days: int = 1
-    rows_per_day: int = 100_000
-    parts_per_day: int = 4
-    seed: int = 0
-    start_day: str = "2024-01-01"
-    exponent: float = 1.1
-    vocab_scale: float = 1.0
-    signal: float = 1.0
-    ctr: float = 0.25
+    days: Int = Field(1, ge=1)
+    """Days to generate."""
+    rows_per_day: Int = Field(100_000, ge=1)
+    """Rows per day."""
+    parts_per_day: Int = Field(4, ge=1)
+    """Files per day."""
+    seed: Int = Field(0, ge=0)
+    """Generator seed (independent of `run.seed`)."""
+    start_day: str = Field("2024-01-01", json_schema_extra=shown("YYYY-MM-DD"))
+    """First day."""
+    exponent: float = Field(1.1, gt=0.0)
+    """Power-law exponent of categorical values."""
+    vocab_scale: float = Field(1.0, gt=0.0)
+    """Scales every field's vocabulary."""
+    signal: float = Field(1.0, ge=0.0)
+    """Strength of the planted signal (0: none)."""
+    ctr: float = Field(0.25, gt=0.0, lt=1.0)
+    """Target click-through rate."""
     gzip: bool = False
+    """Write `.tsv.gz` parts."""
 
-    _KEYS = (
-        "days",
-        "rows_per_day",
-        "parts_per_day",
-        "seed",
-        "start_day",
-        "exponent",
-        "vocab_scale",
-        "signal",
-        "ctr",
-        "gzip",
-    )
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.days >= 1, "days", "must be >= 1"),
-            (self.rows_per_day >= 1, "rows_per_day", "must be >= 1"),
-            (self.parts_per_day >= 1, "parts_per_day", "must be >= 1"),
-            (self.exponent > 0, "exponent", "must be > 0"),
-            (self.vocab_scale > 0, "vocab_scale", "must be > 0"),
-            (self.signal >= 0, "signal", "must be >= 0"),
-            (0 < self.ctr < 1, "ctr", "must be in (0, 1)"),
-            (self.seed >= 0, "seed", "must be >= 0"),
-        ]
-        for ok, key, what in checks:
-            if not ok:
-                raise ConfigError(f"generator: {key}: {what}, got {getattr(self, key)!r}")
-        try:
-            dt.date.fromisoformat(self.start_day)
-        except ValueError as e:
-            raise ConfigError(
-                f"generator: start_day: expected YYYY-MM-DD, got {self.start_day!r}"
-            ) from e
-
+    @field_validator("start_day")
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> GeneratorConfig:
-        d = check_keys(d, cls._KEYS, source)
-        kw: dict[str, Any] = {}
-        for key in cls._KEYS:
-            if key in d:
-                default = getattr(cls, key)
-                typ: type | tuple[type, ...] = (
-                    float if isinstance(default, float) else type(default)
-                )
-                kw[key] = get(d, key, typ, source)
-        return cls(**kw)
+    def _a_date(cls, day: str) -> str:
+        try:
+            dt.date.fromisoformat(day)
+        except ValueError:
+            raise Problem("", f"expected YYYY-MM-DD, got {day!r}") from None
+        return day
 
     def day_names(self) -> list[str]:
         start = dt.date.fromisoformat(self.start_day)
@@ -307,7 +277,7 @@ class GenerationSummary:
         return self.rows / self.seconds if self.seconds > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        cfg = {k: getattr(self.config, k) for k in GeneratorConfig._KEYS}
+        cfg = self.config.to_dict()
         return {
             "format": "criteo-tsv",
             "out": self.out,

@@ -144,7 +144,7 @@ def _score_and_write(index: int, path: str, job: _Job) -> dict[str, Any]:
     frame, report = read_shard(path, schema, job.policy, job.labels)
     if any(reason in _FATAL for _, reason in report.counts):
         try:  # the parser's own message names the file and the columns
-            read_shard(path, schema, BadRowPolicy("fail"), job.labels)
+            read_shard(path, schema, BadRowPolicy(action="fail"), job.labels)
         except DataError as e:
             raise DataError(
                 f"cannot score {path} with model {job.servable.name!r}: {e}; score logs of "

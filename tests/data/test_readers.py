@@ -95,20 +95,20 @@ def test_fail_names_file_line_and_problem(
 ) -> None:
     p = _write(tmp_path / "b.tsv", [LINES[0], bad_line, LINES[1]])
     with pytest.raises(DataError) as e:
-        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="fail"))
     assert str(e.value).startswith(f"{p}: line {line_no}: {what}")
 
 
 def test_fail_reports_the_first_bad_line(tmp_path: Path) -> None:
     p = _write(tmp_path / "c.tsv", LINES)
     with pytest.raises(DataError, match=r"c\.tsv: line 3: expected 5 columns, got 4"):
-        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="fail"))
 
 
 def test_max_fraction(tmp_path: Path) -> None:
     p = _write(tmp_path / "d.tsv", LINES)
     with pytest.raises(DataError, match="7 of 10 rows are bad"):
-        read_shard(str(p), SCHEMA, BadRowPolicy("skip", max_fraction=0.5))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="skip", max_fraction=0.5))
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_empty_and_unreadable_shards(
     frame, report = read_shard(str(p), SCHEMA)
     assert len(frame) == 0 and report.by_reason() == {reason: 1}
     with pytest.raises(DataError, match=f"{p.name}: {message}"):
-        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="fail"))
 
 
 def _bytes_lines(lines: list[bytes], gz: bool = False) -> bytes:
@@ -159,7 +159,7 @@ def test_a_line_that_is_not_utf8_is_one_bad_row(
     pd.testing.assert_frame_equal(frame.iloc[[0, 1, 2]].reset_index(drop=True), ref.iloc[:3])
     assert frame["C1"].iloc[3] == hash_column(["caf\u00e9"], "C1")[0]
     with pytest.raises(DataError) as e:
-        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="fail"))
     assert str(e.value).startswith(f"{p}: line 2: not UTF-8 text")
     assert "\n" not in str(e.value)
     out, err = capfd.readouterr()
@@ -170,7 +170,7 @@ def test_undecodable_rows_count_towards_max_fraction(tmp_path: Path) -> None:
     p = tmp_path / "m.tsv"
     p.write_bytes(_bytes_lines([GOOD[0], LATIN1, JUNK, LATIN1]))
     with pytest.raises(DataError, match="3 of 4 rows are bad \\(undecodable=3\\)"):
-        read_shard(str(p), SCHEMA, BadRowPolicy("skip", max_fraction=0.5))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="skip", max_fraction=0.5))
 
 
 def test_a_truncated_gzip_file_keeps_its_complete_lines(tmp_path: Path) -> None:
@@ -186,7 +186,7 @@ def test_a_truncated_gzip_file_keeps_its_complete_lines(tmp_path: Path) -> None:
     assert frame["C1"].tolist() == hash_column([f"k{i}" for i in range(kept)], "C1").tolist()
     assert frame["C2"].tolist() == hash_column([f"v{i}" for i in range(kept)], "C2").tolist()
     with pytest.raises(DataError) as e:
-        read_shard(str(p), SCHEMA, BadRowPolicy("fail"))
+        read_shard(str(p), SCHEMA, BadRowPolicy(action="fail"))
     assert str(e.value).startswith(f"{p}: line {kept + 1}: the gzip data ends early")
     # a gzip file of several members is whole; damaged data (a failed check) is unreadable
     q = tmp_path / "two.tsv.gz"
@@ -282,7 +282,7 @@ def test_dask_reader_reads_each_file_once_and_merges_reports(tmp_path: Path) -> 
     complete = resolve_files(str(tmp_path / "day=*" / "part-*"), require_complete=True)
     assert {Path(f).parent.name for f in complete} == {"day=2024-01-01", "day=2024-01-02"}
     strict = read_click_log(
-        DataSource(paths=(str(tmp_path),), schema=SCHEMA, bad_rows=BadRowPolicy("fail"))
+        DataSource(paths=(str(tmp_path),), schema=SCHEMA, bad_rows=BadRowPolicy(action="fail"))
     )
     with pytest.raises(DataError, match=r"part-00000\.tsv\.gz: line 3"):
         strict.frame.compute()
@@ -302,7 +302,7 @@ def test_csv_with_header_and_quotes(tmp_path: Path) -> None:
     assert frame["site_id"].tolist() == hash_column(["1fbe01fe"], "site_id").tolist()
     assert frame["device_model"].tolist() == hash_column(["44956a24"], "device_model").tolist()
     with pytest.raises(DataError, match=r"train\.csv: line 3: label 'x' is not 0 or 1"):
-        read_shard(str(p), schema, BadRowPolicy("fail"))
+        read_shard(str(p), schema, BadRowPolicy(action="fail"))
     # A header without a column the schema needs is a schema mismatch.
     q = tmp_path / "other.csv"
     q.write_text("click,hour\n1,14102100\n")
@@ -335,7 +335,7 @@ def test_parquet_and_multi_hot(tmp_path: Path) -> None:
     a, b = hash_column(["a", "b"], "interests").tolist()
     assert [list(x) for x in lists] == [[a, b], [missing_key("interests")], [a]]
     with pytest.raises(DataError, match=r"part-0\.parquet: row 3: label 3"):
-        read_shard(str(p), schema, BadRowPolicy("fail"))
+        read_shard(str(p), schema, BadRowPolicy(action="fail"))
     log = read_click_log(str(tmp_path), schema)
     assert len(log.frame.compute()) == 3
 

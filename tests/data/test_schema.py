@@ -106,7 +106,7 @@ def test_data_source_from_dict(tmp_path: Path) -> None:
         },
         source=str(tmp_path / "run.yaml"),
     )
-    assert src.schema.name == "t" and src.bad_rows == BadRowPolicy("fail")
+    assert src.schema.name == "t" and src.bad_rows == BadRowPolicy(action="fail")
     assert src.days == ("2024-01-01", "2024-01-07")
     with pytest.raises(ConfigError, match=r"run.yaml: data.days: expected \[YYYY-MM-DD"):
         DataSource.from_dict({"paths": "x", "days": ["monday"]}, "run.yaml", "data")

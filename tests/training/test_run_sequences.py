@@ -137,7 +137,7 @@ class RunFolders:
         frame, _ = read_shard(
             str(sorted((pool / f"day={DAYS[1]}").glob("part-*"))[0]),
             self._schema(),
-            BadRowPolicy("skip"),
+            BadRowPolicy(action="skip"),
         )
         self.frame = frame.iloc[:300]
         self.expected: dict[str, np.ndarray] = {}  # T's checkpoints: name -> probabilities
