@@ -154,9 +154,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "config": _lazy(
         "config",
-        "validate a run config and print it with every default filled in, as YAML",
+        "validate a run config and print it with every default filled in, as YAML "
+        "(--schema: the JSON schema of run configs)",
         "daskhps.config.commands",
-        "add_config_arguments",
+        "add_print_arguments",
         "run_config",
     ),
     "inspect": Command(

@@ -12,8 +12,11 @@
       cluster          ClusterConfig         address | local settings, gpu, dist_backend, ...
       eval             EvalConfig            every_pass, batch_size, metrics
 
-Every error is a :class:`~daskhps.errors.ConfigError` naming the file, the line where known,
-the dotted key and what is allowed. The reference of every key is docs/configuration.md.
+Each option is declared once, as a field of its section's pydantic model
+(:mod:`daskhps.config._options`); loading, ``--set``, ``daskhps config`` (and ``--schema``)
+and the reference in docs/configuration.md are read from those declarations. Every error is a
+:class:`~daskhps.errors.ConfigError` naming the file, the line where known, the dotted key and
+what is allowed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Validation context: which file a section came from, where each key sits, precise errors.
 
+The options themselves are declared and checked in :mod:`daskhps.config._options`; this is
+where an error is located. ``section`` still places the messages of the two components that
+check their own input (a model's options against its class, an inline schema) under their key.
+
 Every error message starts with a location and the dotted key::
 
     configs/run.yaml:14: table.tiers.device.rows: must be >= 1, got 0
@@ -17,9 +21,8 @@ from typing import Any
 
 from daskhps.errors import ConfigError
 
-__all__ = ["MISSING", "Ctx", "closest", "join", "size_bytes"]
+__all__ = ["Ctx", "closest", "join"]
 
-MISSING: Any = object()
 _KEY = re.compile(r"^[A-Za-z_][\w.\[\]]*$")
 
 
@@ -83,52 +86,6 @@ class Ctx:
                 )
         return dict(d)
 
-    def get(
-        self,
-        d: Mapping[str, Any],
-        prefix: str,
-        key: str,
-        types: type | tuple[type, ...],
-        default: Any = MISSING,
-        *,
-        choices: Sequence[Any] | None = None,
-        minimum: float | None = None,
-        maximum: float | None = None,
-        below: float | None = None,
-    ) -> Any:
-        """``d[key]`` checked against types (bool is no int; an int is a float), choices and
-        bounds (``below`` is a strict upper bound)."""
-        name = join(prefix, key)
-        if key not in d:
-            if default is MISSING:
-                raise self.error(name, "required key is missing")
-            return default
-        value = d[key]
-        tt = types if isinstance(types, tuple) else (types,)
-        if isinstance(value, bool) and bool not in tt:
-            ok = False
-        elif float in tt and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        elif int in tt and isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            ok, value = True, int(value)  # 1e6 reads as a float; it is a whole number
-        else:
-            ok = isinstance(value, tt)
-        if not ok:
-            allowed = " or ".join("null" if t is type(None) else t.__name__ for t in tt)
-            raise self.error(name, f"expected {allowed}, got {type(value).__name__} {value!r}")
-        if choices is not None and value not in choices:
-            raise self.error(
-                name, f"{value!r} is not allowed; choose one of {', '.join(map(repr, choices))}"
-            )
-        if value is not None and not isinstance(value, str):
-            if minimum is not None and value < minimum:
-                raise self.error(name, f"must be >= {minimum}, got {value!r}")
-            if maximum is not None and value > maximum:
-                raise self.error(name, f"must be <= {maximum}, got {value!r}")
-            if below is not None and value >= below:
-                raise self.error(name, f"must be < {below}, got {value!r}")
-        return value
-
     @contextmanager
     def section(self, prefix: str, alias: str | None = None) -> Iterator[None]:
         """Re-raise a ConfigError of a component's own ``from_dict`` or constructor with this
@@ -153,16 +110,3 @@ class Ctx:
                 key = join(prefix, key)
             return ConfigError(f"{self.where(key)}: {key}: {tail}")
         return ConfigError(f"{self.where(prefix)}: {prefix}: {rest}")
-
-
-def size_bytes(ctx: Ctx, key: str, value: int | str, forms: str) -> int:
-    """A byte count given as an int or a size (``'64MiB'``, ``'500MB'``); a string that is
-    not a size is a :class:`ConfigError` naming ``key`` and the ``forms`` it takes."""
-    if not isinstance(value, str):
-        return int(value)
-    from dask.utils import parse_bytes  # dask only when a size is written as text
-
-    try:
-        return int(parse_bytes(value))
-    except ValueError:
-        raise ctx.error(key, f"{value!r}: expected {forms}") from None

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from daskhps.config._options import Options
 from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig
-from daskhps.config.data import TRAIN_KEYS, DataConfig, GenerateConfig, HoldoutConfig
+from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
 from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
 from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.badrows import BadRowPolicy
+from daskhps.data.source import TrainLogs
 from daskhps.table.optimizers import OptimizerSpec
 
-__all__ = ["FREE", "SECTIONS", "all_keys", "key_tree"]
+__all__ = ["FREE", "SECTIONS", "all_keys", "key_tree", "section_models"]
 
 FREE = "<free-form>"  # a mapping whose keys are checked by its component (schema, options)
 SECTIONS = (
@@ -32,6 +34,22 @@ SECTIONS = (
 )
 
 
+def section_models() -> dict[str, type[Options]]:
+    """The declaration of every section but ``model`` (a name and free-form options, checked
+    against the model's class by :class:`~daskhps.models.spec.ModelSpec`)."""
+    return {
+        "run": RunSection,
+        "data": DataConfig,
+        "passes": PassesConfig,
+        "table": TableConfig,
+        "dense_optimizer": DenseOptimizerConfig,
+        "cluster": ClusterConfig,
+        "eval": EvalConfig,
+        "checkpoint": CheckpointConfig,
+        "retrain": RetrainConfig,
+    }
+
+
 def _node(keys: tuple[str, ...], **sub: Any) -> dict[str, Any]:
     unknown = set(sub) - set(keys)
     assert not unknown, unknown  # a subsection must be one of the section's keys
@@ -43,8 +61,8 @@ def key_tree() -> dict[str, Any]:
     return {
         "run": _node(RunSection.key_names()),
         "data": _node(
-            DataConfig.KEYS,
-            train=_node(TRAIN_KEYS),
+            DataConfig.key_names(),
+            train=_node(TrainLogs.key_names()),
             generate=_node(GenerateConfig.key_names()),
             schema=FREE,
             bad_rows=_node(BadRowPolicy.key_names()),

@@ -35,6 +35,7 @@ from daskhps.config._context import Ctx, closest, join
 from daskhps.errors import ConfigError
 
 __all__ = [
+    "SIZE_JSON",
     "Int",
     "Noun",
     "Options",
@@ -66,6 +67,8 @@ def _seq(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_whole)]
+# A byte count in a config: an int, a size such as "64MiB", or null (the JSON schema's view).
+SIZE_JSON: JsonDict = {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]}
 T = TypeVar("T")
 Seq = Annotated[tuple[T, ...], BeforeValidator(_seq)]
 

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
 from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Options, Problem, parse_size, shown, validate
+from daskhps.config._options import (
+    SIZE_JSON,
+    Int,
+    Options,
+    Problem,
+    parse_size,
+    shown,
+    validate,
+)
 
 __all__ = ["ClusterConfig"]
 
@@ -44,9 +52,9 @@ class ClusterConfig(Options):
     """Local workers."""
     threads_per_worker: Int = Field(1, ge=1)
     """Threads per local worker."""
-    memory_limit: Annotated[Int | None, BeforeValidator(_memory_limit)] = Field(
-        None, json_schema_extra=shown("bytes, size or `auto`", "`auto`")
-    )
+    memory_limit: Annotated[
+        Int | None, BeforeValidator(_memory_limit), WithJsonSchema(SIZE_JSON)
+    ] = Field(None, json_schema_extra=shown("bytes, size or `auto`", "`auto`"))
     """Per local worker (`4GiB`, `auto`)."""
     processes: bool = True
     """Local workers as processes (else threads)."""

@@ -12,10 +12,12 @@ import sys
 import time
 
 from daskhps.config.runconfig import load_config
+from daskhps.errors import ConfigError
 
 __all__ = [
     "PIPELINE",
     "add_config_arguments",
+    "add_print_arguments",
     "add_train_arguments",
     "run_config",
     "run_train",
@@ -35,6 +37,26 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a key, e.g. --set table.dim=32 (repeatable; values are YAML)",
+    )
+
+
+def add_print_arguments(p: argparse.ArgumentParser) -> None:
+    """``daskhps config``: a config to print resolved, or ``--schema``."""
+    p.add_argument(
+        "config", metavar="CONFIG", nargs="?", help="run config, a YAML file (see configs/)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set table.dim=32 (repeatable; values are YAML)",
+    )
+    p.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the JSON schema of run configs (for editors) instead",
     )
 
 
@@ -60,7 +82,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace) -> int:
-    """Print the resolved config (every default filled in) as YAML."""
+    """Print the resolved config (every default filled in) as YAML, or the JSON schema."""
+    if args.schema:
+        from daskhps.config.json_schema import render_json_schema
+
+        print(render_json_schema(), end="")
+        return 0
+    if args.config is None:
+        raise ConfigError("no CONFIG given: daskhps config CONFIG [--set KEY=VALUE], or --schema")
     print(load_config(args.config, args.overrides).to_yaml(), end="")
     return 0
 

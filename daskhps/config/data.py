@@ -3,29 +3,42 @@ policy, holdout and dataframe backend."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from daskhps.config._context import Ctx, size_bytes
-from daskhps.config._options import Int, Options, Problem, shown, validate
-from daskhps.data.backend import BACKENDS
+from daskhps.config._context import Ctx
+from daskhps.config._options import (
+    SIZE_JSON,
+    Int,
+    Options,
+    Problem,
+    parse_size,
+    shown,
+    validate,
+)
+from daskhps.data.backend import Backend
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, load_schema
-from daskhps.data.source import SUCCESS, DataSource
+from daskhps.data.source import SUCCESS, DataSource, TrainLogs
 from daskhps.data.synthetic import GeneratorConfig
 from daskhps.errors import ConfigError
 
 __all__ = ["DataConfig", "GenerateConfig", "HoldoutConfig"]
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-TRAIN_KEYS = ("paths", "days", "require_complete")
 
 
 class GenerateConfig(GeneratorConfig):
@@ -151,122 +164,103 @@ def _schema(spec: Any, ctx: Ctx) -> Schema:
         return load_schema(spec, base)
 
 
+# What editors are told the schema and bad_rows keys take (the loader checks the rest).
+_SCHEMA_JSON = {"anyOf": [{"type": "string"}, {"type": "object"}]}
+_BAD_ROWS_JSON = {"anyOf": [{"enum": ["skip", "fail"]}, BadRowPolicy.model_json_schema()]}
+
 BLOCK_SIZE = 64 << 20  # bytes of plain text a partition reads: tens of MB parse in ~a second
 
 
-def _block_size(d: Mapping[str, Any], ctx: Ctx) -> int | None:
-    key = "data.block_size"
-    value = ctx.get(d, "data", "block_size", (int, str, type(None)), BLOCK_SIZE)
-    if value is None:
-        return None
-    value = size_bytes(ctx, key, value, "bytes (67108864), a size ('64MiB') or null")
-    if value < 1 << 12:
-        raise ctx.error(key, f"{value} bytes is below 4 KiB; blocks that small cost more to plan")
-    return int(value)
+def _block_size(value: Any) -> Any:
+    value = parse_size(value, "bytes (67108864), a size ('64MiB') or null")
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1 << 12:
+        raise Problem("", f"{value} bytes is below 4 KiB; blocks that small cost more to plan")
+    return value
 
 
-@dataclass(frozen=True)
-class DataConfig:
-    """Where training rows come from (``train`` files or ``generate``), how they are read and
-    which rows are held out for evaluation. :attr:`source` is what the reader takes."""
+# pydantic warns that a field named ``schema`` shadows BaseModel.schema, a deprecated classmethod
+# daskhps never calls; the key is the one users write.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", 'Field name "schema"', UserWarning)
 
-    train: DataSource | None = None
-    generate: GenerateConfig | None = None
-    schema: Schema = field(default_factory=criteo_schema)
-    bad_rows: BadRowPolicy = field(default_factory=BadRowPolicy)
-    holdout: HoldoutConfig | None = None
-    backend: str = "auto"
-    block_size: int | None = BLOCK_SIZE  # None: every file is one partition
+    class DataConfig(Options):
+        """Where training rows come from (``train`` files or ``generate``), how they are read
+        and which rows are held out for evaluation. :attr:`source` is what the reader takes."""
 
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "train",
-        "generate",
-        "schema",
-        "bad_rows",
-        "holdout",
-        "backend",
-        "block_size",
-    )
+        train: TrainLogs | None = Field(
+            None, json_schema_extra=shown(default="one of train, generate")
+        )
+        """Click logs to train on. Exactly one of `train` or `generate`."""
+        generate: GenerateConfig | None = Field(
+            None, json_schema_extra=shown(default="one of train, generate")
+        )
+        """Synthetic Criteo-format logs to generate or reuse."""
+        schema: Annotated[Schema, WithJsonSchema(_SCHEMA_JSON)] = Field(  # type: ignore[assignment]
+            criteo_schema(), json_schema_extra=shown("name, path or mapping")
+        )
+        """Schema of the logs: `criteo`, a schema file (beside the config first) or inline."""
+        bad_rows: Annotated[BadRowPolicy, WithJsonSchema(_BAD_ROWS_JSON)] = Field(
+            BadRowPolicy(), json_schema_extra=shown("`skip`, `fail` or mapping")
+        )
+        """What to do with malformed rows."""
+        holdout: HoldoutConfig | None = Field(None, json_schema_extra=shown("mapping or null"))
+        """Rows held out for evaluation; null: none."""
+        backend: Backend = "auto"
+        """Dataframe backend (auto: cudf on GPU)."""
+        block_size: Annotated[
+            Int | None, BeforeValidator(_block_size), WithJsonSchema(SIZE_JSON)
+        ] = Field(BLOCK_SIZE, json_schema_extra=shown("bytes, a size (`64MiB`) or null"))
+        """Read plain-text files larger than this in blocks (one partition each); null: whole."""
 
-    @classmethod
-    def parse(cls, d: Any, ctx: Ctx, run_dir: str, seed: int) -> DataConfig:
-        p = "data"
-        d = ctx.mapping(d, cls.KEYS, p)
-        has_schema = d.get("schema") is not None
-        schema = _schema(d["schema"], ctx) if has_schema else criteo_schema()
-        bad_rows = validate(BadRowPolicy, d.get("bad_rows"), ctx, f"{p}.bad_rows")
-        train_raw, gen_raw = d.get("train"), d.get("generate")
-        if (train_raw is None) == (gen_raw is None):
-            raise ctx.error(
-                p, "give exactly one of train (paths of click logs) or generate (synthetic logs)"
+        NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("schema", "bad_rows")
+
+        @model_validator(mode="after")
+        def _one_source(self) -> DataConfig:
+            if (self.train is None) == (self.generate is None):
+                raise Problem(
+                    "",
+                    "give exactly one of train (paths of click logs) or generate (synthetic logs)",
+                )
+            if self.generate is not None and self.schema != criteo_schema():
+                raise Problem(
+                    "schema", "generated logs are Criteo-format; leave schema out (criteo)"
+                )
+            holdout = self.holdout
+            if self.generate is not None and holdout is not None and holdout.day is not None:
+                days = self.generate.generator.day_names()
+                if holdout.day != "last" and holdout.day not in days:
+                    raise Problem(
+                        "holdout.day", f"{holdout.day} is not a generated day ({', '.join(days)})"
+                    )
+                if len(days) < 2:
+                    raise Problem(
+                        "holdout.day",
+                        "holding out the only generated day leaves nothing to train on; "
+                        "set data.generate.days >= 2 or use holdout.fraction",
+                    )
+            return self
+
+        @classmethod
+        def parse(cls, d: Any, ctx: Ctx, run_dir: str, seed: int) -> DataConfig:
+            if isinstance(d, Mapping) and d.get("schema") is not None:
+                d = {**d, "schema": _schema(d["schema"], ctx)}  # files beside the config
+            return validate(cls, d, ctx, "data", {"run_dir": run_dir, "seed": seed})
+
+        @property
+        def source(self) -> DataSource:
+            """The training files: ``train``, or the complete generated days under ``out``."""
+            if self.train is not None:
+                return self.train.source(self.schema, self.bad_rows)
+            assert self.generate is not None
+            return DataSource(
+                paths=(self.generate.out,),
+                schema=self.schema,
+                days=self.generate.day_range,  # never stale days of an earlier, longer generation
+                require_complete=True,
+                bad_rows=self.bad_rows,
             )
-        train = generate = None
-        if train_raw is not None:
-            raw = ctx.mapping(train_raw, TRAIN_KEYS, f"{p}.train")
-            with ctx.section(f"{p}.train"):
-                src = DataSource.from_dict(raw, ctx.source, f"{p}.train")
-            train = dataclasses.replace(src, schema=schema, bad_rows=bad_rows)
-        else:
-            generate = validate(GenerateConfig, gen_raw, ctx, f"{p}.generate", {"run_dir": run_dir})
-            if schema != criteo_schema():
-                raise ctx.error(
-                    f"{p}.schema", "generated logs are Criteo-format; leave schema out (criteo)"
-                )
-        holdout = None
-        if d.get("holdout") is not None:
-            holdout = validate(HoldoutConfig, d["holdout"], ctx, f"{p}.holdout", {"seed": seed})
-        if generate is not None and holdout is not None and holdout.day is not None:
-            days = generate.generator.day_names()
-            if holdout.day != "last" and holdout.day not in days:
-                raise ctx.error(
-                    f"{p}.holdout.day", f"{holdout.day} is not a generated day ({', '.join(days)})"
-                )
-            if len(days) < 2:
-                raise ctx.error(
-                    f"{p}.holdout.day",
-                    "holding out the only generated day leaves nothing to train on; "
-                    "set data.generate.days >= 2 or use holdout.fraction",
-                )
-        return cls(
-            train=train,
-            generate=generate,
-            schema=schema,
-            bad_rows=bad_rows,
-            holdout=holdout,
-            backend=ctx.get(d, p, "backend", str, "auto", choices=BACKENDS),
-            block_size=_block_size(d, ctx),
-        )
 
-    @property
-    def source(self) -> DataSource:
-        """The training files: ``train``, or the complete generated days under ``out``."""
-        if self.train is not None:
-            return self.train
-        assert self.generate is not None
-        return DataSource(
-            paths=(self.generate.out,),
-            schema=self.schema,
-            days=self.generate.day_range,  # never stale days of an earlier, longer generation
-            require_complete=True,
-            bad_rows=self.bad_rows,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        train = None
-        if self.train is not None:
-            t = self.train
-            train = {
-                "paths": list(t.paths),
-                "days": list(t.days) if t.days else None,
-                "require_complete": t.require_complete,
-            }
-        schema: Any = "criteo" if self.schema == criteo_schema() else self.schema.to_dict()
-        return {
-            "train": train,
-            "generate": self.generate.to_dict() if self.generate else None,
-            "schema": schema,
-            "bad_rows": self.bad_rows.to_dict(),
-            "holdout": self.holdout.to_dict() if self.holdout else None,
-            "backend": self.backend,
-            "block_size": self.block_size,
-        }
+        def to_dict(self) -> dict[str, Any]:
+            out = super().to_dict()
+            out["schema"] = "criteo" if self.schema == criteo_schema() else self.schema.to_dict()
+            return out

@@ -14,9 +14,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from daskhps.config._keys import key_tree
+from daskhps.config._keys import key_tree, section_models
 from daskhps.config._options import (
-    Options,
     literal_args,
     options_in,
     plain_number,
@@ -26,35 +25,10 @@ from daskhps.config._options import (
 
 __all__ = ["DOCS", "declared", "defaults", "describe", "render", "update_document"]
 
-# key: (type, meaning) or (type, meaning, default shown when it depends on other keys)
-# The sections whose options are not declared on models yet: key: (type, meaning) or (type,
-# meaning, default shown when it depends on other keys). Declared options are read from their
-# fields (:func:`describe`).
+# The model section: its name and free-form options are checked against the model class
+# (daskhps.models.spec), not declared here. Every other option is read from its declaration
+# (:func:`describe`): key: (type, meaning) or (type, meaning, default shown).
 DOCS: dict[str, tuple[str, ...]] = {
-    "data.train": (
-        "mapping",
-        "Click logs to train on. Exactly one of `train` or `generate`.",
-        "one of train, generate",
-    ),
-    "data.train.paths": ("path or list", "Files, folders or globs.", "required"),
-    "data.train.days": ("[YYYY-MM-DD, YYYY-MM-DD]", "Keep `day=` partitions in this range."),
-    "data.train.require_complete": ("bool", "Keep only days with a `_SUCCESS` marker."),
-    "data.generate": (
-        "mapping",
-        "Synthetic Criteo-format logs to generate or reuse.",
-        "one of train, generate",
-    ),
-    "data.schema": (
-        "name, path or mapping",
-        "Schema of the logs: `criteo`, a schema file (beside the config first) or inline.",
-    ),
-    "data.bad_rows": ("`skip`, `fail` or mapping", "What to do with malformed rows."),
-    "data.holdout": ("mapping or null", "Rows held out for evaluation; null: none."),
-    "data.backend": ("`auto`, `pandas` or `cudf`", "Dataframe backend (auto: cudf on GPU)."),
-    "data.block_size": (
-        "bytes, a size (`64MiB`) or null",
-        "Read plain-text files larger than this in blocks (one partition each); null: whole.",
-    ),
     "model.name": ("str", "`dlrm`, `deepfm`, `wide_deep` or `package.module:Class`."),
     "model.options": ("mapping", "The model's constructor options (docs/models.md)."),
 }
@@ -78,45 +52,10 @@ _SAMPLES: tuple[dict[str, Any], ...] = (
 )
 
 
-def _section_models() -> dict[str, type[Options]]:
-    from daskhps.config.checkpoint import CheckpointConfig
-    from daskhps.config.cluster import ClusterConfig
-    from daskhps.config.retrain import RetrainConfig
-    from daskhps.config.run import RunSection
-    from daskhps.config.table import TableConfig
-    from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
-
-    return {
-        "run": RunSection,
-        "passes": PassesConfig,
-        "table": TableConfig,
-        "dense_optimizer": DenseOptimizerConfig,
-        "cluster": ClusterConfig,
-        "eval": EvalConfig,
-        "checkpoint": CheckpointConfig,
-        "retrain": RetrainConfig,
-    }
-
-
-def _subsection_models() -> dict[str, type[Options]]:
-    # Declared parts of the data section, until the section itself is a model.
-    from daskhps.config.data import GenerateConfig, HoldoutConfig
-    from daskhps.data.badrows import BadRowPolicy
-
-    return {
-        "data.generate": GenerateConfig,
-        "data.holdout": HoldoutConfig,
-        "data.bad_rows": BadRowPolicy,
-    }
-
-
 def declared(key: str) -> FieldInfo | None:
     """The field that declares ``key`` (``table.tiers.policy``), or None."""
-    head, _, last = key.rpartition(".")
-    if head in _subsection_models():
-        return _subsection_models()[head].model_fields.get(last)
     section, *parts = key.split(".")
-    node: Any = _section_models().get(section)
+    node: Any = section_models().get(section)
     info = None
     for part in parts:
         if node is None or part not in node.model_fields:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Literal, get_args
 
 from daskhps.errors import ConfigError
 
-__all__ = ["BACKENDS", "choose_backend", "cudf_available"]
+__all__ = ["BACKENDS", "Backend", "choose_backend", "cudf_available"]
 
 log = logging.getLogger(__name__)
-BACKENDS = ("auto", "pandas", "cudf")
+Backend = Literal["auto", "pandas", "cudf"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 @functools.cache

@@ -20,9 +20,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from daskhps.data._validate import check_keys, get
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
+
+from daskhps.config._options import Options, Problem, shown
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, load_schema
 from daskhps.errors import ConfigError, DataError
@@ -60,38 +62,83 @@ class DataSource:
     require_complete: bool = False
     bad_rows: BadRowPolicy = field(default_factory=BadRowPolicy)
 
-    _KEYS = ("paths", "schema", "days", "require_complete", "bad_rows")
-
     @classmethod
     def from_dict(
         cls, d: Mapping[str, Any], source: str = "<dict>", prefix: str = ""
     ) -> DataSource:
-        d = check_keys(d, cls._KEYS, source, prefix)
+        """Click logs described by a mapping: :class:`TrainLogs`' keys, a ``schema`` (a builtin
+        name, a file beside ``source`` or a mapping) and ``bad_rows``."""
         p = f"{prefix}." if prefix else ""
-        raw = get(d, "paths", (str, list), source, prefix)
-        paths = [raw] if isinstance(raw, str) else raw
-        if not paths or not all(isinstance(x, str) for x in paths):
-            raise ConfigError(f"{source}: {p}paths: a path or a non-empty list of paths")
-        base = Path(source).parent if Path(source).suffix in (".yaml", ".yml") else None
-        schema_spec = get(d, "schema", (str, dict), source, prefix, "criteo")
-        if isinstance(schema_spec, dict):
-            schema = Schema.from_dict(schema_spec, source)
-        else:
-            schema = load_schema(schema_spec, base)
-        days = get(d, "days", (list, type(None)), source, prefix, None)
-        if days is not None:
-            if len(days) != 2 or not all(isinstance(x, str) and _DATE.match(x) for x in days):
-                raise ConfigError(
-                    f"{source}: {p}days: expected [YYYY-MM-DD, YYYY-MM-DD], got {days!r}"
-                )
-            days = (days[0], days[1])
-        return cls(
-            paths=tuple(paths),
-            schema=schema,
-            days=days,
-            require_complete=get(d, "require_complete", bool, source, prefix, False),
-            bad_rows=BadRowPolicy.from_dict(d.get("bad_rows", {}), source, f"{p}bad_rows"),
+        own = ("schema", "bad_rows")
+        logs = TrainLogs.from_dict(
+            {k: v for k, v in d.items() if k not in own} if isinstance(d, Mapping) else d,
+            source,
+            prefix,
         )
+        spec = d.get("schema", "criteo")
+        base = Path(source).parent if Path(source).suffix in (".yaml", ".yml") else None
+        if isinstance(spec, Mapping):
+            schema = Schema.from_dict(spec, source)
+        elif isinstance(spec, str):
+            schema = load_schema(spec, base)
+        else:
+            raise ConfigError(f"{source}: {p}schema: expected a name, a file or a mapping")
+        return logs.source(
+            schema, BadRowPolicy.from_dict(d.get("bad_rows"), source, f"{p}bad_rows")
+        )
+
+
+def _paths(value: Any) -> Any:
+    return (
+        (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else value
+    )
+
+
+def _days(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+class TrainLogs(Options):
+    """The click logs a run trains on (the ``data.train`` section); with the data section's
+    schema and bad-row policy they are a :class:`DataSource`."""
+
+    paths: Annotated[
+        tuple[str, ...],
+        BeforeValidator(_paths),
+        WithJsonSchema(
+            {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+        ),
+    ] = Field(json_schema_extra=shown("path or list", "required"))
+    """Files, folders or globs."""
+    days: Annotated[tuple[str, ...] | None, BeforeValidator(_days)] = Field(
+        None, json_schema_extra=shown("[YYYY-MM-DD, YYYY-MM-DD]")
+    )
+    """Keep `day=` partitions in this range."""
+    require_complete: bool = False
+    """Keep only days with a `_SUCCESS` marker."""
+
+    @field_validator("paths")
+    @classmethod
+    def _some(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        if not paths:
+            raise Problem("", "a path or a non-empty list of paths")
+        return paths
+
+    @field_validator("days", mode="before")
+    @classmethod
+    def _a_range(cls, days: Any) -> Any:
+        if days is not None and not (
+            isinstance(days, (list, tuple))
+            and len(days) == 2
+            and all(isinstance(x, str) and _DATE.match(x) for x in days)
+        ):
+            raise Problem("", f"expected [YYYY-MM-DD, YYYY-MM-DD], got {days!r}")
+        return days
+
+    def source(self, schema: Schema, bad_rows: BadRowPolicy) -> DataSource:
+        """These logs read with ``schema`` and ``bad_rows``."""
+        days = (self.days[0], self.days[1]) if self.days else None
+        return DataSource(self.paths, schema, days, self.require_complete, bad_rows)
 
 
 def resolve_files(

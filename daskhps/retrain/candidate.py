@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.config import HoldoutConfig, RunConfig
-from daskhps.data.source import DataSource
+from daskhps.data.source import TrainLogs
 from daskhps.errors import CheckpointError
 from daskhps.retrain.days import DayPlan
 from daskhps.training.changes import check_changes
@@ -53,16 +53,14 @@ def candidate_config(
     Generated logs (``data.generate``) are read as the day partitions they are, from ``out``.
     """
     assert plan.eval_day is not None and plan.train
-    source = config.data.train
-    if source is None:
+    if config.data.train is not None:
+        paths = config.data.train.paths
+    else:
         gen = config.data.generate
         assert gen is not None  # a config has exactly one of train and generate
-        source = DataSource((gen.out,), config.data.schema, bad_rows=config.data.bad_rows)
-    data = dataclasses.replace(
-        config.data,
-        train=dataclasses.replace(
-            source, days=(plan.train[0], plan.eval_day), require_complete=True
-        ),
+        paths = (gen.out,)
+    data = config.data.replace(
+        train=TrainLogs(paths=paths, days=(plan.train[0], plan.eval_day), require_complete=True),
         generate=None,
         holdout=HoldoutConfig(day=plan.eval_day),
     )

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from daskhps.data.badrows import BadRowPolicy
+from daskhps.data.source import resolve_files
 from daskhps.distributed import start_cluster
 from daskhps.errors import ConfigError, DataError
 
@@ -43,8 +43,9 @@ def test_compute_failed_only_for_what_daskhps_did_not_raise_on_purpose() -> None
             n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
         ) as handle:
             client = handle.client
-            expected = client.submit(BadRowPolicy, "explode", pure=False)  # DataError in daskhps
-            with pytest.raises(DataError, match="bad-row action 'explode'"):
+            missing = "/nonexistent/explode-*.tsv"  # a DataError raised in daskhps
+            expected = client.submit(resolve_files, [missing], pure=False)
+            with pytest.raises(DataError, match=r"explode-.*matched nothing"):
                 expected.result()
             genuine = client.submit(_lookup, {}, "missing", pure=False)
             with pytest.raises(KeyError):

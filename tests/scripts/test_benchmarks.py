@@ -49,10 +49,11 @@ def test_bench_placement_quick(tmp_path: Path) -> None:
         "--out", str(tmp_path / "logs"),
     )  # fmt: skip
     assert ["p2p shuffle" in recs[0]["name"], "tasks shuffle" in recs[1]["name"]] == [True, True]
-    # One hop: the finished partitions never move, so the workers fetch no more than when each
-    # partition was computed anywhere and then copied to its owner (as much when the scheduler
-    # happened to pick every owner itself).
-    assert recs[1]["fetched_mib"] <= recs[1]["baseline_fetched_mib"]
+    # A tasks shuffle's pieces cross between the workers in both placements, so both fetched
+    # bytes. Which fetches less depends on where the scheduler put the pieces (docs/pipeline.md:
+    # one hop moves the keys before their global dedup); that partitions never move after a
+    # tasks shuffle is checked with the transfer logs in tests/passes/test_placement.py.
+    assert recs[1]["fetched_mib"] > 0 and recs[1]["baseline_fetched_mib"] > 0
 
 
 @pytest.mark.slow
