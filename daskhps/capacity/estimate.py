@@ -28,8 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from daskhps.tiers._index import KeyIndex
+from daskhps.tiers._index import MIN_CAPACITY, MIN_SCRATCH, PROBE_CHUNK, KeyIndex
 from daskhps.tiers.host import rows_for_bytes
+from daskhps.tiers.store.options import StoreOptions
 
 __all__ = [
     "INDEX_SCRATCH_PER_KEY",
@@ -50,10 +51,7 @@ __all__ = [
 # Reused lookup buffers of KeyIndex._find per key: home, tmp (8 + 8), the gathered bucket row
 # (64), the hit mask (4), the column word (4) and the step cache (8).
 INDEX_SCRATCH_PER_KEY = 96
-_SCRATCH_CHUNK = 1 << 19  # KeyIndex probes at most this many keys at once
-_SCRATCH_MIN = 1024  # buffers are never smaller
-WRITE_BUFFER_ROWS = 65536  # the store's default write_buffer_rows (tiers.store.open_store)
-_STORE_INDEX_START = 1024  # an open store starts with KeyIndex(1024)
+WRITE_BUFFER_ROWS = StoreOptions().write_buffer_rows  # what a run's stores buffer
 # Optimizer state tensors per dense parameter (torch: Adam keeps exp_avg and exp_avg_sq,
 # Adagrad its sum; each also keeps a scalar step, negligible).
 DENSE_STATE = {"sgd": 0, "adagrad": 1, "adam": 2}
@@ -96,7 +94,7 @@ def index_scratch_bytes(batch_keys: int) -> int:
     """Lookup buffers of one :class:`KeyIndex` after its largest lookup of ``batch_keys``."""
     if batch_keys <= 0:
         return 0
-    return INDEX_SCRATCH_PER_KEY * max(min(batch_keys, _SCRATCH_CHUNK), _SCRATCH_MIN)
+    return INDEX_SCRATCH_PER_KEY * max(min(batch_keys, PROBE_CHUNK), MIN_SCRATCH)
 
 
 def slot_cache_bytes(
@@ -134,7 +132,7 @@ def _index_buckets(keys: int, opened: int) -> list[int]:
     """Bucket counts a store's :class:`KeyIndex` goes through: sized for the ``opened`` rows
     of its commit (at least 1024), then doubled whenever an insert would pass the load
     factor, as evictions and flushes write rows a batch at a time, until it holds ``keys``."""
-    sizes = [math.ceil(max(_STORE_INDEX_START, opened) / (4 * 0.5))]
+    sizes = [math.ceil(max(MIN_CAPACITY, opened) / (4 * 0.5))]
     while keys > 0.5 * 4 * sizes[-1]:
         sizes.append(2 * sizes[-1])
     return sizes
@@ -160,7 +158,7 @@ def index_transient_bytes(keys: int, opened: int = 0) -> int:
     if len(sizes) > 1:
         old = sizes[-2]
         items = int(0.5 * 4 * old)
-        chunk = INSERT_BYTES_PER_KEY * min(items, _SCRATCH_CHUNK)
+        chunk = INSERT_BYTES_PER_KEY * min(items, PROBE_CHUNK)
         growth = OPEN_BYTES_PER_ROW * items + max(_index_table_bytes(old), chunk)
     return max(OPEN_BYTES_PER_ROW * opened, growth)
 
@@ -176,7 +174,7 @@ def store_memory_bytes(keys: int, width: int, *, batch_keys: int = 0, opened: in
     return index_bytes_holding(keys, opened) + index_scratch_bytes(batch_keys) + buffer
 
 
-def store_mapped_bytes(keys: int, width: int, chunk_rows: int = 65536) -> int:
+def store_mapped_bytes(keys: int, width: int, chunk_rows: int = StoreOptions().chunk_rows) -> int:
     """Pages of segment files a store maps while reading rows back: one chunk file at a time
     (each is unmapped once its rows are copied out), at most its live rows. They count in the
     worker's RSS (which Dask's memory limit watches) while mapped."""

@@ -16,10 +16,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from daskhps.config._context import Ctx
 from daskhps.config._options import Int, Options, Problem, shown, validate
 from daskhps.table.optimizers import OptimizerSpec
+from daskhps.tiers.store.options import StoreOptions
 
 __all__ = ["DeviceTierConfig", "HostTierConfig", "TableConfig", "TiersConfig"]
 
-SNAPSHOT_EVERY = 8  # commits between full index snapshots of a store
+_STORE = StoreOptions.model_fields
 
 
 class DeviceTierConfig(Options):
@@ -80,10 +81,15 @@ class TiersConfig(Options):
         json_schema_extra=shown("path", "`<run.dir>/stores`"),
     )
     """Zarr stores (local disk)."""
-    snapshot_every: Int = Field(SNAPSHOT_EVERY, ge=1)
+    snapshot_every: Int = Field(_STORE["snapshot_every"].default, ge=1)
     """Full index snapshot every N commits."""
 
     NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("device", "host")
+
+    @property
+    def store(self) -> StoreOptions:
+        """How every shard's zarr store writes (the rest of its options keep their defaults)."""
+        return StoreOptions(snapshot_every=self.snapshot_every)
 
     @model_validator(mode="before")
     @classmethod

@@ -35,6 +35,7 @@ from daskhps.distributed.sizing import TierSizing
 from daskhps.errors import CapacityError
 from daskhps.monitor import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
+from daskhps.tiers.store import StoreOptions
 
 if TYPE_CHECKING:
     from daskhps.monitor import ShardMetrics
@@ -73,8 +74,8 @@ class WorkerShards:
         Device of the device tier (``"cpu"`` or ``"cuda"``).
     policy:
         Eviction policy of the device and host tiers.
-    snapshot_every:
-        Commits between full index snapshots of each store (``table.tiers.snapshot_every``).
+    store:
+        How each shard's store writes (from ``table.tiers``: its ``snapshot_every``).
     mode, commit:
         Passed to :meth:`EmbeddingTable.open` (``commit``: resume from that commit point).
 
@@ -90,7 +91,7 @@ class WorkerShards:
         *,
         device: str = "cpu",
         policy: Literal["lru", "lfu"] = "lru",
-        snapshot_every: int = 8,
+        store: StoreOptions | None = None,
         mode: Literal["w", "a", "r"] = "a",
         commit: str | None = None,
     ) -> None:
@@ -102,7 +103,7 @@ class WorkerShards:
         self.sizing = sizing
         self.device = device
         self.policy = policy
-        self.snapshot_every = snapshot_every
+        self.store_options = StoreOptions() if store is None else store
         self.mode = mode
         self.commit_name = commit
         self.rank: int | None = None
@@ -140,7 +141,7 @@ class WorkerShards:
                         policy=self.policy,
                         mode=self.mode,
                         commit=self.commit_name,
-                        snapshot_every=self.snapshot_every,
+                        store=self.store_options,
                     )
             opened[name] = {"rank": self._rank(), "device_rows": rows, "host_bytes": host_bytes}
         return opened

@@ -21,10 +21,11 @@ from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
 from daskhps.table.table import open_shard_store
 from daskhps.tiers.base import PersistentStore
+from daskhps.tiers.store import StoreOptions
 
 __all__ = ["RepeatedKey", "StagedStores"]
 
-_SEGMENT_ROWS = 65536  # the most rows the store buffers into one segment (write_buffer_rows)
+_SEGMENT_ROWS = StoreOptions().write_buffer_rows  # the most rows the store buffers per segment
 
 
 class RepeatedKey(Exception):
@@ -57,7 +58,7 @@ class StagedStores:
                         # A segment (one import chunk's rows of a rank) in one chunk file:
                         # zarr pads a segment's last chunk file to full size, which would
                         # cost up to a third more disk with the store's default.
-                        chunk_rows=max(chunk_rows, _SEGMENT_ROWS),
+                        options=StoreOptions(chunk_rows=max(chunk_rows, _SEGMENT_ROWS)),
                     )
                 )
         except BaseException:

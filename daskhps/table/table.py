@@ -39,7 +39,7 @@ from daskhps.table.spec import TableSpec
 from daskhps.tiers.base import Cache, CommitInfo, Evicted, PersistentStore, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
-from daskhps.tiers.store import StoreReader, open_store
+from daskhps.tiers.store import StoreOptions, StoreReader, open_store
 
 __all__ = ["EmbeddingTable", "StageReport", "open_shard_store"]
 
@@ -95,7 +95,7 @@ class EmbeddingTable:
         policy: Literal["lru", "lfu"] = "lru",
         mode: Literal["w", "a", "r"] = "a",
         commit: str | None = None,
-        snapshot_every: int = 8,
+        store: StoreOptions | None = None,
     ) -> EmbeddingTable:
         """Open (or create) the shard stored at ``path``.
 
@@ -109,6 +109,8 @@ class EmbeddingTable:
             ``"w"`` create, ``"a"`` open or create for writing, ``"r"`` read-only.
         commit:
             Open the state of this earlier commit point instead of the latest.
+        store:
+            How the shard's zarr store writes (``table.tiers.snapshot_every``, ...).
         """
         dev = torch.device(device)
         if device_rows < 1:
@@ -116,9 +118,7 @@ class EmbeddingTable:
                 f"table {spec.name!r}: device_rows must be >= 1, got {device_rows}; "
                 "give the device tier room for at least one pass's working set"
             )
-        store = open_shard_store(
-            spec, path, mode=mode, commit=commit, snapshot_every=snapshot_every
-        )
+        opened = open_shard_store(spec, path, mode=mode, commit=commit, options=store)
         try:
             cache = DeviceCache(
                 f"{spec.name}/device", spec.width, device_rows, device=dev, policy=policy
@@ -127,9 +127,9 @@ class EmbeddingTable:
             if rows_for_bytes(spec.width, host_bytes, policy) > 0:
                 host = HostMemory(f"{spec.name}/host", spec.width, host_bytes, policy=policy)
         except BaseException:
-            store.close()
+            opened.close()
             raise
-        return cls(spec, store, cache, host)
+        return cls(spec, opened, cache, host)
 
     # -- lookups -----------------------------------------------------------------
 

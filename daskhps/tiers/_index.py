@@ -36,7 +36,9 @@ _EMPTY = -(2**63)
 _PAIRS = 4  # key/value pairs per bucket: one 64-byte cache line
 _PAD = 16  # spare buckets after the last home bucket
 _WINDOW = 4  # buckets searched per round once a key is not in its home bucket
-_CHUNK = 1 << 19  # keys probed at once; larger batches go in chunks
+PROBE_CHUNK = 1 << 19  # keys probed at once; larger batches go in chunks
+MIN_SCRATCH = 1024  # scratch buffers are never smaller (reused across small batches)
+MIN_CAPACITY = 1024  # the smallest index a store opens with
 _SEED = 0x2545F4914F6CDD1D  # makes the mix differ from the one used for owner routing
 
 
@@ -151,7 +153,7 @@ class KeyIndex:
         """A reused buffer of ``n`` rows: fresh large allocations each call cost page faults."""
         buf = self._buffers.get(name)
         if buf is None or buf.shape[0] < n:
-            buf = torch.empty(max(n, 1024), *shape, dtype=dtype, device=self.device)
+            buf = torch.empty(max(n, MIN_SCRATCH), *shape, dtype=dtype, device=self.device)
             self._buffers[name] = buf
         return buf[:n]
 
@@ -164,8 +166,8 @@ class KeyIndex:
         ``values``, ``home`` is a scratch buffer that the next call overwrites.
         """
         n = keys.numel()
-        if n > _CHUNK:  # bounds the scratch buffers (about 100 bytes per key)
-            parts = [self._find(part, values) for part in keys.split(_CHUNK)]
+        if n > PROBE_CHUNK:  # bounds the scratch buffers (about 100 bytes per key)
+            parts = [self._find(part, values) for part in keys.split(PROBE_CHUNK)]
             return tuple(torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
         home = self._scratch("home", n) if values else None
         home = _home(keys, self._buckets, out=home, tmp=self._scratch("tmp", n))
@@ -193,7 +195,7 @@ class KeyIndex:
         """``[1, 2P + 1, 4P + 1, ...]``: where the first value of each gathered row sits."""
         if self._step_cache.numel() < n:
             self._step_cache = torch.arange(
-                1, 2 * _PAIRS * max(n, 1024) + 1, 2 * _PAIRS, device=self.device
+                1, 2 * _PAIRS * max(n, MIN_SCRATCH) + 1, 2 * _PAIRS, device=self.device
             )
         return self._step_cache[:n]
 
@@ -258,13 +260,13 @@ class KeyIndex:
 
         ``absent`` promises that no key is present yet, which skips looking them up.
         """
-        if keys.numel() > _CHUNK:
+        if keys.numel() > PROBE_CHUNK:
             # As lookups do: the insert's scratch (windows of buckets per pending key, a few
             # hundred bytes a key) would otherwise scale with the batch; opening a store puts
             # its whole snapshot at once, and the freed scratch stayed in the process.
             if keys.numel() + self._len > self.load_factor * self.slots:
                 self._rebuild(self._len + keys.numel())  # once, not once per chunk
-            for k, v in zip(keys.split(_CHUNK), values.split(_CHUNK), strict=True):
+            for k, v in zip(keys.split(PROBE_CHUNK), values.split(PROBE_CHUNK), strict=True):
                 self.put(k, v, absent=absent)
             return
         special = keys == _EMPTY
@@ -371,7 +373,7 @@ class KeyIndex:
         self._len = 1 if self._special is not None else 0
         # In chunks: an insert's temporaries (the window of buckets each pending key looks
         # at, and its masks) are about 400 bytes a key, several times the table itself.
-        for k, v in zip(keys.split(_CHUNK), values.split(_CHUNK), strict=True):
+        for k, v in zip(keys.split(PROBE_CHUNK), values.split(PROBE_CHUNK), strict=True):
             self._insert(k, v, None)
 
     # -- bulk ----------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ class Trainer:
             self._stores,
             self._sizing(),
             policy=cfg.table.tiers.policy,
-            snapshot_every=cfg.table.tiers.snapshot_every,
+            store=cfg.table.tiers.store,
             mode="a",
             commit=self._ckpt.commit if self._ckpt is not None else None,
         )

@@ -13,6 +13,7 @@ from daskhps.distributed import MAX_CPU_FRACTION, ClusterError, RunHost, TierSiz
 from daskhps.errors import ConfigError
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.tiers.host import rows_for_bytes
+from daskhps.tiers.store import StoreOptions
 
 SMALL = TableSpec("small", dim=4, optimizer=OptimizerSpec(kind="sgd"))
 WIDE = TableSpec("wide", dim=16)  # adagrad: 32 floats a row
@@ -129,7 +130,9 @@ def _snapshot_commits(host: WorkerShards, table: str, commits: int) -> list[int]
 
 def test_stores_take_snapshot_every(tmp_path):
     default = WorkerShards([SMALL], tmp_path / "a", TierSizing(device_rows=200))
-    every2 = WorkerShards([SMALL], tmp_path / "b", TierSizing(device_rows=200), snapshot_every=2)
+    every2 = WorkerShards(
+        [SMALL], tmp_path / "b", TierSizing(device_rows=200), store=StoreOptions(snapshot_every=2)
+    )
     got = []
     for shards in (default, every2):
         host = _host(shards, ["tcp://w:0"], "tcp://w:0")

@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 
 from daskhps.errors import CapacityError
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from daskhps.tiers.store import StoreOptions
 
 from .helpers import DictTable, bits
 
@@ -56,7 +57,7 @@ class TableMachine(RuleBasedStateMachine):
             device_rows=DEVICE_ROWS,
             host_bytes=3 * (self.spec.row_bytes + 64),
             commit=commit,
-            snapshot_every=3,
+            store=StoreOptions(snapshot_every=3),
         )
 
     def teardown(self) -> None:

@@ -93,7 +93,7 @@ def test_growth_keeps_load_and_contents() -> None:
 
 
 def test_large_batches_go_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_index, "_CHUNK", 100)
+    monkeypatch.setattr(_index, "PROBE_CHUNK", 100)
     ix = KeyIndex(10)
     keys = torch.randperm(1000) - 500
     ix.put(keys, keys * 3)

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 from daskhps.errors import StoreMismatchError
-from daskhps.tiers.store import StoreReader, open_store
+from daskhps.tiers.store import StoreOptions, StoreReader, open_store
 
 W = 3
 UNIVERSE = torch.tensor(
@@ -74,9 +74,7 @@ class StoreMachine(RuleBasedStateMachine):
             name="model/zarr",
             width=W,
             layout={"width": W},
-            chunk_rows=2,
-            write_buffer_rows=BUFFER_ROWS,
-            snapshot_every=2,
+            options=StoreOptions(chunk_rows=2, write_buffer_rows=BUFFER_ROWS, snapshot_every=2),
             **kw,
         )
 

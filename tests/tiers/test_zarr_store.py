@@ -28,7 +28,7 @@ from daskhps.errors import (
     StoreNotFoundError,
     StoreReadOnlyError,
 )
-from daskhps.tiers.store import StoreReader, open_store
+from daskhps.tiers.store import StoreOptions, StoreReader, open_store
 from daskhps.tiers.store.arrays import read_around_pays
 from tests.tiers.conformance import MakeTier, TierConformance, odd_bits_rows, same_bits
 
@@ -37,9 +37,11 @@ LAYOUT = {"table": "ads", "dim": 2, "width": W, "optimizer": "adam", "dtype": "f
 
 
 def store(path: Path, **kw: Any) -> StoreReader:
+    """``open_store`` of a test store; the StoreOptions fields may be given as keywords."""
     args: dict[str, Any] = {"name": "ads/zarr", "width": W, "layout": LAYOUT}
+    options = {k: kw.pop(k) for k in StoreOptions.key_names() if k in kw}
     args.update(kw)
-    return open_store(path, **args)
+    return open_store(path, options=StoreOptions(**options), **args)
 
 
 def keys_of(*values: int) -> torch.Tensor:

@@ -40,10 +40,11 @@ from typing import Any, Literal
 
 from daskhps.errors import ConfigError
 from daskhps.tiers.store.layout import StoreFolder
+from daskhps.tiers.store.options import StoreOptions
 from daskhps.tiers.store.reader import StoreReader
 from daskhps.tiers.store.writer import StoreWriter, WriteMode
 
-__all__ = ["Mode", "StoreReader", "StoreWriter", "open_store"]
+__all__ = ["Mode", "StoreOptions", "StoreReader", "StoreWriter", "open_store"]
 
 Mode = Literal[WriteMode, "r"]
 
@@ -56,10 +57,8 @@ def open_store(
     layout: dict[str, Any],
     mode: Mode = "a",
     commit: str | None = None,
-    snapshot_every: int = 8,
-    chunk_rows: int = 65536,
+    options: StoreOptions | None = None,
     overwrite: bool = False,
-    write_buffer_rows: int = 65536,
 ) -> StoreReader:
     """Open (or create) the store at ``path``: a :class:`StoreReader` for ``mode="r"``, a
     :class:`StoreWriter` (a reader that also writes) for the other modes.
@@ -77,18 +76,11 @@ def open_store(
     commit:
         Open the state of this commit instead of the latest one. Writers continue from it;
         later commits stay on disk (and openable) until ``drop_commits``.
-    snapshot_every:
-        Commits between full index snapshots; in between a commit records only the segments
-        written since, and opening replays them.
-    chunk_rows:
-        Rows per chunk file of new segments.
+    options:
+        How a writer writes (:class:`StoreOptions`: snapshots, chunk and buffer sizes);
+        default: every default.
     overwrite:
         With ``mode="w"``, replace an existing store.
-    write_buffer_rows:
-        Small upserts (evictions in the middle of a pass) collect in an open segment in memory,
-        written out once it holds this many rows, or at ``flush`` / ``commit``: one zarr
-        array per eviction batch would cost milliseconds each and scatter a pass's rows over
-        hundreds of tiny files. Lookups read the open segment like any other.
 
     Raises
     ------
@@ -99,15 +91,9 @@ def open_store(
     where = f"{name}: opening {p}"
     if mode not in ("w", "a", "r+", "r"):
         raise ConfigError(f"{where}: mode must be 'w', 'a', 'r+' or 'r', got {mode!r}")
-    for label, v in (("width", width), ("snapshot_every", snapshot_every)):
-        if not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{where}: {label} must be a positive integer, got {v!r}")
-    if not isinstance(write_buffer_rows, int) or write_buffer_rows < 0:
-        raise ConfigError(
-            f"{where}: write_buffer_rows must be an integer >= 0, got {write_buffer_rows!r}"
-        )
-    if not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ConfigError(f"{where}: chunk_rows must be a positive integer, got {chunk_rows!r}")
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise ConfigError(f"{where}: width must be a positive integer, got {width!r}")
+    options = StoreOptions() if options is None else options
     try:
         rows_layout = json.loads(json.dumps(layout))
     except (TypeError, ValueError) as e:
@@ -128,7 +114,7 @@ def open_store(
         commit,
         mode=mode,
         overwrite=overwrite,
-        snapshot_every=snapshot_every,
-        chunk_rows=chunk_rows,
-        write_buffer_rows=write_buffer_rows,
+        snapshot_every=options.snapshot_every,
+        chunk_rows=options.chunk_rows,
+        write_buffer_rows=options.write_buffer_rows,
     )

@@ -29,7 +29,7 @@ import torch
 
 from daskhps._paths import tree_bytes
 from daskhps.errors import CommitNotFoundError, DataError, StoreCorruptedError
-from daskhps.tiers._index import KeyIndex
+from daskhps.tiers._index import MIN_CAPACITY, KeyIndex
 from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.arrays import RawArray, write_array, write_group
 from daskhps.tiers.store.durable import fsync_dir, fsync_tree
@@ -88,7 +88,7 @@ def write_snapshot(folder: StoreFolder, seq: int, index: KeyIndex) -> Chain:
 def rebuild_index(folder: StoreFolder, m: Manifest, segments: Mapping[int, Segment]) -> KeyIndex:
     """The index of commit ``m``: its snapshot, then its replay segments (from ``segments``).
     Raises :class:`StoreCorruptedError` naming what is missing or inconsistent."""
-    index = KeyIndex(max(1024, m.rows))
+    index = KeyIndex(max(MIN_CAPACITY, m.rows))
     if m.snapshot is not None:
         path = folder.snapshot(m.snapshot)
         if not path.is_dir():
