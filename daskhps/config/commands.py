@@ -28,8 +28,14 @@ PIPELINE = "pipelines.train"
 NO_PIPELINE = 2  # exit status when the pipeline is not installed (1 is a user error)
 
 
-def add_config_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", metavar="CONFIG", help="run config, a YAML file (see configs/)")
+def add_config_arguments(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    """``CONFIG [--set KEY=VALUE ...]`` (``optional``: CONFIG may be left out)."""
+    p.add_argument(
+        "config",
+        metavar="CONFIG",
+        nargs="?" if optional else None,
+        help="run config, a YAML file (see configs/)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -42,17 +48,7 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_print_arguments(p: argparse.ArgumentParser) -> None:
     """``daskhps config``: a config to print resolved, or ``--schema``."""
-    p.add_argument(
-        "config", metavar="CONFIG", nargs="?", help="run config, a YAML file (see configs/)"
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key, e.g. --set table.dim=32 (repeatable; values are YAML)",
-    )
+    add_config_arguments(p, optional=True)
     p.add_argument(
         "--schema",
         action="store_true",
