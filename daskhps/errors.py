@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointError",
     "CommitNotFoundError",
     "ConfigError",
+    "ConfigKeyError",
     "DaskHPSError",
     "DataError",
     "ResumeError",
@@ -32,6 +33,21 @@ class DaskHPSError(Exception):
 
 class ConfigError(DaskHPSError, ValueError):
     """A configuration value is missing, of the wrong type, or impossible."""
+
+
+class ConfigKeyError(ConfigError):
+    """A ConfigError about one key of a section that a component checks itself (a model's
+    options against its class): ``key`` is dotted under the section ('' for the section), so a
+    run config's loader can say the file's line without reading the message back."""
+
+    def __init__(self, origin: str, key: str = "", reason: str | None = None) -> None:
+        # One argument is a plain message (how errors are rebuilt after a trip to a worker).
+        text = origin if reason is None else f"{origin}{'.' + key if key else ''}: {reason}"
+        super().__init__(text)
+        self.origin, self.key, self.reason = origin, key, reason if reason is not None else text
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        return (type(self), (self.origin, self.key, self.reason))
 
 
 class DataError(DaskHPSError, ValueError):

@@ -1,8 +1,8 @@
 """Validation context: which file a section came from, where each key sits, precise errors.
 
 The options themselves are declared and checked in :mod:`daskhps.config._options`; this is
-where an error is located. ``section`` still places the messages of the two components that
-check their own input (a model's options against its class, an inline schema) under their key.
+where an error is located. ``section`` places the errors of the one component that checks its
+own section (a model's options, against its class) under their key.
 
 Every error message starts with a location and the dotted key::
 
@@ -13,17 +13,14 @@ Every error message starts with a location and the dotted key::
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from daskhps.errors import ConfigError
+from daskhps.errors import ConfigError, ConfigKeyError
 
 __all__ = ["Ctx", "closest", "join"]
-
-_KEY = re.compile(r"^[A-Za-z_][\w.\[\]]*$")
 
 
 def join(prefix: str, key: str) -> str:
@@ -87,26 +84,10 @@ class Ctx:
         return dict(d)
 
     @contextmanager
-    def section(self, prefix: str, alias: str | None = None) -> Iterator[None]:
-        """Re-raise a ConfigError of a component's own ``from_dict`` or constructor with this
-        file's location and the key under ``prefix``.
-
-        Components word their errors as ``source: key: ...``, ``alias: key: ...`` (e.g.
-        ``generator: days: ...``) or free text; each form is mapped to a dotted key here.
-        """
+    def section(self, prefix: str) -> Iterator[None]:
+        """Re-raise the :class:`ConfigKeyError` of a component that checks its own section (a
+        model's options) with this file's line and the key under ``prefix``."""
         try:
             yield
-        except ConfigError as e:
-            raise self._relocate(str(e), prefix, alias) from e
-
-    def _relocate(self, msg: str, prefix: str, alias: str | None) -> ConfigError:
-        rest = msg
-        for head in (f"{self.source}: ", f"{alias}: " if alias else None):
-            if head and rest.startswith(head):
-                rest = rest[len(head) :]
-        key, sep, tail = rest.partition(": ")
-        if sep and _KEY.match(key):
-            if not (key == prefix or key.startswith(f"{prefix}.") or key.startswith(prefix + "[")):
-                key = join(prefix, key)
-            return ConfigError(f"{self.where(key)}: {key}: {tail}")
-        return ConfigError(f"{self.where(prefix)}: {prefix}: {rest}")
+        except ConfigKeyError as e:
+            raise self.error(join(prefix, e.key), e.reason) from e

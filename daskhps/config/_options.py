@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
-from pydantic._internal._model_construction import ModelMetaclass  # its public class's type
+
+# BaseModel's metaclass, which pydantic exports only from this module
+from pydantic._internal._model_construction import ModelMetaclass
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
@@ -226,6 +228,8 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
         return ctx.error(
             key, f"{value!r} is not allowed; choose one of {', '.join(map(repr, choices))}"
         )
+    if kind in ("string_too_short", "string_too_long"):
+        return ctx.error(key, f"{_length(kind, info)}, got {value!r}")
     if kind == "finite_number":
         return ctx.error(key, f"must be a finite number, got {value!r}")
     if kind in ("value_error", "assertion_error"):
@@ -233,6 +237,14 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
     if field is not None:  # a type error: say what the declaration allows
         return ctx.error(key, f"expected {type_name(field)}, got {type(value).__name__} {value!r}")
     return ctx.error(key, err["msg"])
+
+
+def _length(kind: str, info: Mapping[str, Any]) -> str:
+    if kind == "string_too_short":
+        n = info["min_length"]
+        return "must not be empty" if n == 1 else f"must be at least {n} characters"
+    n = info["max_length"]
+    return "must be one character" if n == 1 else f"must be at most {n} characters"
 
 
 def _parent(key: str) -> str:
@@ -250,6 +262,9 @@ def _walk(
         if isinstance(part, int):
             key = f"{key}[{part}]"
             field = _item(field)
+            inner = options_in(field)
+            if inner is not None:  # a list of sections (a schema's fields)
+                node, field = inner, None
             continue
         if isinstance(node, type) and issubclass(node, Options) and part in node.model_fields:
             key = join(key, part)

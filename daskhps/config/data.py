@@ -153,15 +153,17 @@ class HoldoutConfig(Options):
 def _schema(spec: Any, ctx: Ctx) -> Schema:
     p = "data.schema"
     if isinstance(spec, Mapping):
-        with ctx.section(p):
-            return Schema.from_dict(spec, ctx.source)
+        return validate(Schema, spec, ctx, p)
     if not isinstance(spec, str):
         raise ctx.error(p, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}")
     # A schema file is looked up beside the config file first, then from the current folder;
-    # a builtin name stays the builtin unless it looks like a file (load_schema).
+    # a builtin name stays the builtin unless it looks like a file (load_schema). Its errors
+    # name the schema file and its line, after the key of the run config that names the file.
     base = Path(ctx.source).parent if ctx.source.endswith((".yaml", ".yml")) else None
-    with ctx.section(p):
+    try:
         return load_schema(spec, base)
+    except ConfigError as e:
+        raise ctx.error(p, str(e)) from None
 
 
 # What editors are told the schema and bad_rows keys take (the loader checks the rest).

@@ -23,7 +23,15 @@ from daskhps.config._options import (
     union_members,
 )
 
-__all__ = ["DOCS", "declared", "defaults", "describe", "render", "update_document"]
+__all__ = [
+    "DOCS",
+    "declared",
+    "defaults",
+    "describe",
+    "render",
+    "render_schema",
+    "update_document",
+]
 
 # The model section: its name and free-form options are checked against the model class
 # (daskhps.models.spec), not declared here. Every other option is read from its declaration
@@ -174,16 +182,49 @@ def render() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def render_schema() -> str:
+    """The keys of a schema file (``data.schema`` inline, or a file it names), from the
+    schema's declarations, as Markdown; a dense or categorical field is a column name or such
+    a mapping."""
+    from daskhps.data.schema import CategoricalField, DenseField, Schema
+
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for prefix, model in (
+        ("", Schema),
+        ("dense[]", DenseField),
+        ("categorical[]", CategoricalField),
+    ):
+        for name in model.key_names():
+            info = model.model_fields[name]
+            key = f"{prefix}.{name}" if prefix else name
+            if name in ("dense", "categorical"):
+                typ, default = "list", "—"  # of the fields below
+            elif options_in(info.annotation) is not None:
+                typ, default = "mapping", "—"  # dense[]'s keys but name
+            else:
+                typ = _type_text(info)
+                default = "required" if info.is_required() else _show(info.default)
+            meaning = " ".join((info.description or "").split())
+            lines.append(f"| `{key}` | {typ} | {default} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
+SCHEMA_START, SCHEMA_END = "<!-- schema-reference:start -->", "<!-- schema-reference:end -->"
+
+
+def _between(text: str, start: str, end: str, block: str) -> str:
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    return f"{head}{start}\n\n{block}\n{end}{tail}"
 
 
 def update_document(path: str | Path) -> bool:
-    """Rewrite the reference between the markers of ``path``; True when it changed."""
+    """Rewrite the references between the markers of ``path``; True when it changed."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    new = f"{head}{START}\n\n{render()}\n{END}{tail}"
+    new = _between(text, START, END, render())
+    new = _between(new, SCHEMA_START, SCHEMA_END, render_schema())
     if new != text:
         path.write_text(new, encoding="utf-8")
     return new != text

@@ -133,8 +133,7 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
 
 def _check(cfg: RunConfig, ctx: Ctx) -> None:
     """Checks that need more than one section."""
-    with ctx.section("table"):
-        spec = cfg.table_spec()
+    spec = cfg.table_spec()  # cannot fail: table's declaration holds TableSpec's checks
     tiers, cluster, plan = cfg.table.tiers, cfg.cluster, cfg.passes.plan
     workers = cluster.n_workers if cluster.local else None  # unknown behind an address
     if workers is not None and plan.global_batch_size < workers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from daskhps.config._context import Ctx
 from daskhps.config._options import Int, Options, Problem, shown, validate
@@ -20,7 +21,11 @@ from daskhps.tiers.store.options import StoreOptions
 
 __all__ = ["DeviceTierConfig", "HostTierConfig", "TableConfig", "TiersConfig"]
 
-_STORE = StoreOptions.model_fields
+
+def _as_in(options: type[Options], name: str) -> Any:  # a FieldInfo, typed as its value
+    """A config key that is one of a component's options, declared there: its type's
+    coercion, default, bounds and doc line."""
+    return FieldInfo.merge_field_infos(options.model_fields[name])
 
 
 class DeviceTierConfig(Options):
@@ -81,8 +86,7 @@ class TiersConfig(Options):
         json_schema_extra=shown("path", "`<run.dir>/stores`"),
     )
     """Zarr stores (local disk)."""
-    snapshot_every: Int = Field(_STORE["snapshot_every"].default, ge=1)
-    """Full index snapshot every N commits."""
+    snapshot_every: int = _as_in(StoreOptions, "snapshot_every")
 
     NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("device", "host")
 
@@ -115,7 +119,7 @@ class TableConfig(Options):
     """Sparse optimizer; its state lives in the row."""
     seed: Int = Field(0, ge=0, json_schema_extra=shown(default="`run.seed`"))
     """Initialisation seed: a row starts as f(seed, key)."""
-    init_scale: float | None = Field(None, ge=0.0)
+    init_scale: float | None = Field(None, ge=0.0, allow_inf_nan=False)
     """Uniform init bound; null: `1/sqrt(dim)`."""
     tiers: TiersConfig = TiersConfig()
     """The tier stack of every worker's shard."""

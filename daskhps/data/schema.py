@@ -18,19 +18,24 @@ categorical field (a list of int64 keys for a multi-hot field), in schema order.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from daskhps.data._validate import check_keys, get, load_yaml
+from pydantic import Field, model_validator
+
+from daskhps._yaml import load_yaml_with_lines
+from daskhps.config._context import Ctx
+from daskhps.config._options import Options, Problem, Seq, validate
 from daskhps.errors import ConfigError
 
 __all__ = [
     "LABEL",
     "CategoricalField",
     "DenseField",
+    "DenseTreatment",
     "Schema",
     "criteo_schema",
     "load_schema",
@@ -38,93 +43,101 @@ __all__ = [
 ]
 
 LABEL = "label"
-FORMATS = ("tsv", "csv", "parquet")
-TRANSFORMS = ("log1p", "identity")
-POOLINGS = ("sum", "mean")
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
 
 
-def _expand(names: list[Any], source: str, key: str) -> list[Any]:
+def _expand(names: Any, key: str) -> Any:
+    """``"C{1..3}"`` in a list as ``C1, C2, C3``; anything else as it is (the field checks it)."""
+    if not isinstance(names, list):
+        return names
     out: list[Any] = []
     for item in names:
         m = _RANGE.match(item) if isinstance(item, str) else None
         if m:
             lo, hi = int(m.group(2)), int(m.group(3))
             if hi < lo:
-                raise ConfigError(f"{source}: {key}: empty range {item!r}")
+                raise Problem(key, f"empty range {item!r}")
             out.extend(f"{m.group(1)}{i}{m.group(4)}" for i in range(lo, hi + 1))
         else:
             out.append(item)
     return out
 
 
-@dataclass(frozen=True)
-class DenseField:
-    """A numeric feature: ``clip -> transform``, and ``fill`` where the value is missing.
+def _named(item: Any) -> Any:
+    """A field written as its column name is the field of that name with every default."""
+    return {"name": item} if isinstance(item, str) else item
 
-    ``log1p`` of a value clipped at ``clip_min=0`` is the usual Criteo treatment of counts.
-    """
+
+class DenseTreatment(Options):
+    """What is done to a numeric value: ``clip -> transform``, and ``fill`` where it is missing
+    (``dense_defaults`` sets it for every dense field)."""
+
+    transform: Literal["log1p", "identity"] = "log1p"
+    """log1p of a value clipped at 0 is the usual treatment of counts."""
+    clip_min: float | None = 0.0
+    """Values below are raised to it; null: no lower clip."""
+    clip_max: float | None = None
+    """Values above are lowered to it; null: no upper clip."""
+    fill: float = 0.0
+    """The value of a missing field."""
+
+    @model_validator(mode="after")
+    def _clip_range(self) -> DenseTreatment:
+        if (
+            self.clip_min is not None
+            and self.clip_max is not None
+            and self.clip_max < self.clip_min
+        ):
+            raise Problem("clip_max", "must be >= clip_min")
+        return self
+
+
+class DenseField(DenseTreatment):
+    """A numeric feature: a column and its treatment."""
 
     name: str
-    transform: str = "log1p"
-    clip_min: float | None = 0.0
-    clip_max: float | None = None
-    fill: float = 0.0
+    """The column."""
 
-    _KEYS = ("name", "transform", "clip_min", "clip_max", "fill")
+    @model_validator(mode="before")
+    @classmethod
+    def _a_name(cls, data: Any) -> Any:
+        if not isinstance(data, (str, Mapping)):
+            keys = ", ".join(cls.key_names())
+            raise Problem("", f"expected a column name or a mapping with keys {keys}; got {data!r}")
+        return _named(data)
 
     @classmethod
-    def from_dict(
-        cls, d: Any, source: str = "<dict>", prefix: str = "dense", defaults: Any = None
-    ) -> DenseField:
-        if isinstance(d, str):
-            d = {"name": d}
-        d = {**(defaults or {}), **check_keys(d, cls._KEYS, source, prefix)}
-        f = cls(
-            name=get(d, "name", str, source, prefix),
-            transform=get(d, "transform", str, source, prefix, "log1p", TRANSFORMS),
-            clip_min=get(d, "clip_min", (float, type(None)), source, prefix, 0.0),
-            clip_max=get(d, "clip_max", (float, type(None)), source, prefix, None),
-            fill=get(d, "fill", float, source, prefix, 0.0),
-        )
-        if f.clip_min is not None and f.clip_max is not None and f.clip_max < f.clip_min:
-            raise ConfigError(f"{source}: {prefix}.clip_max: must be >= clip_min")
-        return f
+    def key_names(cls) -> tuple[str, ...]:
+        return ("name", *DenseTreatment.model_fields)  # the column first, as users write it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.key_names()}
 
 
-@dataclass(frozen=True)
-class CategoricalField:
+class CategoricalField(Options):
     """A categorical feature hashed to int64 keys; ``separator`` makes it multi-hot."""
 
     name: str
-    separator: str | None = None
-    pooling: str = "sum"
+    """The column."""
+    separator: str | None = Field(None, min_length=1)
+    """Splits a multi-hot value into keys; null: one key a row."""
+    pooling: Literal["sum", "mean"] = "sum"
+    """How a multi-hot field's embeddings are combined."""
 
-    _KEYS = ("name", "separator", "pooling")
+    @model_validator(mode="before")
+    @classmethod
+    def _a_name(cls, data: Any) -> Any:
+        if not isinstance(data, (str, Mapping)):
+            keys = ", ".join(cls.key_names())
+            raise Problem("", f"expected a column name or a mapping with keys {keys}; got {data!r}")
+        return _named(data)
 
     @property
     def multi_hot(self) -> bool:
         return self.separator is not None
 
-    @classmethod
-    def from_dict(
-        cls, d: Any, source: str = "<dict>", prefix: str = "categorical"
-    ) -> CategoricalField:
-        if isinstance(d, str):
-            d = {"name": d}
-        d = check_keys(d, cls._KEYS, source, prefix)
-        sep = get(d, "separator", (str, type(None)), source, prefix, None)
-        if sep == "":
-            raise ConfigError(f"{source}: {prefix}.separator: must not be empty")
-        return cls(
-            name=get(d, "name", str, source, prefix),
-            separator=sep,
-            pooling=get(d, "pooling", str, source, prefix, "sum", POOLINGS),
-        )
 
-
-@dataclass(frozen=True)
-class Schema:
+class Schema(Options):
     """How to read one kind of click log.
 
     ``columns`` lists every column of a text file in order; it may be empty when the files
@@ -133,26 +146,82 @@ class Schema:
     """
 
     name: str
-    label: str
-    dense: tuple[DenseField, ...] = ()
-    categorical: tuple[CategoricalField, ...] = ()
-    format: str = "tsv"
+    """What the logs are called."""
+    format: Literal["tsv", "csv", "parquet"] = "tsv"
+    """How the files are written."""
     header: bool = False
-    columns: tuple[str, ...] = ()
-    delimiter: str = "\t"
-    source: str = field(default="<dict>", compare=False)
+    """Text files: the first line names the columns."""
+    columns: Seq[str] = ()
+    """Every column of a text file in order; `C{1..26}` is C1 .. C26."""
+    delimiter: str = Field("\t", min_length=1, max_length=1)
+    """One character; csv: `,`."""
+    label: str
+    """The column of 0/1 clicks."""
+    dense_defaults: DenseTreatment = Field(DenseTreatment(), exclude=True)
+    """The treatment of every dense field that does not say its own."""
+    dense: Seq[DenseField] = ()
+    """Numeric columns: names, or mappings with their treatment."""
+    categorical: Seq[CategoricalField] = ()
+    """Categorical columns: names, or mappings with a multi-hot separator."""
 
-    _KEYS = (
-        "name",
-        "format",
-        "header",
-        "columns",
-        "delimiter",
-        "label",
-        "dense",
-        "dense_defaults",
-        "categorical",
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _written_forms(cls, data: Any) -> Any:
+        # Ranges expand, csv's delimiter is a comma, and dense_defaults fill every dense field
+        # (declared before dense, so a bad default is reported at dense_defaults).
+        if not isinstance(data, Mapping):
+            return data
+        d = dict(data)
+        for key in ("columns", "dense", "categorical"):
+            if key in d:
+                d[key] = _expand(d[key], key)
+        if d.get("format") == "csv" and "delimiter" not in d:
+            d["delimiter"] = ","
+        defaults = d.get("dense_defaults")
+        if isinstance(defaults, Mapping) and isinstance(d.get("dense"), list):
+            d["dense"] = [
+                {**defaults, **f} if isinstance(f, Mapping) else f
+                for f in (_named(x) for x in d["dense"])
+            ]
+        return d
+
+    @model_validator(mode="after")
+    def _columns_add_up(self) -> Schema:
+        if self.format != "parquet" and not self.header and not self.columns:
+            raise Problem("columns", f"required for {self.format} files without a header line")
+        if not self.categorical and not self.dense:
+            raise Problem("categorical", "the schema has no features; list dense or categorical")
+        used = [
+            ("label", self.label),
+            *((f"dense[{i}]", f.name) for i, f in enumerate(self.dense)),
+            *((f"categorical[{i}]", f.name) for i, f in enumerate(self.categorical)),
+        ]
+        seen: set[str] = set()
+        for key, name in used:
+            if name in seen:
+                raise Problem(key, f"column {name!r} is used twice (label/dense/categorical)")
+            seen.add(name)
+            if name == LABEL and key != "label":
+                raise Problem(key, f"a feature may not be called {LABEL!r}; rename the column")
+        if len(set(self.columns)) != len(self.columns):
+            raise Problem("columns", "names must be unique")
+        if self.columns:
+            for key, name in used:
+                if name not in self.columns:
+                    raise Problem(
+                        key,
+                        f"{name!r} is not one of the columns ({', '.join(self.columns[:6])}, ...)",
+                    )
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        # dense_defaults is how a file is written, not what it reads: it is in every dense field.
+        if not isinstance(other, Schema):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.label, self.dense_names, self.categorical_names))
 
     @property
     def dense_names(self) -> tuple[str, ...]:
@@ -177,82 +246,14 @@ class Schema:
         """Columns of a parsed frame, in order."""
         return (LABEL, *self.dense_names, *self.categorical_names)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> Schema:
-        d = check_keys(d, cls._KEYS, source)
-        fmt = get(d, "format", str, source, default="tsv", choices=FORMATS)
-        columns = _expand(get(d, "columns", list, source, default=[]), source, "columns")
-        for i, c in enumerate(columns):
-            if not isinstance(c, str):
-                raise ConfigError(f"{source}: columns[{i}]: expected a column name, got {c!r}")
-        defaults = get(d, "dense_defaults", dict, source, default={})
-        check_keys(defaults, DenseField._KEYS[1:], source, "dense_defaults")
-        dense_raw = _expand(get(d, "dense", list, source, default=[]), source, "dense")
-        cat_raw = _expand(get(d, "categorical", list, source, default=[]), source, "categorical")
-        schema = cls(
-            name=get(d, "name", str, source),
-            format=fmt,
-            header=get(d, "header", bool, source, default=False),
-            columns=tuple(columns),
-            delimiter=get(d, "delimiter", str, source, default="," if fmt == "csv" else "\t"),
-            label=get(d, "label", str, source),
-            dense=tuple(
-                DenseField.from_dict(x, source, f"dense[{i}]", defaults)
-                for i, x in enumerate(dense_raw)
-            ),
-            categorical=tuple(
-                CategoricalField.from_dict(x, source, f"categorical[{i}]")
-                for i, x in enumerate(cat_raw)
-            ),
-            source=source,
-        )
-        schema._check()
-        return schema
-
-    def _check(self) -> None:
-        src = self.source
-        if len(self.delimiter) != 1:
-            raise ConfigError(f"{src}: delimiter: must be one character, got {self.delimiter!r}")
-        if self.format != "parquet" and not self.header and not self.columns:
-            raise ConfigError(
-                f"{src}: columns: required for {self.format} files without a header line"
-            )
-        if not self.categorical and not self.dense:
-            raise ConfigError(f"{src}: dense/categorical: the schema has no features")
-        seen: set[str] = set()
-        for name in self.used_columns:
-            if name in seen:
-                raise ConfigError(f"{src}: column {name!r} is used twice (label/dense/categorical)")
-            seen.add(name)
-        features = (*self.dense_names, *self.categorical_names)
-        if LABEL in features:
-            raise ConfigError(f"{src}: a feature may not be called {LABEL!r}; rename the column")
-        if self.columns:
-            if len(set(self.columns)) != len(self.columns):
-                raise ConfigError(f"{src}: columns: names must be unique")
-            missing = [c for c in self.used_columns if c not in self.columns]
-            if missing:
-                raise ConfigError(
-                    f"{src}: {missing[0]!r} is not one of the columns "
-                    f"({', '.join(self.columns[:6])}, ...)"
-                )
-
     def to_dict(self) -> dict[str, Any]:
-        """The schema as a plain mapping that :meth:`from_dict` accepts."""
-        return {
-            "name": self.name,
-            "format": self.format,
-            "header": self.header,
-            "columns": list(self.columns),
-            "delimiter": self.delimiter,
-            "label": self.label,
-            "dense": [{k: getattr(f, k) for k in DenseField._KEYS} for f in self.dense],
-            "categorical": [
-                {k: getattr(f, k) for k in CategoricalField._KEYS} for f in self.categorical
-            ],
-        }
+        """The schema as a plain mapping that :meth:`from_dict` reads back to an equal one."""
+        out = super().to_dict()
+        del out["dense_defaults"]
+        return out
 
 
+@functools.cache
 def criteo_schema() -> Schema:
     """Criteo's display-ads log: label, I1..I13 (integers), C1..C26 (8 hex digits), TSV."""
     return Schema.from_dict(
@@ -299,4 +300,5 @@ def load_schema(
             f"schema {str(spec)!r}: no such file and not a builtin schema "
             f"(builtins: {', '.join(BUILTIN)}; a file ends in .yaml or .yml, or holds a '/')"
         )
-    return Schema.from_dict(load_yaml(path), source=str(path))
+    data, lines = load_yaml_with_lines(path)
+    return validate(Schema, data, Ctx(str(path), lines), "")

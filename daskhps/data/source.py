@@ -24,10 +24,11 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
-from daskhps.config._options import Options, Problem, shown
+from daskhps.config._context import Ctx, join
+from daskhps.config._options import Options, Problem, shown, validate
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, load_schema
-from daskhps.errors import ConfigError, DataError
+from daskhps.errors import DataError
 
 __all__ = ["SUCCESS", "DataSource", "day_of", "resolve_files"]
 
@@ -68,23 +69,26 @@ class DataSource:
     ) -> DataSource:
         """Click logs described by a mapping: :class:`TrainLogs`' keys, a ``schema`` (a builtin
         name, a file beside ``source`` or a mapping) and ``bad_rows``."""
-        p = f"{prefix}." if prefix else ""
         own = ("schema", "bad_rows")
         logs = TrainLogs.from_dict(
             {k: v for k, v in d.items() if k not in own} if isinstance(d, Mapping) else d,
             source,
             prefix,
         )
+        ctx = Ctx(source)
+        key = join(prefix, "schema")
         spec = d.get("schema", "criteo")
-        base = Path(source).parent if Path(source).suffix in (".yaml", ".yml") else None
         if isinstance(spec, Mapping):
-            schema = Schema.from_dict(spec, source)
+            schema = validate(Schema, spec, ctx, key)
         elif isinstance(spec, str):
+            base = Path(source).parent if Path(source).suffix in (".yaml", ".yml") else None
             schema = load_schema(spec, base)
         else:
-            raise ConfigError(f"{source}: {p}schema: expected a name, a file or a mapping")
+            raise ctx.error(
+                key, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}"
+            )
         return logs.source(
-            schema, BadRowPolicy.from_dict(d.get("bad_rows"), source, f"{p}bad_rows")
+            schema, BadRowPolicy.from_dict(d.get("bad_rows"), source, join(prefix, "bad_rows"))
         )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from daskhps.errors import ConfigError
+from daskhps.errors import ConfigError, ConfigKeyError
 from daskhps.models.options import OptionError, check_options
 from daskhps.models.registry import BUILTIN_MODELS, build_model, resolve_model, sparse_dim_of
 
@@ -74,22 +74,24 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise ConfigError(f"{self.origin}.name: must be a string, got {self.name!r}")
+            raise ConfigKeyError(self.origin, "name", f"must be a string, got {self.name!r}")
         if not isinstance(self.options, Mapping):
-            raise ConfigError(f"{self.origin}.options: must be a mapping, got {self.options!r}")
+            raise ConfigKeyError(self.origin, "options", f"must be a mapping, got {self.options!r}")
         bad_keys = [k for k in self.options if not isinstance(k, str)]
         if bad_keys:
-            raise ConfigError(f"{self.origin}.options: option names must be strings: {bad_keys}")
+            raise ConfigKeyError(
+                self.origin, "options", f"option names must be strings: {bad_keys}"
+            )
         object.__setattr__(self, "options", _freeze(self.options))
         try:
             cls = resolve_model(self.name)
         except ConfigError as e:
-            raise ConfigError(f"{self.origin}.name: {e}") from e.__cause__
+            raise ConfigKeyError(self.origin, "name", str(e)) from e.__cause__
         try:
             check_options(cls, self.name, self.options)
         except OptionError as e:
-            key = f"{self.origin}.options" + (f".{e.option}" if e.option else "")
-            raise ConfigError(f"{key}: {e.message}") from None
+            key = "options" + (f".{e.option}" if e.option else "")
+            raise ConfigKeyError(self.origin, key, e.message) from None
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<config>", key: str = "model") -> ModelSpec:
@@ -112,16 +114,19 @@ class ModelSpec:
         """
         origin = f"{source}: {key}"
         if not isinstance(d, Mapping):
-            raise ConfigError(f"{origin}: must be a mapping with 'name' and 'options', got {d!r}")
+            raise ConfigKeyError(
+                origin, "", f"must be a mapping with 'name' and 'options', got {d!r}"
+            )
         unknown = sorted(str(k) for k in d if k not in ("name", "options"))
         if unknown:
-            raise ConfigError(
-                f"{origin}.{unknown[0]}: unknown key; allowed keys: ['name', 'options']"
+            raise ConfigKeyError(
+                origin, unknown[0], "unknown key; allowed keys: ['name', 'options']"
             )
         if "name" not in d:
-            raise ConfigError(
-                f"{origin}.name: missing; use one of {sorted(BUILTIN_MODELS)} or "
-                "'package.module:ClassName'"
+            raise ConfigKeyError(
+                origin,
+                "name",
+                f"missing; use one of {sorted(BUILTIN_MODELS)} or 'package.module:ClassName'",
             )
         options = d.get("options")
         return cls(name=d["name"], options={} if options is None else options, origin=origin)

@@ -104,3 +104,16 @@ def test_to_dict_keys_are_documented(section: str) -> None:
                 walk(v, path)
 
     walk(cfg.to_dict()[section], section)
+
+
+def test_schema_reference_is_current_and_lists_every_schema_key() -> None:
+    from daskhps.config.reference import SCHEMA_END, SCHEMA_START, render_schema
+    from daskhps.data.schema import CategoricalField, DenseField, Schema
+
+    block = DOC.read_text().partition(SCHEMA_START)[2].partition(SCHEMA_END)[0]
+    assert block.strip() == render_schema().strip(), "python -m daskhps.config.reference"
+    rows = set(re.findall(r"^\| `([\w.\[\]]+)` \|", block, flags=re.M))
+    want = {*Schema.model_fields}
+    want |= {f"dense[].{k}" for k in DenseField.model_fields}
+    want |= {f"categorical[].{k}" for k in CategoricalField.model_fields}
+    assert rows == want

@@ -28,7 +28,7 @@ def test_schema_files_exist() -> None:
 @pytest.mark.parametrize("path", SCHEMAS, ids=lambda p: p.name)
 def test_every_schema_file_loads(path: Path) -> None:
     s = load_schema(path)
-    assert s.source == str(path)
+    assert Schema.from_dict(s.to_dict()) == s
     assert s.categorical or s.dense
     if path.stem == "criteo":
         assert s == criteo_schema()
@@ -46,7 +46,7 @@ BASE = {
 @pytest.mark.parametrize(
     ("patch", "match"),
     [
-        ({"colour": 1}, r"f\.yaml: colour: unknown key; allowed keys are"),
+        ({"colour": 1}, r"f\.yaml: colour: unknown key; did you mean 'columns'\? allowed keys:"),
         ({"header": "yes"}, r"f\.yaml: header: expected bool, got str"),
         ({"format": "xls"}, r"f\.yaml: format: 'xls' is not allowed; choose one of"),
         ({"dense": [{"name": "a", "transform": "sqrt"}]}, r"dense\[0\]\.transform"),
@@ -112,3 +112,45 @@ def test_data_source_from_dict(tmp_path: Path) -> None:
         DataSource.from_dict({"paths": "x", "days": ["monday"]}, "run.yaml", "data")
     with pytest.raises(ConfigError, match=r"bad_rows.action: 'ignore' is not allowed"):
         DataSource.from_dict({"paths": "x", "bad_rows": "ignore"}, "run.yaml")
+
+
+def test_file_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: t\nheader: true\nlabel: y\ndense:\n  - a\n  - {name: b, clip_min: 3, clip_max: 1}\n"
+    )
+    with pytest.raises(ConfigError, match=r"s\.yaml:6: dense\[1\]\.clip_max: must be >= clip_min"):
+        load_schema(path)
+    path.write_text("name: t\nheader: true\nlabel: y\ndense_defaults: {fil: 1}\ndense: [a]\n")
+    with pytest.raises(ConfigError, match=r"s\.yaml:4: dense_defaults\.fil: unknown key; did you"):
+        load_schema(path)
+
+
+def test_dense_defaults_fill_fields_that_do_not_say_their_own() -> None:
+    s = Schema.from_dict(
+        {
+            **BASE,
+            "columns": ["y", "a", "b", "c"],
+            "dense": ["a", {"name": "c", "fill": 1}],
+            "dense_defaults": {"fill": 2, "transform": "identity"},
+        }
+    )
+    assert [(f.fill, f.transform) for f in s.dense] == [(2.0, "identity"), (1.0, "identity")]
+    assert Schema.from_dict(s.to_dict()) == s and "dense_defaults" not in s.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"dense": [3]}, r"dense\[0\]: expected a column name or a mapping with keys name, "),
+        (
+            {"categorical": [{"name": "b", "separator": ""}]},
+            r"categorical\[0\]\.separator: must not",
+        ),
+        ({"categorical": ["C{3..1}"]}, r"categorical: empty range 'C\{3\.\.1\}'"),
+        ({"dense": ["label"], "columns": ["y", "label", "b"]}, r"dense\[0\]: a feature may not"),
+    ],
+)
+def test_field_errors_name_the_field(patch: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Schema.from_dict({**BASE, **patch}, source="f.yaml")

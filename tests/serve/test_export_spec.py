@@ -56,12 +56,12 @@ def test_every_dense_option_is_described() -> None:
     from daskhps.data.parse import _dense_out
 
     fields = [
-        DenseField("a"),
-        DenseField("b", transform="identity", clip_min=None, clip_max=3.0, fill=-1.0),
-        DenseField("c", transform="log1p", clip_min=2.0, clip_max=10.0, fill=0.5),
+        DenseField(name="a"),
+        DenseField(name="b", transform="identity", clip_min=None, clip_max=3.0, fill=-1.0),
+        DenseField(name="c", transform="log1p", clip_min=2.0, clip_max=10.0, fill=0.5),
     ]
     cells = ["-4", "0", "2.5", "7", "1e3", None]
-    spec = features(Schema(name="s", label="y", dense=tuple(fields)))["dense"]
+    spec = features(Schema(name="s", label="y", header=True, dense=tuple(fields)))["dense"]
     for f, described in zip(fields, spec, strict=True):
         values = np.array([np.nan if c is None else float(c) for c in cells])
         want = _dense_out(values, f)
