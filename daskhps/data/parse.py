@@ -32,11 +32,11 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import hash_column, missing_key
 from daskhps.data.labels import check_label_mode, parquet_has_label, text_has_label
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
-from daskhps.data.textfile import blank_lines, read_text_bytes
+from daskhps.data.textfile import TextBytes, blank_lines, decode_text, read_text_bytes
 from daskhps.errors import DataError
 from daskhps.monitor import stage_span
 
-__all__ = ["empty_frame", "parse_table", "read_shard"]
+__all__ = ["empty_frame", "parse_columns", "parse_table", "parse_text", "read_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,24 @@ def empty_frame(schema: Schema) -> pd.DataFrame:
 def _read_text(
     path: str, schema: Schema, labels: str, byte_range: tuple[int, int] | None = None
 ) -> _Raw:
+    header = schema.header and (byte_range is None or byte_range[0] == 0)  # the first block's
+    # A later block of a file with a header: the names are the file's first line.
+    names = _header_names(path, schema) if schema.header and not header else None
+    text = read_text_bytes(path, byte_range)
+    raw = _text_raw(text, schema, labels, header, names, empty_ok=byte_range is not None)
+    if byte_range is not None and byte_range[0] > 0:
+        raw.lines_before = functools.partial(_lines_before_range, path, byte_range[0])
+    return raw
+
+
+def _text_raw(
+    text: TextBytes,
+    schema: Schema,
+    labels: str,
+    header: bool,
+    names: list[str] | None = None,
+    empty_ok: bool = False,
+) -> _Raw:
     invalid: list[tuple[int, str]] = []
 
     def on_invalid(row: pacsv.InvalidRow) -> str:
@@ -88,13 +106,9 @@ def _read_text(
         return "skip"
 
     # Lines that are not UTF-8 come back as ASCII, and listed.
-    text = read_text_bytes(path, byte_range)
     labelled = text_has_label(text.data, schema, labels)
     used = _used_columns(schema, labelled)
-    columns = [c for c in schema.columns if labelled or c != schema.label]
-    header = schema.header and (byte_range is None or byte_range[0] == 0)  # the first block's
-    if schema.header and not header:
-        columns = _header_names(path, schema)  # a later block: the names are the file's
+    columns = names or [c for c in schema.columns if labelled or c != schema.label]
     read = pacsv.ReadOptions(
         use_threads=False,  # row numbers of invalid rows are only known single-threaded
         column_names=None if header else columns,
@@ -114,7 +128,7 @@ def _read_text(
         null_values=[""],
         quoted_strings_can_be_null=True,
     )
-    if text.data.size == 0 and (text.truncated is not None or byte_range is not None):
+    if text.data.size == 0 and (text.truncated is not None or empty_ok):
         # Not one complete line before the damage, or a range in which no line starts:
         # nothing for the CSV reader.
         empty = _empty_text_table(used)
@@ -126,10 +140,7 @@ def _read_text(
     if invalid:
         lines = np.delete(lines, np.array([n for n, _ in invalid]) - first)
     blank = None if labelled else blank_lines(text.data)
-    raw = _Raw(table, lines, invalid, text.undecodable, text.truncated, labelled, blank)
-    if byte_range is not None and byte_range[0] > 0:
-        raw.lines_before = functools.partial(_lines_before_range, path, byte_range[0])
-    return raw
+    return _Raw(table, lines, invalid, text.undecodable, text.truncated, labelled, blank)
 
 
 def _header_names(path: str, schema: Schema) -> list[str]:
@@ -236,10 +247,20 @@ def _multi_hot(col: pa.ChunkedArray, f: CategoricalField) -> pd.Series:
     return pd.Series(pd.arrays.ArrowExtensionArray(lists), name=f.name)
 
 
+_FIX = " (bad-row policy is 'fail'; use 'skip' to drop such rows)"
+
+
 def parse_table(
-    raw: _Raw, schema: Schema, path: str, policy: BadRowPolicy
+    raw: _Raw,
+    schema: Schema,
+    path: str,
+    policy: BadRowPolicy,
+    where: str | None = None,
+    fix: str = _FIX,
 ) -> tuple[pd.DataFrame, BadRowReport]:
-    """Validate, drop or reject bad rows, then transform and hash the good ones."""
+    """Validate, drop or reject bad rows, then transform and hash the good ones. A rejection
+    names ``path`` and the ``where`` (line, or row of parquet) of the first bad row, then
+    ``fix``."""
     table = raw.table
     n = table.num_rows
     reason = np.full(n, "", dtype=object)
@@ -297,7 +318,7 @@ def parse_table(
     if raw.truncated is not None:
         counts[(path, Reason.TRUNCATED_FILE)] = 1  # one per file: its tail is unknown
     if (nbad or raw.truncated is not None) and policy.fail:
-        raise DataError(_first_problem(raw, schema, path, reason, dense_bad_cols))
+        raise DataError(_first_problem(raw, schema, path, reason, dense_bad_cols, where) + fix)
     if raw.truncated is not None:
         log.warning(
             "%s: %s; kept the %d complete lines before it", path, raw.truncated, n + len(dropped)
@@ -337,9 +358,10 @@ def _first_problem(
     path: str,
     reason: np.ndarray,
     dense_bad_cols: list[tuple[str, np.ndarray]],
+    where: str | None = None,
 ) -> str:
     """The message for the earliest bad line: file, line, what was wrong."""
-    where = "row" if schema.format == "parquet" else "line"
+    where = where or ("row" if schema.format == "parquet" else "line")
     undecodable = set(raw.undecodable.tolist())
     cands: list[tuple[int, str]] = [c for c in raw.invalid if c[0] not in undecodable]
     cands += [(line, _NOT_UTF8) for line in raw.undecodable[:1].tolist()]
@@ -364,9 +386,30 @@ def _first_problem(
         cands.append((line, what))
     line, what = min(cands)
     line += raw.lines_before()
-    return (
-        f"{path}: {where} {line}: {what} (bad-row policy is 'fail'; use 'skip' to drop such rows)"
-    )
+    return f"{path}: {where} {line}: {what}"
+
+
+def parse_text(data: bytes, schema: Schema, source: str, labels: str = "auto") -> pd.DataFrame:
+    """Log lines held in memory (a request body) in the schema's own format, parsed and hashed
+    exactly as :func:`read_shard` parses a file. Every row must be good: the first bad one is
+    a :class:`DataError` naming ``source`` and its line."""
+    check_label_mode(labels)
+    raw = _text_raw(decode_text(pa.py_buffer(data)), schema, labels, schema.header)
+    return parse_table(raw, schema, source, BadRowPolicy(action="fail"), fix="")[0]
+
+
+def parse_columns(table: pa.Table, schema: Schema, source: str) -> pd.DataFrame:
+    """Rows given as columns (``schema``'s feature names; strings or numbers, null for a
+    missing value, no label), parsed and hashed as :func:`read_shard` parses a file's. Every
+    row must be good: the first bad one is a :class:`DataError` naming ``source`` and its row
+    (0-based)."""
+    n = table.num_rows
+    for name in schema.feature_columns:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(n, pa.string()))
+    none = np.zeros(0, np.int64)
+    raw = _Raw(table, np.arange(n, dtype=np.int64), [], labelled=False, blank_lines=none)
+    return parse_table(raw, schema, source, BadRowPolicy(action="fail"), where="row", fix="")[0]
 
 
 def read_shard(

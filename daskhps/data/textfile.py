@@ -28,6 +28,7 @@ import pyarrow as pa
 __all__ = [
     "TextBytes",
     "blank_lines",
+    "decode_text",
     "invalid_utf8",
     "line_start",
     "lines_before",
@@ -189,6 +190,12 @@ def read_text_bytes(path: str, byte_range: tuple[int, int] | None = None) -> Tex
         if not splittable(path):
             raise ValueError(f"{path}: a compressed file cannot be read in byte ranges")
         buf, truncated = _range_bytes(path, *byte_range), None
+    return decode_text(buf, truncated)
+
+
+def decode_text(buf: pa.Buffer, truncated: str | None = None) -> TextBytes:
+    """Text bytes from anywhere (a file, a request body) for the CSV reader: lines that are
+    not UTF-8 are listed and made ASCII, as the module docstring says."""
     b = np.frombuffer(buf, dtype=np.uint8)
     bad = invalid_utf8(b)
     if not len(bad):  # the usual case: valid UTF-8, most often plain ASCII
