@@ -20,6 +20,11 @@
                     changed = keys of segments only one of the two commits uses
                     cached rows of changed keys are re-read and replaced; nothing else moves
 
+    prepare(newer)  the same in two halves, for a server that must not stop serving: open the
+      refresh(p)    newer commit's stores beside the served ones and diff segment sets (any
+                    thread, lookups go on; a second key index in memory meanwhile), then only
+                    swap the stores and replace the cached rows of changed keys
+
 Like HugeCTR's HPS, the caches are the serving node's view of the whole table; the stores
 are never written. Not thread-safe: callers that share a lookup between threads hold a lock.
 """
@@ -41,7 +46,7 @@ from daskhps.tiers.base import Cache, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
 
-__all__ = ["RefreshReport", "ServingLookup"]
+__all__ = ["PreparedRefresh", "RefreshReport", "ServingLookup"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,20 @@ class RefreshReport:
     replaced_rows: int
     rows_read: int
     how: Literal["replay", "diff", "full"]
+    seconds: float
+
+
+@dataclass
+class PreparedRefresh:
+    """The half of a refresh :meth:`ServingLookup.prepare` did beside the lookups: the newer
+    version's stores, open, and the keys whose row may differ from the served version's
+    (``None``: no delta, the caches will be emptied)."""
+
+    version: TableVersion
+    stores: ShardedStores
+    base: str  # the commit the delta is from
+    changed: torch.Tensor | None
+    how: Literal["diff", "full"]
     seconds: float
 
 
@@ -158,7 +177,59 @@ class ServingLookup:
 
     # -- refresh ---------------------------------------------------------------------------
 
-    def refresh(self, version: TableVersion) -> RefreshReport:
+    def prepare(self, version: TableVersion) -> PreparedRefresh:
+        """Open ``version`` beside the served stores and find the keys whose row may differ
+        (a diff of segment sets: keys of segments only one of the two uses). Safe on another
+        thread while lookups go on: nothing served changes. :meth:`refresh` with the result
+        then holds lookups only for swapping the stores and replacing cached rows."""
+        t = time.perf_counter()
+        if version.spec != self.spec:
+            raise StoreMismatchError(
+                f"no refresh from table {self.spec.name!r} to {version.describe()}: the row "
+                "layout differs; open a new lookup on the newer version instead"
+            )
+        old = self._stores
+        base = old.version.commit
+        new = ShardedStores(version)
+        changed: torch.Tensor | None
+        how: Literal["diff", "full"] = "diff"
+        try:
+            changed = old.changed_keys(old.segment_ids(), new)
+        except (DaskHPSError, OSError) as e:
+            log.warning("refresh to %s without a delta: caches emptied (%s)", version.describe(), e)
+            changed, how = None, "full"
+        return PreparedRefresh(version, new, base, changed, how, time.perf_counter() - t)
+
+    def _refresh_prepared(self, p: PreparedRefresh) -> RefreshReport:
+        t = time.perf_counter()
+        old = self._stores
+        old_commit, changed, how = old.version.commit, p.changed, p.how
+        if old_commit != p.base:  # refreshed since it was prepared: the delta is from there
+            try:
+                changed, how = old.changed_keys(old.segment_ids(), p.stores), "diff"
+            except (DaskHPSError, OSError):
+                changed, how = None, "full"
+        read_before = p.stores.rows_read
+        self._store_rows_read += old.rows_read
+        old.close()
+        self._stores = self._read.below = p.stores
+        replaced = 0
+        for cache in self._caches():
+            if changed is None:
+                cache.evict(keys=cache.keys())
+            else:
+                replaced += _replace(cache, changed, self._read)
+        return RefreshReport(
+            old_commit=old_commit,
+            new_commit=p.version.commit,
+            changed_keys=len(p.stores) if changed is None else len(changed),
+            replaced_rows=replaced,
+            rows_read=p.stores.rows_read - read_before,
+            how=how,
+            seconds=time.perf_counter() - t,
+        )
+
+    def refresh(self, version: TableVersion | PreparedRefresh) -> RefreshReport:
         """Move to ``version`` (a newer commit of the same stores, usually) through its delta.
 
         Only cached rows of keys in the delta are re-read and replaced; every other cached
@@ -168,7 +239,12 @@ class ServingLookup:
         exists (another sharding, or the current commit's files were deleted because the
         trainer keeps fewer checkpoints) the caches are emptied. Lookups after the call
         return the rows of ``version``, bit for bit.
+
+        Given what :meth:`prepare` returned, it only swaps the stores and replaces the cached
+        rows of the changed keys (``seconds`` then counts this half alone).
         """
+        if isinstance(version, PreparedRefresh):
+            return self._refresh_prepared(version)
         t = time.perf_counter()
         old = self._stores
         old_commit = old.version.commit

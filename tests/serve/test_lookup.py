@@ -280,6 +280,8 @@ def test_a_device_cache_on_the_gpu_returns_the_same_bits(stores: Path) -> None:
             st.sampled_from(["extend", "branch", "compact"]),
             st.lists(st.integers(0, 59), min_size=1, max_size=30, unique=True),
             st.integers(0, 10),
+            st.lists(st.integers(0, 69), max_size=20, unique=True),  # looked up while prepared
+            st.booleans(),  # prepared beside the lookups (a server's refresh) or in place
         ),
         min_size=1,
         max_size=5,
@@ -288,17 +290,19 @@ def test_a_device_cache_on_the_gpu_returns_the_same_bits(stores: Path) -> None:
 )
 def test_any_commit_history_refreshes_to_exact_rows(
     tmp_path_factory: pytest.TempPathFactory,
-    steps: list[tuple[str, list[int], int]],
+    steps: list[tuple[str, list[int], int, list[int], bool]],
     cached: list[int],
 ) -> None:
     """Commits that extend, branch from an earlier commit, or compact; a lookup caching some
-    keys follows them with refresh and must read every key (10 never written) exactly."""
+    keys follows them with refresh and must read every key (10 never written) exactly. A
+    prepared refresh has more keys looked up (cached from the older stores) between its two
+    halves, as a server's requests do."""
     root = tmp_path_factory.mktemp("history")
     universe = torch.arange(70, dtype=torch.int64) * 7919 - 100_000
     train_commit(root, universe[:60], "c0", seed=100)
     commits = ["c0"]
     with ServingLookup(version(root, "c0"), device_rows=40, host_bytes=4096, full_rows=True) as lk:
-        for i, (kind, touched, pick) in enumerate(steps, start=1):
+        for i, (kind, touched, pick, meanwhile, beside) in enumerate(steps, start=1):
             name = f"c{i}"
             if kind == "compact":
                 for r in range(2):
@@ -311,7 +315,32 @@ def test_any_commit_history_refreshes_to_exact_rows(
                 train_commit(root, universe[touched], name, seed=i, from_commit=base)
             commits.append(name)
             lk.lookup(universe[cached])
-            report = lk.refresh(version(root, name))
+            if beside:
+                prepared = lk.prepare(version(root, name))
+                lk.lookup(universe[meanwhile])
+                report = lk.refresh(prepared)
+            else:
+                report = lk.refresh(version(root, name))
             assert report.how in ("replay", "diff")
             got = lk.lookup(universe)
             assert np.array_equal(bits(got), bits(reference_rows(version(root, name), universe)))
+
+
+def test_a_prepared_refresh_replaces_what_was_cached_meanwhile(stores: Path) -> None:
+    """The server's refresh: prepared beside the lookups, finished between two of them."""
+    k = _keys(stores)
+    keys, changed = k["keys"], k["changed"]
+    v1, v2 = version(stores, "v1"), version(stores, "v2")
+    with ServingLookup(v1, device_rows=N + 100, full_rows=True) as lk:
+        lk.lookup(keys[:20])  # half of the changed keys that v1 holds
+        prepared = lk.prepare(v2)
+        assert lk.version.commit == "v1" and len(prepared.changed) == len(changed) == 50
+        lk.lookup(keys[20:1000])  # meanwhile: read from v1's stores, cached
+        assert np.array_equal(bits(lk.lookup(keys[:40])), bits(reference_rows(v1, keys[:40])))
+        report = lk.refresh(prepared)
+        assert (report.how, report.changed_keys, report.replaced_rows) == ("diff", 50, 40)
+        after = lk.lookup(keys)
+    assert np.array_equal(bits(after), bits(reference_rows(v2, keys)))
+    other = TableSpec("emb", 8, OptimizerSpec(kind="adagrad", lr=0.1), seed=7)
+    with ServingLookup(v1, device_rows=10) as lk, pytest.raises(StoreMismatchError, match="layout"):
+        lk.prepare(version(stores, "v2", spec=other))
