@@ -180,6 +180,13 @@ COMMANDS: dict[str, Command] = {
         "add_predict_arguments",
         "run_predict",
     ),
+    "serve": _lazy(
+        "serve",
+        "an HTTP endpoint that scores rows online, following the published version",
+        "daskhps.serve.commands",
+        "add_serve_arguments",
+        "run_serve",
+    ),
     "export": _lazy(
         "export",
         "write a model as TorchScript beside an embedding dump, for serving outside daskhps",

@@ -7,7 +7,14 @@ import importlib
 
 from daskhps.cli import positive_int
 
-__all__ = ["add_export_arguments", "add_predict_arguments", "run_export", "run_predict"]
+__all__ = [
+    "add_export_arguments",
+    "add_predict_arguments",
+    "add_serve_arguments",
+    "run_export",
+    "run_predict",
+    "run_serve",
+]
 
 
 def _model_argument(p: argparse.ArgumentParser) -> None:
@@ -94,3 +101,82 @@ def run_export(args: argparse.Namespace) -> int:
         f"{res.out} ({res.bytes / 2**20:.1f} MiB)"
     )
     return 0
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="VERSION_OR_RUN_OR_CHECKPOINT",
+        help="a retraining run directory (serves the version CURRENT names, and follows it: "
+        "publishes and rollbacks), or a version's folder, a checkpoint folder or a training "
+        "run directory (its latest checkpoint; served as it is at start)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
+    p.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="server processes on the one port (SO_REUSEPORT); each keeps its own caches",
+    )
+    p.add_argument(
+        "--poll-s",
+        type=float,
+        default=5.0,
+        help="seconds between two reads of the registry's CURRENT (default 5)",
+    )
+    p.add_argument(
+        "--max-rows", type=positive_int, default=65536, help="rows a request at most (413 above)"
+    )
+    p.add_argument(
+        "--max-body-mb", type=positive_int, default=64, help="request body size limit, MiB"
+    )
+    p.add_argument(
+        "--device-rows", type=positive_int, default=1 << 20, help="device cache rows a process"
+    )
+    p.add_argument(
+        "--host-mb", type=int, default=256, help="host-memory cache a process, MiB (0: none)"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=4096, help="rows per model batch")
+    p.add_argument(
+        "--warmup",
+        default=None,
+        metavar="FILE",
+        help="log rows (the model's schema) scored once before /readyz says ready: they fill "
+        "the caches with the keys traffic will ask for",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads a process (default: the cores over --processes)",
+    )
+    p.epilog = (
+        'POST /predict takes {"rows": [{field: value, ...}]} or log lines '
+        '(text/tab-separated-values, text/csv) and answers {"version", "probabilities"}; '
+        "GET /healthz, /readyz, /metrics (Prometheus). See docs/serving.md."
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from daskhps.serve.server import ServeOptions, serve
+
+    if args.poll_s <= 0:
+        raise SystemExit(f"daskhps serve: error: --poll-s must be > 0, got {args.poll_s}")
+    return serve(
+        ServeOptions(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            processes=args.processes,
+            poll_s=args.poll_s,
+            max_rows=args.max_rows,
+            max_body_bytes=args.max_body_mb << 20,
+            batch_size=args.batch_size,
+            device_rows=args.device_rows,
+            host_bytes=max(args.host_mb, 0) << 20,
+            warmup=args.warmup,
+            threads=args.threads,
+        )
+    )

@@ -22,9 +22,6 @@ import pytest
 import torch
 
 from daskhps.cli import main
-from daskhps.config import RunConfig
-from daskhps.data.readers import read_click_log
-from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.distributed import start_cluster
 from daskhps.errors import DataError
 from daskhps.retrain.publish import freeze_version
@@ -36,68 +33,11 @@ from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.table.init import init_embedding
 from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
-from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
 from tests.serve import standalone
 from tests.serve.helpers import bits, reference_rows, tree_state
 
 pytestmark = pytest.mark.slow
-
-
-def _config(tmp: Path, logs: Path, cluster: dict[str, Any]) -> RunConfig:
-    return RunConfig.from_dict(
-        {
-            "run": {"name": "serve", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
-            "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
-            "passes": {"epochs": 1, "examples_per_pass": 1000, "global_batch_size": 100},
-            "table": {
-                "dim": 4,
-                "optimizer": {"kind": "adagrad", "lr": 0.05},
-                "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-            },
-            "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-            "dense_optimizer": {"kind": "adam", "lr": 0.01},
-            "cluster": cluster,
-        },
-        source="test",
-    )
-
-
-@pytest.fixture(scope="module")
-def run(
-    tmp_path_factory: pytest.TempPathFactory, shared_clusters: SharedClusters
-) -> dict[str, Any]:
-    """A 2-worker training run with a checkpoint, its holdout files and reference rows."""
-    tmp = tmp_path_factory.mktemp("serve-run")
-    logs = tmp / "logs"
-    generate(
-        GeneratorConfig(days=2, rows_per_day=2000, parts_per_day=2, seed=4, vocab_scale=0.01),
-        str(logs),
-    )
-    cfg = _config(tmp, logs, shared_clusters.section(workers=2, threads=1))
-    result = Trainer(cfg, progress=False).run()  # checkpoints after each of its 2 passes
-    servable = load_servable(cfg.run.dir)
-    holdout = sorted(str(p) for p in logs.glob("day=*02/part-*"))
-    frame = read_click_log(holdout, schema=cfg.data.schema).frame.compute()
-    return {
-        "cfg": cfg,
-        "result": result,
-        "servable": servable,
-        "holdout": holdout,
-        "frame": frame.reset_index(drop=True),
-        "reference": _reference(servable, frame),
-        "tmp": tmp,
-    }
-
-
-def _reference(s: Servable, frame: pd.DataFrame) -> np.ndarray:
-    schema = s.config.data.schema
-    keys = torch.from_numpy(frame[list(schema.categorical_names)].to_numpy(np.int64).copy())
-    rows = reference_rows(s.table, keys.reshape(-1))[:, : s.table.spec.dim]
-    dense = torch.from_numpy(frame[list(schema.dense_names)].to_numpy(np.float32).copy())
-    with torch.no_grad():
-        logits = s.build_model()(dense, rows.view(len(frame), keys.shape[1], -1))
-    return torch.sigmoid(logits).numpy()
 
 
 def _read_out(out: Path) -> pd.DataFrame:

@@ -1,0 +1,322 @@
+"""``daskhps serve`` on 127.0.0.1: real HTTP requests to a real tornado server over the real
+training run's checkpoints (tests/serve/conftest.py), every answer checked against the scores
+computed without the serving code.
+
+The refresh tests build a real version registry from the run's two checkpoints (v1 = pass 1,
+v2 = pass 2) and move ``CURRENT`` as ``retrain`` and ``--rollback`` do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import tornado.netutil
+
+from daskhps.retrain.publish import freeze_version
+from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.serve.client import ServeClient
+from daskhps.serve.server import ServeOptions, Server
+from daskhps.training.checkpoint import list_checkpoints
+from tests.serve.helpers import tree_state
+
+pytestmark = pytest.mark.slow
+
+SCHEMA_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+
+
+class Running:
+    """A :class:`Server` on its own IO loop thread, on a free loopback port."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        self.port = sockets[0].getsockname()[1]
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = Server(options)
+
+        async def start() -> None:
+            self.server.start(sockets)
+
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+        self.client = ServeClient(f"http://127.0.0.1:{self.port}")
+        self.client.wait_ready(120)
+
+    def refresh(self) -> Any:
+        return asyncio.run_coroutine_threadsafe(self.server.refresh_once(), self.loop).result(120)
+
+    def close(self) -> None:
+        self.client.close()
+        self.loop.call_soon_threadsafe(self.server.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+def _rows(frame: pd.DataFrame, raw: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "label" and v == v} for r in raw.to_dict("records")]
+
+
+def _raw(files: list[str]) -> pd.DataFrame:
+    """The holdout's log lines as text fields (what a caller holds), label column included."""
+    parts = [
+        pd.read_csv(
+            f, sep="\t", header=None, names=SCHEMA_COLUMNS, dtype=str, keep_default_na=False
+        )
+        for f in files
+    ]
+    raw = pd.concat(parts, ignore_index=True)
+    return raw.replace("", np.nan)
+
+
+def _publish(registry: Registry, name: str, ckpt: Any, folder: Path) -> None:
+    frozen = freeze_version(ckpt, folder / name, name)
+    days = ("2024-01-01",)
+    registry.publish(
+        Version(name, str(frozen.path), frozen.commit, str(frozen.stores_dir), None, days,
+                days[0], "2024-01-02"),
+        Attempt(f"a-{name}", None, days, "2024-01-02", "published", name),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def raw(run: dict[str, Any]) -> pd.DataFrame:
+    return _raw(run["holdout"])
+
+
+@pytest.fixture(scope="module")
+def served(run: dict[str, Any]) -> Iterator[Running]:
+    """The run directory served as it is (its latest checkpoint)."""
+    r = Running(ServeOptions(model=run["cfg"].run.dir, device_rows=2000, host_bytes=1 << 20))
+    yield r
+    r.close()
+
+
+def test_json_rows_score_as_the_trainer_does(
+    served: Running, run: dict[str, Any], raw: pd.DataFrame
+) -> None:
+    rows = _rows(run["frame"], raw)
+    got = served.client.predict(rows[:1000])
+    assert got.version == list_checkpoints(run["cfg"].run.dir)[-1].name
+    assert np.abs(np.array(got.probabilities) - run["reference"][:1000]).max() < 1e-6
+    # numbers where the log has digits: the same keys and values as the text
+    as_numbers = [
+        {k: (int(v) if k.startswith("I") else v) for k, v in r.items()} for r in rows[:50]
+    ]
+    again = served.client.predict(as_numbers)
+    assert np.abs(np.array(again.probabilities) - run["reference"][:50]).max() < 1e-6
+
+
+def test_log_lines_with_and_without_the_label(
+    served: Running, run: dict[str, Any], raw: pd.DataFrame
+) -> None:
+    text = Path(run["holdout"][0]).read_text()
+    n = text.count("\n")
+    with_label = served.client.predict_lines(text)
+    assert np.abs(np.array(with_label.probabilities) - run["reference"][:n]).max() < 1e-6
+    unlabelled = "".join(line.split("\t", 1)[1] + "\n" for line in text.splitlines()[:200])
+    without = served.client.predict_lines(unlabelled)
+    assert np.abs(np.array(without.probabilities) - run["reference"][:200]).max() < 1e-6
+
+
+BAD = [
+    (b"{not json", "application/json", 400, "not valid JSON"),
+    (b'{"rows": []}', "application/json", 400, "empty batch"),
+    (b'{"rows": [{"I1": 1}], "extra": 1}', "application/json", 400, "unknown key 'extra'"),
+    (b'{"rows": [{"I1": 1}, {"C99": "a"}]}', "application/json", 400, "row 1: unknown field 'C99'"),
+    (b'{"rows": [{"I1": 1}, {"I2": [1]}]}', "application/json", 400, "row 1: field 'I2': expected"),
+    (b'{"rows": [{"C3": 1.5}]}', "application/json", 400, "row 0: field 'C3': expected a string"),
+    (b'{"rows": [{"I1": 1}, {"I4": "abc"}]}', "application/json", 400, "row 1: dense column I4"),
+    (b'{"rows": [3]}', "application/json", 400, "row 0: expected an object"),
+    (b"1\t2\n", "text/tab-separated-values", 400, "body: line 1: "),
+    (b"a,b\n", "text/csv", 415, "this model reads tsv logs"),
+    (b"<x/>", "application/xml", 415, "unsupported Content-Type"),
+]
+
+
+@pytest.mark.parametrize(("body", "kind", "status", "words"), BAD, ids=[b[3] for b in BAD])
+def test_bad_requests_are_4xx_naming_row_and_field(
+    served: Running, body: bytes, kind: str, status: int, words: str
+) -> None:
+    code, data = served.client.request("POST", "/predict", body, kind)
+    assert code == status, data
+    assert words in json.loads(data)["error"], data
+    assert served.client.predict([{"I1": 1}]).version  # and it keeps serving
+
+
+def test_limits_health_and_metrics(served: Running, run: dict[str, Any]) -> None:
+    code, data = served.client.request("POST", "/predict", b" " * (65 << 20), "application/json")
+    assert code == 413 and b"over the limit" in data
+    too_many = json.dumps({"rows": [{"I1": 1}] * 65537}).encode()
+    code, data = served.client.request("POST", "/predict", too_many, "application/json")
+    assert code == 413 and b"limit of 65536 rows" in data
+    assert served.client.request("GET", "/healthz")[0] == 200
+    assert json.loads(served.client.request("GET", "/readyz")[1])["status"] == "ready"
+    text = served.client.metrics()
+    assert 'daskhps_serve_request_seconds_count{batch="1"}' in text
+    assert 'daskhps_serve_requests_total{code="400"}' in text
+    for tier in ("device", "host", "store", "init"):
+        assert f'daskhps_serve_hit_rate{{tier="{tier}"}}' in text
+    assert f'version="{served.server.version}"' in text
+    rows = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("daskhps_serve_rows_total")
+    ]
+    assert rows and rows[0] > 1000
+
+
+@pytest.fixture()
+def registry(run: dict[str, Any], tmp_path: Path) -> tuple[Registry, list[Any]]:
+    """A retraining run's registry with v000001 = pass 1 current."""
+    folder = tmp_path / "retrain" / "versions"
+    ckpts = list_checkpoints(run["cfg"].run.dir)
+    reg = Registry(folder)
+    _publish(reg, "v000001", ckpts[0], folder)
+    return reg, ckpts
+
+
+def _reference_of(run: dict[str, Any], version: str, folder: Path) -> np.ndarray:
+    from daskhps.serve import load_servable
+    from daskhps.serve.score import CacheSizes, Scorer
+
+    scorer = Scorer(load_servable(folder / version), CacheSizes(device_rows=100_000, host_bytes=0))
+    try:
+        return scorer.score(run["frame"])
+    finally:
+        scorer.close()
+
+
+def test_it_follows_current_through_publish_and_rollback_without_a_failed_request(
+    run: dict[str, Any], raw: pd.DataFrame, registry: tuple[Registry, list[Any]]
+) -> None:
+    reg, ckpts = registry
+    folder = reg.folder
+    r = Running(ServeOptions(model=str(folder.parent), device_rows=500, host_bytes=0, poll_s=3600))
+    rows = _rows(run["frame"], raw)[:300]
+    answers: list[Any] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with ServeClient(f"http://127.0.0.1:{r.port}") as c:
+            while not stop.is_set():
+                try:
+                    answers.append(c.predict(rows))
+                except BaseException as e:
+                    failures.append(e)
+
+    try:
+        assert r.client.predict(rows[:1]).version == "v000001"
+        assert r.refresh() is None  # CURRENT unchanged: nothing moves
+        loader = threading.Thread(target=load)
+        loader.start()
+        time.sleep(0.5)
+        _publish(reg, "v000002", ckpts[1], folder)
+        swap = r.refresh()
+        assert (swap.old, swap.new, swap.how) == ("v000001", "v000002", "diff")
+        time.sleep(0.5)
+        reg.rollback("v000001")
+        back = r.refresh()
+        assert (back.new, back.how) == ("v000001", "diff")
+        time.sleep(0.5)
+        stop.set()
+        loader.join(60)
+    finally:
+        stop.set()
+        r.close()
+    assert not failures, failures[:3]
+    versions = [a.version for a in answers]
+    assert {"v000001", "v000002"} <= set(versions), versions
+    refs = {v: _reference_of(run, v, folder)[:300] for v in ("v000001", "v000002")}
+    assert np.abs(refs["v000001"] - refs["v000002"]).max() > 1e-4  # the versions differ
+    for a in answers:  # each answer wholly of the version it names: none mixes two
+        assert np.abs(np.array(a.probabilities) - refs[a.version]).max() < 1e-6
+
+
+def _serve_cli(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "daskhps.cli", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _free_port() -> int:
+    s = tornado.netutil.bind_sockets(0, "127.0.0.1")[0]
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_two_processes_on_one_port(run: dict[str, Any], raw: pd.DataFrame) -> None:
+    port = _free_port()
+    proc = _serve_cli(
+        ["--model", run["cfg"].run.dir, "--port", str(port), "--processes", "2", "--device-rows",
+         "2000", "--host-mb", "1"]
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        pids: set[str] = set()
+        rows = _rows(run["frame"], raw)[:20]
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline:
+            with ServeClient(url) as c:  # a new connection: the kernel picks a process
+                if not c.ready():
+                    time.sleep(0.2)
+                    continue
+                got = c.predict(rows)
+            assert np.abs(np.array(got.probabilities) - run["reference"][:20]).max() < 1e-6
+            pids.add(_pid_of(port))
+        assert len(pids) == 2, pids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.count("ready on http://127.0.0.1:") == 2, out
+
+
+def _pid_of(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        resp.read()
+        return str(resp.getheader("X-Daskhps-Pid"))
+    finally:
+        conn.close()
+
+
+def test_cli_refuses_a_model_it_cannot_serve(tmp_path: Path, run: dict[str, Any]) -> None:
+    before = tree_state(Path(run["cfg"].run.dir))
+    for args, words in (
+        (["--model", str(tmp_path / "nope")], "no such file or folder"),
+        (["--model", str(tmp_path)], "nor a run directory"),
+        (["--model", run["cfg"].run.dir, "--poll-s", "0"], "--poll-s must be > 0"),
+    ):
+        proc = _serve_cli([*args, "--port", str(_free_port())])
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, (args, out, err)
+        assert words in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "versions" / "registry.json").write_text(
+        '{"format": 1, "versions": [], "attempts": [], "events": []}'
+    )
+    proc = _serve_cli(["--model", str(tmp_path), "--port", str(_free_port())])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "holds no published version yet" in err, err
+    assert tree_state(Path(run["cfg"].run.dir)) == before  # nothing of the run was touched
