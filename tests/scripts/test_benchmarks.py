@@ -166,3 +166,15 @@ def test_bench_sizing_quick(tmp_path: Path) -> None:
     assert 0.8 <= rec["ratio"] <= 1.2, rec
     assert rec["memory_problems"] == []
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+@pytest.mark.slow
+def test_bench_online_quick(tmp_path: Path) -> None:
+    recs = run_script("bench_online.py", "--quick", "--rows", "17000", "--out", str(tmp_path))
+    by_name = {r["name"]: r for r in recs}
+    for b in (1, 64, 1024, 16384):
+        r = by_name[f"serve p50, batch {b}"]
+        assert r["unit"] == "ms" and "in-process" in r["baseline_name"] and r["requests"] > 0
+    assert sum(1 for n in by_name if n.startswith("QPS batch 64")) == 6
+    assert by_name["refresh under load: failed requests"]["value"] == 0  # the invariant
+    assert by_name["refresh under load: publish to first v000002 answer"]["value"] > 0
