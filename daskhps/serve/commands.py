@@ -164,6 +164,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.poll_s <= 0:
         raise SystemExit(f"daskhps serve: error: --poll-s must be > 0, got {args.poll_s}")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"daskhps serve: error: --port must be in 0..65535, got {args.port}")
     return serve(
         ServeOptions(
             model=args.model,

@@ -55,9 +55,14 @@ def read_rows(body: bytes, content_type: str, schema: Schema, max_rows: int) -> 
             )
         frame = _text_rows(body, schema, max_rows)
     else:
+        hint = (
+            " (curl -d sends this: add -H 'Content-Type: application/json')"
+            if kind == "application/x-www-form-urlencoded"
+            else ""
+        )
         raise RequestError(
             f"unsupported Content-Type {kind!r}: send {JSON} rows or log lines "
-            f"({', '.join(TEXT_TYPES.values())})",
+            f"({', '.join(TEXT_TYPES.values())}){hint}",
             415,
         )
     return frame

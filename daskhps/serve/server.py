@@ -22,6 +22,8 @@ the page cache; each keeps its own caches and dense model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
 import multiprocessing
@@ -31,6 +33,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -128,6 +131,11 @@ class Server:
             online = OnlineModel(ModelSource(o.model), sizes, o.batch_size)
             if o.warmup:
                 frame, _ = read_shard(o.warmup, online.schema, labels="auto")
+                if not len(frame):
+                    raise DaskHPSError(
+                        f"--warmup {o.warmup}: no row of it reads with the model's schema "
+                        f"({online.schema.name}); give log rows of the logs the model trained on"
+                    )
                 online.score(frame)
             self.online = online
         except (DaskHPSError, OSError) as e:
@@ -300,16 +308,31 @@ class MetricsHandler(_Handler):
 
 
 def _bind(options: ServeOptions) -> list[socket.socket]:
-    return tornado.netutil.bind_sockets(
-        options.port, options.host, family=socket.AF_INET, reuse_port=options.processes > 1
-    )
+    with _port_in_use(options):
+        return tornado.netutil.bind_sockets(
+            options.port, options.host, family=socket.AF_INET, reuse_port=options.processes > 1
+        )
+
+
+@contextlib.contextmanager
+def _port_in_use(options: ServeOptions) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise DaskHPSError(
+            f"{options.host}:{options.port} is in use (another server?): pick another --port, "
+            "or --port 0 for any free one"
+        ) from None
 
 
 def _hold(options: ServeOptions) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind((options.host, options.port))
+    with _port_in_use(options):
+        s.bind((options.host, options.port))
     return s
 
 
@@ -349,6 +372,8 @@ def serve(options: ServeOptions) -> int:
             f"--model {options.model}: no such file or folder; give a retraining run "
             "directory, a version's folder, a checkpoint folder or a training run directory"
         )
+    if options.warmup is not None and not Path(options.warmup).is_file():
+        raise DaskHPSError(f"--warmup {options.warmup}: no such file")
     ModelSource(options.model).current()  # a retraining run with nothing published: say so
     if options.processes == 1:
         sockets = _bind(options)

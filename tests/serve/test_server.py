@@ -300,18 +300,28 @@ def _pid_of(port: int) -> str:
         conn.close()
 
 
-def test_cli_refuses_a_model_it_cannot_serve(tmp_path: Path, run: dict[str, Any]) -> None:
+def test_cli_refuses_a_model_it_cannot_serve(
+    tmp_path: Path, run: dict[str, Any], served: Running
+) -> None:
     before = tree_state(Path(run["cfg"].run.dir))
+    model = ["--model", run["cfg"].run.dir]
+    (tmp_path / "notes.txt").write_text("not a log\n")
     for args, words in (
         (["--model", str(tmp_path / "nope")], "no such file or folder"),
         (["--model", str(tmp_path)], "nor a run directory"),
-        (["--model", run["cfg"].run.dir, "--poll-s", "0"], "--poll-s must be > 0"),
+        ([*model, "--poll-s", "0"], "--poll-s must be > 0"),
+        ([*model, "--port", "99999"], "--port must be in 0..65535"),
+        ([*model, "--port", str(served.port)], f"127.0.0.1:{served.port} is in use"),
+        ([*model, "--warmup", str(tmp_path / "none.tsv")], "--warmup"),
+        ([*model, "--warmup", str(tmp_path / "notes.txt")], "no row of it reads"),
     ):
-        proc = _serve_cli([*args, "--port", str(_free_port())])
+        port = [] if "--port" in args else ["--port", str(_free_port())]
+        proc = _serve_cli([*args, *port])
         out, err = proc.communicate(timeout=120)
         assert proc.returncode != 0, (args, out, err)
         assert words in err, (args, err)
-        assert len(err.strip().splitlines()) == 1, err
+        assert len([line for line in err.splitlines() if "error" in line]) == 1, err
+        assert "Traceback" not in err, err
     (tmp_path / "versions").mkdir()
     (tmp_path / "versions" / "registry.json").write_text(
         '{"format": 1, "versions": [], "attempts": [], "events": []}'
