@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
@@ -97,6 +98,12 @@ class ClusterConfig(Options):
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> ClusterConfig:
+        if "cluster.address" in ctx.overridden and isinstance(d, Mapping) and d.get("address"):
+            # `--set cluster.address=...` points a config written for the embedded cluster at
+            # a running one: the file's local settings are set aside, not an error (settings
+            # given with --set too are still refused beside the address).
+            keep = {f"cluster.{k}" for k in cls.LOCAL_KEYS} & ctx.overridden
+            d = {k: v for k, v in d.items() if k not in cls.LOCAL_KEYS or f"cluster.{k}" in keep}
         return validate(cls, d, ctx, "cluster")
 
     @property

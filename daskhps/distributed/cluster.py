@@ -200,8 +200,8 @@ def _connect(address: str, n_workers: int | None, wait_timeout_s: float) -> Clus
         client = Client(address, timeout=wait_timeout_s)
     except Exception as e:
         raise ClusterError(
-            f"could not reach the Dask scheduler at {address!r} within {wait_timeout_s:g} s: "
-            f"{e}; check the address and that the scheduler is running"
+            f"could not reach the Dask scheduler at {address!r} (cluster.address) within "
+            f"{wait_timeout_s:g} s: {e}; check the address and that the scheduler is running"
         ) from e
     handle = ClusterHandle(client, None, "address", None)
     try:
@@ -231,7 +231,15 @@ def _finish(
             ) from e
     handle.addresses = tuple(worker_addresses(client))
     if not handle.addresses:
-        raise ClusterError("the cluster has no workers: start some, or give n_workers")
+        where = (
+            f"the scheduler at {client.scheduler_info(n_workers=0).get('address')}"
+            if handle.kind == "address"
+            else "the cluster"
+        )
+        raise ClusterError(
+            f"{where} has no workers: start some (`dask worker ADDRESS`), or leave "
+            "cluster.address out for an embedded cluster"
+        )
     # client.dashboard_link is formatted from a template even when no dashboard runs.
     services = client.scheduler_info(n_workers=0).get("services", {})
     link = client.dashboard_link if dashboard and "dashboard" in services else None

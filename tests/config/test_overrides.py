@@ -77,3 +77,15 @@ def test_malformed_and_non_mapping_parent(tmp_path: Path) -> None:
     msg = error(tmp_path, MINIMAL + "data: {train: {paths: x}, schema: criteo}\n",
                 "data.schema.label=y")  # fmt: skip
     assert "data.schema is 'criteo', not a mapping" in msg
+
+
+def test_set_cluster_address_sets_the_files_local_settings_aside(tmp_path: Path) -> None:
+    text = MINIMAL + "cluster:\n  n_workers: 3\n  memory_limit: 2GiB\n  gpu: false\n"
+    cfg = load(tmp_path, text, "cluster.address=tcp://127.0.0.1:8786")
+    assert cfg.cluster.address == "tcp://127.0.0.1:8786" and cfg.cluster.gpu is False
+    assert "n_workers" not in cfg.to_dict()["cluster"]
+    # written beside the address, in the file or with --set too, they are still refused
+    msg = error(tmp_path, text + "  address: tcp://127.0.0.1:8786\n")
+    assert located(msg, tmp_path / "run.yaml", "cluster.n_workers", 4)
+    msg = error(tmp_path, text, "cluster.address=tcp://h:1", "cluster.n_workers=2")
+    assert "(--set cluster.n_workers)" in msg and "local settings" in msg

@@ -1,0 +1,136 @@
+"""A real Dask cluster on 127.0.0.1 for tests: a ``dask scheduler`` process and ``dask worker``
+processes, as an operator starts them (docs/operations.md), not a LocalCluster.
+
+::
+
+    with RealCluster(tmp_path, workers=2) as cluster:
+        main(["train", "run.yaml", "--set", f"cluster.address={cluster.address}"])
+        cluster.kill_worker(0)   # SIGKILL: a lost machine
+        cluster.add_worker()     # a replacement joins
+
+Every process is started in its own session and killed (the whole group) when the block ends,
+whatever happened in it. Their output goes to ``<folder>/<name>.log``, which a failing test's
+message can name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RealCluster"]
+
+_SCHEDULER = [sys.executable, "-m", "dask", "scheduler"]  # the `dask scheduler` command
+_WORKER = [sys.executable, "-m", "dask", "worker"]  # the `dask worker` command
+
+
+class RealCluster:
+    def __init__(
+        self,
+        folder: Path,
+        workers: int = 2,
+        *,
+        threads: int = 2,
+        memory_limit: str = "2GiB",
+        nanny: bool = True,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.threads, self.memory_limit, self.nanny = threads, memory_limit, nanny
+        self.timeout_s = timeout_s
+        self.scheduler_file = self.folder / "scheduler.json"
+        self._env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            # the profile history daskhps's own clusters keep (docs/operations.md)
+            "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "120",
+        }
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self._logs: list[Any] = []
+        self.scheduler = self._spawn(
+            "scheduler",
+            [*_SCHEDULER, "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(self.scheduler_file)],
+        )  # fmt: skip
+        try:
+            self.address = self._wait_scheduler()
+            for _ in range(workers):
+                self.add_worker(wait=False)
+            self.wait_for_workers(workers)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 -- open while it runs
+        self._logs.append(log)
+        return subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+        )
+
+    def _wait_scheduler(self) -> str:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self.scheduler.poll() is not None:
+                raise RuntimeError(f"dask scheduler exited; see {self.folder / 'scheduler.log'}")
+            try:
+                return str(json.loads(self.scheduler_file.read_text())["address"])
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.1)
+        raise TimeoutError(f"no dask scheduler after {self.timeout_s:g} s")
+
+    def add_worker(self, wait: bool = True) -> None:
+        """Start one more ``dask worker`` process (with its nanny unless ``nanny=False``)."""
+        i = len(self.workers)
+        argv = [*_WORKER, "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
+                "--nthreads", str(self.threads), "--memory-limit", self.memory_limit,
+                "--no-dashboard", "--local-directory", str(self.folder / f"worker-{i}"),
+                "--nanny" if self.nanny else "--no-nanny"]  # fmt: skip
+        self.workers.append(self._spawn(f"worker-{i}", argv))
+        if wait:
+            self.wait_for_workers(self.alive())
+
+    def alive(self) -> int:
+        return sum(1 for w in self.workers if w.poll() is None)
+
+    def wait_for_workers(self, n: int) -> None:
+        from distributed import Client
+
+        if n < 1:
+            return
+        with Client(self.address, timeout=self.timeout_s) as client:
+            client.wait_for_workers(n, timeout=self.timeout_s)
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker process ``i`` and its nanny: the machine is gone."""
+        os.killpg(self.workers[i].pid, signal.SIGKILL)
+        self.workers[i].wait(30)
+
+    def close(self) -> None:
+        for p in [*self.workers, self.scheduler]:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for p in [*self.workers, self.scheduler]:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        for log in self._logs:
+            log.close()
+
+    def __enter__(self) -> RealCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
