@@ -40,11 +40,13 @@ class RealCluster:
         memory_limit: str = "2GiB",
         nanny: bool = True,
         timeout_s: float = 60.0,
+        tls: Any = None,
     ) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.threads, self.memory_limit, self.nanny = threads, memory_limit, nanny
         self.timeout_s = timeout_s
+        self.tls = tls  # tests._tls.TLSFiles: every process speaks tls:// with these files
         self.scheduler_file = self.folder / "scheduler.json"
         self._env = {
             **os.environ,
@@ -57,7 +59,7 @@ class RealCluster:
         self.scheduler = self._spawn(
             "scheduler",
             [*_SCHEDULER, "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(self.scheduler_file)],
+             "--scheduler-file", str(self.scheduler_file), *self._tls_args(scheduler=True)],
         )  # fmt: skip
         try:
             self.address = self._wait_scheduler()
@@ -92,20 +94,39 @@ class RealCluster:
         argv = [*_WORKER, "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
                 "--nthreads", str(self.threads), "--memory-limit", self.memory_limit,
                 "--no-dashboard", "--local-directory", str(self.folder / f"worker-{i}"),
-                "--nanny" if self.nanny else "--no-nanny"]  # fmt: skip
+                "--nanny" if self.nanny else "--no-nanny", *self._tls_args()]  # fmt: skip
         self.workers.append(self._spawn(f"worker-{i}", argv))
         if wait:
             self.wait_for_workers(self.alive())
+
+    def _tls_args(self, scheduler: bool = False) -> list[str]:
+        if self.tls is None:
+            return []
+        t = self.tls
+        files = ["--tls-ca-file", str(t.ca_file), "--tls-cert", str(t.cert_file),
+                 "--tls-key", str(t.key_file)]  # fmt: skip
+        return (["--protocol", "tls"] if scheduler else []) + files
+
+    def client(self) -> Any:
+        from distributed import Client, Security
+
+        security = None
+        if self.tls is not None:
+            security = Security(
+                tls_ca_file=str(self.tls.ca_file),
+                tls_client_cert=str(self.tls.cert_file),
+                tls_client_key=str(self.tls.key_file),
+                require_encryption=True,
+            )
+        return Client(self.address, timeout=self.timeout_s, security=security)
 
     def alive(self) -> int:
         return sum(1 for w in self.workers if w.poll() is None)
 
     def wait_for_workers(self, n: int) -> None:
-        from distributed import Client
-
         if n < 1:
             return
-        with Client(self.address, timeout=self.timeout_s) as client:
+        with self.client() as client:
             client.wait_for_workers(n, timeout=self.timeout_s)
 
     def kill_worker(self, i: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from daskhps._scheduler import scheduler_workers
 from daskhps.capacity.fit import SizingReport, size_run
 from daskhps.capacity.keystats import KeyStats
+from daskhps.config.cluster import ClusterSecurity
 from daskhps.config.commands import add_config_arguments
 from daskhps.config.runconfig import load_config
 from daskhps.errors import ConfigError
@@ -31,12 +32,14 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _cluster_shape(address: str) -> tuple[int, int | None]:
+def _cluster_shape(address: str, security: ClusterSecurity | None) -> tuple[int, int | None]:
     """Workers and the smallest memory limit of a running cluster."""
     from distributed import Client
 
+    from daskhps.distributed.cluster import dask_security
+
     try:
-        with Client(address, timeout="10s") as client:
+        with Client(address, timeout="10s", security=dask_security(security)) as client:
             workers = scheduler_workers(client).values()
             limits = [int(w.get("memory_limit") or 0) for w in workers]
     except OSError as e:
@@ -54,7 +57,7 @@ def run_plan(args: argparse.Namespace) -> int:
     workers = limit = None
     if not cfg.cluster.local:
         assert cfg.cluster.address is not None
-        workers, limit = _cluster_shape(cfg.cluster.address)
+        workers, limit = _cluster_shape(cfg.cluster.address, cfg.cluster.security)
     report = size_run(cfg, scan=args.scan, workers=workers, memory_limit=limit)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

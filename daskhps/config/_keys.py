@@ -7,7 +7,7 @@ from typing import Any
 
 from daskhps.config._options import Options
 from daskhps.config.checkpoint import CheckpointConfig
-from daskhps.config.cluster import ClusterConfig
+from daskhps.config.cluster import ClusterConfig, ClusterSecurity
 from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
 from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
@@ -80,7 +80,7 @@ def key_tree() -> dict[str, Any]:
         ),
         "model": {"name": None, "options": FREE},
         "dense_optimizer": _node(DenseOptimizerConfig.key_names()),
-        "cluster": _node(ClusterConfig.key_names()),
+        "cluster": _node(ClusterConfig.key_names(), security=_node(ClusterSecurity.key_names())),
         "eval": _node(EvalConfig.key_names()),
         "checkpoint": _node(CheckpointConfig.key_names()),
         "retrain": _node(RetrainConfig.key_names()),

@@ -18,7 +18,7 @@ from daskhps.config._options import (
     validate,
 )
 
-__all__ = ["ClusterConfig"]
+__all__ = ["ClusterConfig", "ClusterSecurity"]
 
 
 def _memory_limit(value: Any) -> Any:
@@ -34,6 +34,18 @@ def _gpu(value: Any) -> Any:
     if not (isinstance(value, bool) or value == "auto"):
         raise Problem("", f"{value!r} is not allowed; choose false, true or auto")
     return value
+
+
+class ClusterSecurity(Options):
+    """Dask's TLS for a ``tls://`` scheduler address: the files of this client's side (the
+    scheduler and workers are started with their own, signed by the same CA)."""
+
+    ca_file: str = Field(json_schema_extra=shown("path", "required"))
+    """The CA certificate the scheduler's and workers' certificates are signed by."""
+    cert_file: str = Field(json_schema_extra=shown("path", "required"))
+    """This client's certificate."""
+    key_file: str = Field(json_schema_extra=shown("path", "required"))
+    """This client's private key."""
 
 
 class ClusterConfig(Options):
@@ -67,6 +79,8 @@ class ClusterConfig(Options):
     """torch.distributed backend."""
     dist_timeout_s: float = Field(60.0, gt=0.0)
     """Timeout of collectives: a lost worker fails."""
+    security: ClusterSecurity | None = Field(None, json_schema_extra=shown("mapping or null"))
+    """TLS files for a `tls://` address; null: none (`tcp://`)."""
 
     LOCAL_KEYS: ClassVar[tuple[str, ...]] = (
         "n_workers",
@@ -89,6 +103,23 @@ class ClusterConfig(Options):
                     f"({', '.join(cls.LOCAL_KEYS)} are local settings)",
                 )
         return data
+
+    @model_validator(mode="after")
+    def _tls_with_its_files(self) -> ClusterConfig:
+        tls = self.address is not None and self.address.startswith("tls://")
+        if tls and self.security is None:
+            raise Problem(
+                "security",
+                f"address {self.address} is TLS: give cluster.security (ca_file, cert_file, "
+                "key_file)",
+            )
+        if self.security is not None and not tls:
+            raise Problem(
+                "security",
+                "applies to a tls:// cluster.address only (the embedded cluster stays on "
+                "this machine)",
+            )
+        return self
 
     @model_validator(mode="after")
     def _nccl_needs_gpus(self) -> ClusterConfig:
@@ -122,6 +153,7 @@ class ClusterConfig(Options):
             "gpu": self.gpu,
             "dist_backend": self.dist_backend,
             "dist_timeout_s": self.dist_timeout_s,
+            "security": None if self.security is None else self.security.to_dict(),
         }
         if self.address is not None:
             return {"address": self.address, **shared}

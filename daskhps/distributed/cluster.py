@@ -8,6 +8,7 @@ client is closed at the end). The handle lists the workers in rank order.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,10 +17,12 @@ import dask
 from distributed import Client, LocalCluster
 
 from daskhps._scheduler import scheduler_workers
+from daskhps.config.cluster import ClusterSecurity
 from daskhps.distributed._dashboard import repair_dashboard
 from daskhps.distributed._errors import ClusterError
 from daskhps.distributed._expected import quiet_sync_cancel_race, quiet_worker_kills
 from daskhps.distributed._worker_setup import setup_workers
+from daskhps.errors import ConfigError
 
 __all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
 
@@ -101,6 +104,7 @@ def start_cluster(
     worker_env: Mapping[str, str] | None = None,
     cuda_visible_devices: Sequence[int] | None = None,
     wait_timeout_s: float = 60.0,
+    security: ClusterSecurity | None = None,
 ) -> ClusterHandle:
     """Start an embedded cluster, or connect to ``address``; wait for the workers.
 
@@ -120,10 +124,12 @@ def start_cluster(
     worker_env:
         Extra environment of worker processes (for instance ``OMP_NUM_THREADS``, which
         Dask sets to 1 in worker processes, for torch's intra-op threads).
+    security:
+        TLS files for a ``tls://`` ``address`` (``cluster.security``).
     """
     quiet_sync_cancel_race()  # a Ctrl-C at the wrong instant must not print a traceback
     if address is not None:
-        return _connect(address, n_workers, wait_timeout_s)
+        return _connect(address, n_workers, wait_timeout_s, security)
     use_cuda = gpus is True or (gpus == "auto" and cuda_available())
     if gpus is True and not cuda_available():
         raise ClusterError(
@@ -195,9 +201,31 @@ def _local_cluster(
     return LocalCluster(processes=processes, **kwargs)
 
 
-def _connect(address: str, n_workers: int | None, wait_timeout_s: float) -> ClusterHandle:
+def dask_security(security: ClusterSecurity | None) -> Any:
+    """``cluster.security`` as Dask's ``Security`` (None: none); a file that is missing is a
+    ConfigError naming its key."""
+    if security is None:
+        return None
+    from distributed import Security
+
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(security, key)
+        if not os.path.isfile(path):
+            raise ConfigError(f"cluster.security.{key}: no such file {path!r}")
+    return Security(
+        tls_ca_file=security.ca_file,
+        tls_client_cert=security.cert_file,
+        tls_client_key=security.key_file,
+        require_encryption=True,
+    )
+
+
+def _connect(
+    address: str, n_workers: int | None, wait_timeout_s: float, security: ClusterSecurity | None
+) -> ClusterHandle:
+    tls = dask_security(security)
     try:
-        client = Client(address, timeout=wait_timeout_s)
+        client = Client(address, timeout=wait_timeout_s, security=tls)
     except Exception as e:
         raise ClusterError(
             f"could not reach the Dask scheduler at {address!r} (cluster.address) within "

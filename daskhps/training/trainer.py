@@ -156,6 +156,7 @@ class Trainer:
             "processes": c.processes,
             "gpus": c.gpu if c.gpu in (True, False, "auto") else "auto",
             "dashboard_address": c.dashboard_address,
+            "security": c.security,
         }
 
     def _start_cluster(self) -> ClusterHandle:

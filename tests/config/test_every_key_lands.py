@@ -35,6 +35,7 @@ from daskhps._yaml import dump_yaml, parse_scalar
 from daskhps.capacity import check_fits
 from daskhps.config import RunConfig
 from daskhps.config._keys import all_keys
+from daskhps.config.cluster import ClusterSecurity
 from daskhps.config.reference import defaults
 from daskhps.data.backend import cudf_available
 from daskhps.data.holdout import read_train_and_holdout
@@ -620,6 +621,50 @@ LANDINGS: dict[str, Landing] = {
         expect="127.0.0.1:0",
     ),
     "cluster.gpu": L(CLUSTER, cluster_args, "cluster.gpu=true", pick="gpus", expect=True),
+    "cluster.security": L(
+        CLUSTER,
+        cluster_args,
+        "cluster.security={{ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}}",
+        base=(
+            "cluster.address=tls://10.1.2.3:8786",
+            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
+        ),
+        pick="security",
+        expect=ClusterSecurity(ca_file="ca.pem", cert_file="c.pem", key_file="k.pem"),
+    ),
+    "cluster.security.ca_file": L(
+        CLUSTER,
+        cluster_args,
+        "cluster.security.ca_file=x.pem",
+        base=(
+            "cluster.address=tls://10.1.2.3:8786",
+            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
+        ),
+        pick="security",
+        expect=ClusterSecurity(ca_file="x.pem", cert_file="b", key_file="c"),
+    ),
+    "cluster.security.cert_file": L(
+        CLUSTER,
+        cluster_args,
+        "cluster.security.cert_file=y.pem",
+        base=(
+            "cluster.address=tls://10.1.2.3:8786",
+            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
+        ),
+        pick="security",
+        expect=ClusterSecurity(ca_file="a", cert_file="y.pem", key_file="c"),
+    ),
+    "cluster.security.key_file": L(
+        CLUSTER,
+        cluster_args,
+        "cluster.security.key_file=z.pem",
+        base=(
+            "cluster.address=tls://10.1.2.3:8786",
+            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
+        ),
+        pick="security",
+        expect=ClusterSecurity(ca_file="a", cert_file="b", key_file="z.pem"),
+    ),
     "cluster.dist_backend": L(
         "the process group's arguments",
         comm_args,

@@ -13,6 +13,7 @@ import torch
 from daskhps.cli import main
 from daskhps.training.checkpoint import load_checkpoint
 from tests._real_cluster import RealCluster
+from tests._tls import make_tls
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +31,10 @@ def _small(tmp: Path, name: str) -> list[str]:
         "--set", "passes.examples_per_pass=10000",
         "--set", "run.quiet=true",
     ]  # fmt: skip
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for o in overrides for arg in ("--set", o)]
 
 
 def test_the_quickstart_on_dask_scheduler_and_dask_worker_processes(
@@ -65,3 +70,23 @@ def test_a_scheduler_without_workers_is_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"the scheduler at {cluster.address} has no workers" in err, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_tls_cluster_with_the_files_of_cluster_security(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tls = make_tls(tmp_path / "tls")
+    with RealCluster(tmp_path / "cluster", workers=2, memory_limit="3GiB", tls=tls) as cluster:
+        assert cluster.address.startswith("tls://127.0.0.1:")
+        at = ["--set", f"cluster.address={cluster.address}"]
+        argv = [*_small(tmp_path, "tls"), *at]
+        # without the files: refused before anything starts
+        assert main(argv) == 1
+        assert "is TLS: give cluster.security" in capsys.readouterr().err
+        missing = [o.replace("key.pem", "nope.pem") for o in tls.overrides()]
+        assert main([*argv, *_sets(missing)]) == 1
+        err = capsys.readouterr().err
+        assert "cluster.security.key_file: no such file" in err and err.count("\n") == 1, err
+        assert not (tmp_path / "tls" / "run").exists()
+        assert main([*argv, *_sets(tls.overrides())]) == 0
+    assert load_checkpoint(tmp_path / "tls").passes_done > 1
