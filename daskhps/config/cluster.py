@@ -79,6 +79,11 @@ class ClusterConfig(Options):
     """torch.distributed backend."""
     dist_timeout_s: float = Field(60.0, gt=0.0)
     """Timeout of collectives: a lost worker fails."""
+    max_restarts: Int = Field(3, ge=0)
+    """Restarts from the last checkpoint after a lost worker or a failed collective; 0: fail."""
+    restart_wait_s: float = Field(120.0, gt=0.0)
+    """How long a restart waits for as many workers as the run had; then it re-shards onto
+    those there."""
     security: ClusterSecurity | None = Field(None, json_schema_extra=shown("mapping or null"))
     """TLS files for a `tls://` address; null: none (`tcp://`)."""
 
@@ -153,6 +158,8 @@ class ClusterConfig(Options):
             "gpu": self.gpu,
             "dist_backend": self.dist_backend,
             "dist_timeout_s": self.dist_timeout_s,
+            "max_restarts": self.max_restarts,
+            "restart_wait_s": self.restart_wait_s,
             "security": None if self.security is None else self.security.to_dict(),
         }
         if self.address is not None:

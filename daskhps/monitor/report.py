@@ -70,6 +70,8 @@ def load_run(run_dir: str | Path, ceiling_auc: float | None = None) -> RunRecord
                 f"{path}: line {n} is not JSON ({e}); the run may have been killed while "
                 "writing it: delete that line and run the report again"
             ) from e
+        if isinstance(rec, dict) and "restart" in rec:
+            continue  # an automatic restart's record (daskhps.training.recovery), not a pass
         if not isinstance(rec, dict) or "train_loss" not in rec:
             raise DataError(f"{path}: line {n} is not a pass record (no 'train_loss')")
         passes.append(rec)

@@ -135,16 +135,25 @@ def _wait_unlocked(path: Path, what: str, deadline: float, timeout_s: float) -> 
 
 
 def restore_metrics(path: Path, passes_done: int) -> list[dict[str, Any]]:
-    """Keep the first ``passes_done`` lines of ``metrics.jsonl`` (passes after the checkpoint
-    are trained again); returns their records."""
+    """Keep the lines of ``metrics.jsonl`` up to its ``passes_done``-th pass record (passes
+    after the checkpoint are trained again; the restart records among them stay); returns
+    the pass records."""
     lines = path.read_text().splitlines() if path.exists() else []
-    kept = lines[:passes_done]
-    if len(kept) < passes_done:
-        log.warning("%s holds %d of %d passes' lines", path, len(kept), passes_done)
+    kept: list[str] = []
+    passes: list[dict[str, Any]] = []
+    for line in lines:
+        rec = json.loads(line)
+        if "restart" not in rec:
+            if len(passes) == passes_done:
+                break
+            passes.append(rec)
+        kept.append(line)
+    if len(passes) < passes_done:
+        log.warning("%s holds %d of %d passes' lines", path, len(passes), passes_done)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept))
     os.replace(tmp, path)
-    return [json.loads(line) for line in kept]
+    return passes
 
 
 def plan_fingerprint(files: Sequence[str], lengths: Sequence[int], passes: int) -> dict:

@@ -18,12 +18,11 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,9 @@ from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
+from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
-from daskhps.errors import ConfigError, ResumeError, RunExistsError
+from daskhps.errors import ConfigError, DaskHPSError, ResumeError, RunExistsError
 from daskhps.monitor.progress import PassProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
@@ -59,6 +59,7 @@ from daskhps.training.killpoints import check_env, kill_when_running
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
 from daskhps.training.records import Batches, PassRecord, RankPassResult
+from daskhps.training.recovery import RECOVERABLE, Restart, record_restart, wait_for_workers
 
 __all__ = ["HOLDOUT_SPILL", "RunResult", "Trainer"]
 
@@ -76,6 +77,7 @@ class RunResult:
     final_eval: dict[str, float] = field(default_factory=dict)
     dense_state: dict[str, Any] = field(default_factory=dict)
     initial_eval: dict[str, float] = field(default_factory=dict)  # with eval_before
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # automatic, after lost workers
 
     @property
     def pass_losses(self) -> list[float]:
@@ -169,6 +171,12 @@ class Trainer:
             "backend": None if c.dist_backend == "auto" else c.dist_backend,
             "timeout_s": c.dist_timeout_s,
         }
+
+    def _recovery_args(self) -> dict[str, Any]:
+        """How the run recovers from a lost worker (``cluster.max_restarts``,
+        ``cluster.restart_wait_s``)."""
+        c = self.config.cluster
+        return {"max_restarts": c.max_restarts, "wait_s": c.restart_wait_s}
 
     def _worker_shards(self, spec: TableSpec) -> WorkerShards:
         """What holds every rank's shard of ``spec`` (the config's table) in ``self._stores``,
@@ -337,7 +345,8 @@ class Trainer:
 
     def _run_on_cluster(self, logs: tuple[ClickLog, ClickLog | None]) -> RunResult:
         cfg = self.config
-        result = RunResult(self.run_dir)
+        recovery = self._recovery_args()
+        restarts: list[Restart] = []
         with self._start_cluster() as handle:
             if handle.dashboard_link:
                 self.echo(f"dashboard: {handle.dashboard_link}")
@@ -345,20 +354,105 @@ class Trainer:
             client = handle.client
             spec = cfg.table_spec()
             self._stores = self._stores_dir(len(addresses))
-            shards = self._worker_shards(spec)
-            group = RunGroup.start(client, addresses, shards=shards, **self._comm_args())
-            try:
-                self._train(group, logs, result)
-            finally:
-                # Stopped (Ctrl-C, an error): the rows changed since the last checkpoint are
-                # dropped on purpose, a resume starts from it.
-                stopped = sys.exc_info()[0] is not None
+            while True:
+                result = RunResult(self.run_dir)
+                group = RunGroup.start(
+                    client, addresses, shards=self._worker_shards(spec), **self._comm_args()
+                )
                 try:
-                    group.close_shards("drop" if stopped else "warn")
+                    self._train(group, logs, result)
+                except RECOVERABLE as e:
+                    failed_at = time.monotonic()
+                    self._close_lost(group, client)
+                    if len(restarts) >= recovery["max_restarts"]:
+                        raise self._out_of_restarts(e, restarts) from e
+                    ckpt = latest_checkpoint(self.run_dir)
+                    if ckpt is None:
+                        raise  # nothing of this run to continue from: the error says what
+                    before = len(addresses)
+                    addresses, waited = wait_for_workers(client, before, recovery["wait_s"])
+                    if not addresses:
+                        raise self._out_of_restarts(e, restarts, "no worker came back") from e
+                    restarts.append(
+                        self._restart_from(ckpt, e, restarts, before, addresses, waited)
+                    )
+                    restarts[-1] = replace(restarts[-1], seconds=time.monotonic() - failed_at)
+                    record_restart(self.run_dir / "metrics.jsonl", restarts[-1])
+                    continue
+                except BaseException:
+                    self._close_lost(group, client)
+                    raise
+                # Finished: the rows changed since the last checkpoint are kept ("warn").
+                try:
+                    group.close_shards("warn")
                     client.run(remove_spill, self._stores / HOLDOUT_SPILL)
                 finally:
                     group.close()
-        return result
+                result.restarts = [r.to_json() for r in restarts]
+                return result
+
+    def _close_lost(self, group: RunGroup, client: Any) -> None:
+        """Stopped (Ctrl-C, an error, a lost worker): the rows changed since the last
+        checkpoint are dropped on purpose, a resume or a restart starts from it. A lost rank
+        cannot close; the others still do."""
+        try:
+            group.close_shards("drop")
+            client.run(remove_spill, self._stores / HOLDOUT_SPILL)
+        except RECOVERABLE as e:
+            log.info("closing the shards after a lost worker: %s", e)
+        finally:
+            group.close()
+
+    def _restart_from(
+        self,
+        ckpt: Checkpoint,
+        error: BaseException,
+        restarts: list[Restart],
+        before: int,
+        addresses: list[str],
+        waited: float,
+    ) -> Restart:
+        """Make the next attempt continue from ``ckpt`` on ``addresses``."""
+        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        log.warning(
+            "restart %d of %d: %s; continuing from %s (%d passes done) on %d workers",
+            len(restarts) + 1,
+            self.config.cluster.max_restarts,
+            cause,
+            ckpt.name,
+            ckpt.passes_done,
+            len(addresses),
+        )
+        self.echo(
+            f"restart {len(restarts) + 1}: a worker was lost; continuing from {ckpt.name} on "
+            f"{len(addresses)} workers"
+        )
+        resuming.restore_metrics(self.run_dir / "metrics.jsonl", ckpt.passes_done)
+        self._ckpt, self.warm_start = ckpt, None  # from now on a resume of this run
+        resuming.wait_for_stores(ckpt)
+        self._stores = self._stores_dir(len(addresses))
+        return Restart(
+            restart=len(restarts) + 1,
+            cause=cause,
+            checkpoint=ckpt.name,
+            passes_done=ckpt.passes_done,
+            workers_before=before,
+            workers_after=len(addresses),
+            waited_s=round(waited, 3),
+            seconds=0.0,
+        )
+
+    def _out_of_restarts(
+        self, error: BaseException, restarts: list[Restart], why: str = ""
+    ) -> DaskHPSError:
+        ckpt = latest_checkpoint(self.run_dir)
+        where = f"resume from {ckpt.name} with --resume" if ckpt else "start it again"
+        used = f"{len(restarts)} of cluster.max_restarts {self.config.cluster.max_restarts}"
+        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return WorkerLostError(
+            f"{why + ': ' if why else ''}{cause} (restarts used: {used}); {where} once the "
+            "workers are back"
+        )
 
     def _resume_point(self, name: str | None) -> Checkpoint:
         if name is not None:
@@ -605,6 +699,7 @@ class Trainer:
                 if result.passes
                 else None
             ),
+            "restarts": result.restarts,
         }
 
 

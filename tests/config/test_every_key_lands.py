@@ -351,6 +351,10 @@ def comm_args(b: Built) -> dict[str, Any]:
     return b.trainer._comm_args()
 
 
+def recovery_args(b: Built) -> dict[str, Any]:
+    return b.trainer._recovery_args()
+
+
 def evaluation(b: Built) -> dict[str, Any]:
     pred = np.array([0.1, 0.8, 0.3, 0.6])
     label = np.array([0.0, 1.0, 0.0, 1.0])
@@ -678,6 +682,20 @@ LANDINGS: dict[str, Landing] = {
         "cluster.dist_timeout_s=5",
         pick="timeout_s",
         expect=5.0,
+    ),
+    "cluster.max_restarts": L(
+        "the trainer's recovery from lost workers",
+        recovery_args,
+        "cluster.max_restarts=0",
+        pick="max_restarts",
+        expect=0,
+    ),
+    "cluster.restart_wait_s": L(
+        "the trainer's recovery from lost workers",
+        recovery_args,
+        "cluster.restart_wait_s=7",
+        pick="wait_s",
+        expect=7.0,
     ),
     "eval.every_pass": L(
         "the trainer's evaluation",

@@ -1,0 +1,75 @@
+"""Recovery from a lost worker: what may be retried, how long to wait for workers, and the
+record of each restart.
+
+::
+
+    a pass fails with a lost worker or a failed collective (WorkerLostError, CommError,
+    KilledWorker) ──► tear down the process group (the survivors drop their unsaved rows)
+      ──► wait up to cluster.restart_wait_s for as many workers as the run had
+            (replaced by a nanny, a scheduler of a job system, an operator); fewer after it
+      ──► the last complete checkpoint of this run, re-sharded when the count changed
+      ──► a new process group, the passes after the checkpoint again
+
+A daskhps error of the input, the config or the data (a ConfigError, a DataError, ...) is never
+retried: it would fail the same way. Neither is a failure before the run's first checkpoint:
+there is nothing to continue from. Each restart is a ``{"restart": ...}`` line in
+``metrics.jsonl``, a warning in the log and an entry of ``summary.json``'s ``restarts``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from distributed import KilledWorker
+
+from daskhps._scheduler import scheduler_workers
+from daskhps.distributed._errors import CommError
+
+__all__ = ["RECOVERABLE", "Restart", "record_restart", "wait_for_workers"]
+
+log = logging.getLogger(__name__)
+
+# What a lost machine looks like from the driver (WorkerLostError is a CommError).
+RECOVERABLE: tuple[type[BaseException], ...] = (CommError, KilledWorker)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One automatic restart."""
+
+    restart: int  # 1, 2, ... of cluster.max_restarts
+    cause: str  # the failure's first line
+    checkpoint: str  # what the run continued from
+    passes_done: int
+    workers_before: int
+    workers_after: int
+    waited_s: float  # for workers
+    seconds: float  # from the failure to training again (teardown, wait, re-shard, setup)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def wait_for_workers(client: Any, want: int, wait_s: float) -> tuple[list[str], float]:
+    """Worker addresses in rank order once ``want`` are there, or those present after
+    ``wait_s`` seconds (at least one); and the seconds waited."""
+    t = time.monotonic()
+    while True:
+        found = sorted(scheduler_workers(client))
+        waited = time.monotonic() - t
+        if len(found) >= want or (found and waited >= wait_s):
+            return found, waited
+        if waited >= max(wait_s, 1.0) * 3 and not found:
+            return found, waited  # none at all, long past the wait: the caller says so
+        time.sleep(0.25)
+
+
+def record_restart(metrics_path: Path, restart: Restart) -> None:
+    """Append the restart to ``metrics.jsonl`` (a line of its own kind, beside the passes)."""
+    with open(metrics_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"restart": restart.to_json()}) + "\n")
