@@ -189,45 +189,46 @@ class ServingLookup:
                 "layout differs; open a new lookup on the newer version instead"
             )
         old = self._stores
-        base = old.version.commit
         new = ShardedStores(version)
-        changed: torch.Tensor | None
-        how: Literal["diff", "full"] = "diff"
-        try:
-            changed = old.changed_keys(old.segment_ids(), new)
-        except (DaskHPSError, OSError) as e:
-            log.warning("refresh to %s without a delta: caches emptied (%s)", version.describe(), e)
-            changed, how = None, "full"
-        return PreparedRefresh(version, new, base, changed, how, time.perf_counter() - t)
+        changed, how = _diff(old, old.segment_ids(), new)
+        return PreparedRefresh(
+            version, new, old.version.commit, changed, how, time.perf_counter() - t
+        )
 
     def _refresh_prepared(self, p: PreparedRefresh) -> RefreshReport:
         t = time.perf_counter()
         old = self._stores
         old_commit, changed, how = old.version.commit, p.changed, p.how
         if old_commit != p.base:  # refreshed since it was prepared: the delta is from there
-            try:
-                changed, how = old.changed_keys(old.segment_ids(), p.stores), "diff"
-            except (DaskHPSError, OSError):
-                changed, how = None, "full"
+            changed, how = _diff(old, old.segment_ids(), p.stores)
         read_before = p.stores.rows_read
+        self._use(p.stores)
+        return RefreshReport(
+            old_commit=old_commit,
+            new_commit=p.version.commit,
+            changed_keys=len(p.stores) if changed is None else len(changed),
+            replaced_rows=self._renew(changed),
+            rows_read=p.stores.rows_read - read_before,
+            how=how,
+            seconds=time.perf_counter() - t,
+        )
+
+    def _use(self, stores: ShardedStores) -> None:
+        """Read from ``stores`` from now on; the served ones are closed."""
+        old = self._stores
         self._store_rows_read += old.rows_read
         old.close()
-        self._stores = self._read.below = p.stores
+        self._stores = self._read.below = stores
+
+    def _renew(self, changed: torch.Tensor | None) -> int:
+        """Re-read the cached rows of ``changed`` keys (None: empty the caches); how many."""
         replaced = 0
         for cache in self._caches():
             if changed is None:
                 cache.evict(keys=cache.keys())
             else:
                 replaced += _replace(cache, changed, self._read)
-        return RefreshReport(
-            old_commit=old_commit,
-            new_commit=p.version.commit,
-            changed_keys=len(p.stores) if changed is None else len(changed),
-            replaced_rows=replaced,
-            rows_read=p.stores.rows_read - read_before,
-            how=how,
-            seconds=time.perf_counter() - t,
-        )
+        return replaced
 
     def refresh(self, version: TableVersion | PreparedRefresh) -> RefreshReport:
         """Move to ``version`` (a newer commit of the same stores, usually) through its delta.
@@ -255,31 +256,15 @@ class ServingLookup:
         try:
             changed, new = old.advance(version), old
         except StoreMismatchError:
-            how = "diff"
             new = ShardedStores(version)
             read_before = new.rows_read
-            try:
-                changed = old.changed_keys(before, new)
-            except (DaskHPSError, OSError) as e:
-                log.warning(
-                    "refresh to %s without a delta: caches emptied (%s)", version.describe(), e
-                )
-                changed, how = None, "full"
-            self._store_rows_read += old.rows_read
-            old.close()
-            self._stores = self._read.below = new
-        replaced = 0
-        if changed is None:
-            for cache in self._caches():
-                cache.evict(keys=cache.keys())
-        else:
-            for cache in self._caches():
-                replaced += _replace(cache, changed, self._read)
+            changed, how = _diff(old, before, new)
+            self._use(new)
         return RefreshReport(
             old_commit=old_commit,
             new_commit=version.commit,
             changed_keys=len(new) if changed is None else len(changed),
-            replaced_rows=replaced,
+            replaced_rows=self._renew(changed),
             rows_read=new.rows_read - read_before,
             how=how,
             seconds=time.perf_counter() - t,
@@ -314,6 +299,18 @@ class ServingLookup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _diff(
+    old: ShardedStores, before: list[frozenset[int]], new: ShardedStores
+) -> tuple[torch.Tensor | None, Literal["diff", "full"]]:
+    """The keys whose row may differ between ``old`` at the segments ``before`` and ``new``,
+    and how they were found; None (logged) when no delta exists: the caches are emptied."""
+    try:
+        return old.changed_keys(before, new), "diff"
+    except (DaskHPSError, OSError) as e:
+        log.warning("refresh to %s without a delta: caches emptied (%s)", new.version.describe(), e)
+        return None, "full"
 
 
 def _replace(cache: Cache, changed: torch.Tensor, path: ReadPath) -> int:

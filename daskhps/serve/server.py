@@ -87,9 +87,7 @@ class Server:
         self.score_pool = ThreadPoolExecutor(1, thread_name_prefix="daskhps-score")
         self.poll_pool = ThreadPoolExecutor(1, thread_name_prefix="daskhps-poll")
         self.metrics = ServerMetrics(self._hit_rate, lambda: self.version or "")
-        self.swaps: list[Any] = []
         self._http: tornado.httpserver.HTTPServer | None = None
-        self._polling = False
         self._poll_error: str | None = None
         self._started = time.perf_counter()
 
@@ -178,7 +176,6 @@ class Server:
         prepared = await loop.run_in_executor(self.poll_pool, online.prepare, published)
         swap = await loop.run_in_executor(self.score_pool, online.swap, prepared)
         self._poll_error = None
-        self.swaps.append(swap)
         self.metrics.refreshes.labels(swap.how).inc()
         self.metrics.pause.set(swap.pause_seconds)
         return swap
