@@ -39,15 +39,24 @@ class Command:
     interrupted: Callable[[argparse.Namespace], str] | None = None
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    return _whole_number(text, 0)
 
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:

@@ -68,6 +68,14 @@ def _named(item: Any) -> Any:
     return {"name": item} if isinstance(item, str) else item
 
 
+def _a_field(cls: type[Options], data: Any) -> Any:
+    """A field's entry is its column name or a mapping of its keys (the fields' validator)."""
+    if not isinstance(data, (str, Mapping)):
+        keys = ", ".join(cls.key_names())
+        raise Problem("", f"expected a column name or a mapping with keys {keys}; got {data!r}")
+    return _named(data)
+
+
 class DenseTreatment(Options):
     """What is done to a numeric value: ``clip -> transform``, and ``fill`` where it is missing
     (``dense_defaults`` sets it for every dense field)."""
@@ -101,10 +109,7 @@ class DenseField(DenseTreatment):
     @model_validator(mode="before")
     @classmethod
     def _a_name(cls, data: Any) -> Any:
-        if not isinstance(data, (str, Mapping)):
-            keys = ", ".join(cls.key_names())
-            raise Problem("", f"expected a column name or a mapping with keys {keys}; got {data!r}")
-        return _named(data)
+        return _a_field(cls, data)
 
     @classmethod
     def key_names(cls) -> tuple[str, ...]:
@@ -127,10 +132,7 @@ class CategoricalField(Options):
     @model_validator(mode="before")
     @classmethod
     def _a_name(cls, data: Any) -> Any:
-        if not isinstance(data, (str, Mapping)):
-            keys = ", ".join(cls.key_names())
-            raise Problem("", f"expected a column name or a mapping with keys {keys}; got {data!r}")
-        return _named(data)
+        return _a_field(cls, data)
 
     @property
     def multi_hot(self) -> bool:

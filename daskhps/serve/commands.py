@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from daskhps.cli import positive_int
+from daskhps.cli import non_negative_int, positive_int
 
 __all__ = [
     "add_export_arguments",
@@ -34,6 +34,20 @@ def _model_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _cache_arguments(p: argparse.ArgumentParser, each: str) -> None:
+    """The lookup's cache sizes and the model's batch size, held by each worker or process."""
+    p.add_argument(
+        "--device-rows", type=positive_int, default=1 << 20, help=f"device cache rows {each}"
+    )
+    p.add_argument(
+        "--host-mb",
+        type=non_negative_int,
+        default=256,
+        help=f"host-memory cache {each}, MiB (0: none)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=4096, help="rows per model batch")
+
+
 def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     _model_argument(p)
     p.add_argument(
@@ -44,13 +58,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=positive_int, default=None, help="local workers (default: the config's)"
     )
-    p.add_argument(
-        "--device-rows", type=positive_int, default=1 << 20, help="device cache rows per worker"
-    )
-    p.add_argument(
-        "--host-mb", type=int, default=256, help="host-memory cache per worker, MiB (0: none)"
-    )
-    p.add_argument("--batch-size", type=positive_int, default=4096, help="rows per batch")
+    _cache_arguments(p, "per worker")
     p.add_argument(
         "--labels",
         choices=("auto", "present", "absent"),
@@ -73,7 +81,7 @@ def run_predict(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
             workers=args.workers,
             device_rows=args.device_rows,
-            host_bytes=max(args.host_mb, 0) << 20,
+            host_bytes=args.host_mb << 20,
             batch_size=args.batch_size,
             overwrite=args.overwrite,
             labels=args.labels,
@@ -132,13 +140,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-body-mb", type=positive_int, default=64, help="request body size limit, MiB"
     )
-    p.add_argument(
-        "--device-rows", type=positive_int, default=1 << 20, help="device cache rows a process"
-    )
-    p.add_argument(
-        "--host-mb", type=int, default=256, help="host-memory cache a process, MiB (0: none)"
-    )
-    p.add_argument("--batch-size", type=positive_int, default=4096, help="rows per model batch")
+    _cache_arguments(p, "a process")
     p.add_argument(
         "--warmup",
         default=None,
@@ -177,7 +179,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_mb << 20,
             batch_size=args.batch_size,
             device_rows=args.device_rows,
-            host_bytes=max(args.host_mb, 0) << 20,
+            host_bytes=args.host_mb << 20,
             warmup=args.warmup,
             threads=args.threads,
         )
