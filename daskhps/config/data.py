@@ -31,7 +31,7 @@ from daskhps.config._options import (
 )
 from daskhps.data.backend import Backend
 from daskhps.data.badrows import BadRowPolicy
-from daskhps.data.schema import Schema, criteo_schema, load_schema
+from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.data.source import SUCCESS, DataSource, TrainLogs
 from daskhps.data.synthetic import GeneratorConfig
 from daskhps.errors import ConfigError
@@ -150,22 +150,6 @@ class HoldoutConfig(Options):
         return self
 
 
-def _schema(spec: Any, ctx: Ctx) -> Schema:
-    p = "data.schema"
-    if isinstance(spec, Mapping):
-        return validate(Schema, spec, ctx, p)
-    if not isinstance(spec, str):
-        raise ctx.error(p, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}")
-    # A schema file is looked up beside the config file first, then from the current folder;
-    # a builtin name stays the builtin unless it looks like a file (load_schema). Its errors
-    # name the schema file and its line, after the key of the run config that names the file.
-    base = Path(ctx.source).parent if ctx.source.endswith((".yaml", ".yml")) else None
-    try:
-        return load_schema(spec, base)
-    except ConfigError as e:
-        raise ctx.error(p, str(e)) from None
-
-
 # What editors are told the schema and bad_rows keys take (the loader checks the rest).
 _SCHEMA_JSON = {"anyOf": [{"type": "string"}, {"type": "object"}]}
 _BAD_ROWS_JSON = {"anyOf": [{"enum": ["skip", "fail"]}, BadRowPolicy.model_json_schema()]}
@@ -245,7 +229,8 @@ with warnings.catch_warnings():
         @classmethod
         def parse(cls, d: Any, ctx: Ctx, run_dir: str, seed: int) -> DataConfig:
             if isinstance(d, Mapping) and d.get("schema") is not None:
-                d = {**d, "schema": _schema(d["schema"], ctx)}  # files beside the config
+                # A schema file is found beside the config, and its errors name data.schema.
+                d = {**d, "schema": schema_at(d["schema"], ctx, "data.schema")}
             return validate(cls, d, ctx, "data", {"run_dir": run_dir, "seed": seed})
 
         @property

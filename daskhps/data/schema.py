@@ -40,6 +40,7 @@ __all__ = [
     "criteo_schema",
     "load_schema",
     "looks_like_file",
+    "schema_at",
 ]
 
 LABEL = "label"
@@ -304,3 +305,20 @@ def load_schema(
         )
     data, lines = load_yaml_with_lines(path)
     return validate(Schema, data, Ctx(str(path), lines), "")
+
+
+def schema_at(spec: Any, ctx: Ctx, key: str) -> Schema:
+    """The schema a config's ``key`` names (a builtin, a file or a mapping); its errors name
+    ``key`` of ``ctx``'s file, and a schema file's own errors its file and line after that.
+
+    A schema file is looked up beside the config file first, then from the current folder.
+    """
+    if isinstance(spec, Mapping):
+        return validate(Schema, spec, ctx, key)
+    if not isinstance(spec, str):
+        raise ctx.error(key, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}")
+    base = Path(ctx.source).parent if ctx.source.endswith((".yaml", ".yml")) else None
+    try:
+        return load_schema(spec, base)
+    except ConfigError as e:
+        raise ctx.error(key, str(e)) from None

@@ -25,9 +25,9 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
 from daskhps.config._context import Ctx, join
-from daskhps.config._options import Options, Problem, shown, validate
+from daskhps.config._options import Options, Problem, shown
 from daskhps.data.badrows import BadRowPolicy
-from daskhps.data.schema import Schema, criteo_schema, load_schema
+from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.errors import DataError
 
 __all__ = ["SUCCESS", "DataSource", "day_of", "resolve_files"]
@@ -75,18 +75,7 @@ class DataSource:
             source,
             prefix,
         )
-        ctx = Ctx(source)
-        key = join(prefix, "schema")
-        spec = d.get("schema", "criteo")
-        if isinstance(spec, Mapping):
-            schema = validate(Schema, spec, ctx, key)
-        elif isinstance(spec, str):
-            base = Path(source).parent if Path(source).suffix in (".yaml", ".yml") else None
-            schema = load_schema(spec, base)
-        else:
-            raise ctx.error(
-                key, f"expected a builtin name (criteo), a file or a mapping; got {spec!r}"
-            )
+        schema = schema_at(d.get("schema", "criteo"), Ctx(source), join(prefix, "schema"))
         return logs.source(
             schema, BadRowPolicy.from_dict(d.get("bad_rows"), source, join(prefix, "bad_rows"))
         )
