@@ -431,6 +431,12 @@ DEV = "the trainer's WorkerShards, opened on rank 0"
 GEN = "the log generator (data.generate.ensure, as Trainer.run calls it)"
 READ = "the click-log reader (read_train_and_holdout, as Trainer.run calls it)"
 CLUSTER = "start_cluster's arguments (Trainer._cluster_args)"
+# A tls:// address needs all three files; each subkey then replaces one of these.
+_SECURITY = ClusterSecurity(ca_file="a", cert_file="b", key_file="c")
+_TLS = (
+    "cluster.address=tls://10.1.2.3:8786",
+    "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
+)
 SETUP = "the dense-replica setup handed to every rank (Trainer._train_setup)"
 OPT = "the sparse optimizer of the table shard"
 # cudf is the non-default reader that can be told apart from auto on a machine without cudf;
@@ -629,46 +635,21 @@ LANDINGS: dict[str, Landing] = {
         CLUSTER,
         cluster_args,
         "cluster.security={{ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}}",
-        base=(
-            "cluster.address=tls://10.1.2.3:8786",
-            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
-        ),
+        base=_TLS,
         pick="security",
         expect=ClusterSecurity(ca_file="ca.pem", cert_file="c.pem", key_file="k.pem"),
     ),
-    "cluster.security.ca_file": L(
-        CLUSTER,
-        cluster_args,
-        "cluster.security.ca_file=x.pem",
-        base=(
-            "cluster.address=tls://10.1.2.3:8786",
-            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
-        ),
-        pick="security",
-        expect=ClusterSecurity(ca_file="x.pem", cert_file="b", key_file="c"),
-    ),
-    "cluster.security.cert_file": L(
-        CLUSTER,
-        cluster_args,
-        "cluster.security.cert_file=y.pem",
-        base=(
-            "cluster.address=tls://10.1.2.3:8786",
-            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
-        ),
-        pick="security",
-        expect=ClusterSecurity(ca_file="a", cert_file="y.pem", key_file="c"),
-    ),
-    "cluster.security.key_file": L(
-        CLUSTER,
-        cluster_args,
-        "cluster.security.key_file=z.pem",
-        base=(
-            "cluster.address=tls://10.1.2.3:8786",
-            "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
-        ),
-        pick="security",
-        expect=ClusterSecurity(ca_file="a", cert_file="b", key_file="z.pem"),
-    ),
+    **{
+        f"cluster.security.{key}": L(
+            CLUSTER,
+            cluster_args,
+            f"cluster.security.{key}=new.pem",
+            base=_TLS,
+            pick="security",
+            expect=_SECURITY.model_copy(update={key: "new.pem"}),
+        )
+        for key in ClusterSecurity.model_fields
+    },
     "cluster.dist_backend": L(
         "the process group's arguments",
         comm_args,

@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from daskhps.retrain.publish import freeze_version
+from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.serve import TableVersion
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from daskhps.training.checkpoint import Checkpoint
 
 SPEC = TableSpec("emb", 4, OptimizerSpec(kind="adagrad", lr=0.1), seed=7)
 SHARDS = 8
@@ -68,3 +71,15 @@ def tree_state(folder: Path) -> dict[str, tuple[int, int]]:
             st = os.stat(os.path.join(root, f))
             out[os.path.join(root, f)] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def publish_checkpoint(registry: Registry, name: str, ckpt: Checkpoint) -> None:
+    """Freeze ``ckpt`` as version ``name`` under the registry's folder and make it current, as
+    a retraining day that passed its gates does."""
+    frozen = freeze_version(ckpt, registry.folder / name, name)
+    days = ("2024-01-01",)
+    registry.publish(
+        Version(name, str(frozen.path), frozen.commit, str(frozen.stores_dir), None, days,
+                days[0], "2024-01-02"),
+        Attempt(f"a-{name}", None, days, "2024-01-02", "published", name),
+    )  # fmt: skip

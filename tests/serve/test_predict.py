@@ -24,8 +24,7 @@ import torch
 from daskhps.cli import main
 from daskhps.distributed import start_cluster
 from daskhps.errors import DataError
-from daskhps.retrain.publish import freeze_version
-from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.retrain.versions import Registry
 from daskhps.serve import Servable, ServingLookup, ShardedStores, load_servable
 from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
 from daskhps.serve.predict import SUCCESS, SUMMARY, predict
@@ -35,7 +34,7 @@ from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkp
 from daskhps.training.metrics import evaluate_predictions
 from tests._clusters import SharedClusters
 from tests.serve import standalone
-from tests.serve.helpers import bits, reference_rows, tree_state
+from tests.serve.helpers import bits, publish_checkpoint, reference_rows, tree_state
 
 pytestmark = pytest.mark.slow
 
@@ -303,21 +302,7 @@ def test_a_retraining_runs_published_version_is_a_model(run: dict[str, Any]) -> 
     ckpt = latest_checkpoint(run["cfg"].run.dir)
     assert ckpt is not None
     versions = run["tmp"] / "retrain" / "versions"
-    frozen = freeze_version(ckpt, versions / "v000001", "v000001")
-    days = ("2024-01-01",)
-    Registry(versions).publish(
-        Version(
-            "v000001",
-            str(frozen.path),
-            frozen.commit,
-            str(frozen.stores_dir),
-            None,
-            days,
-            days[0],
-            "2024-01-02",
-        ),
-        Attempt("a1", None, days, "2024-01-02", "published", "v000001"),
-    )
+    publish_checkpoint(Registry(versions), "v000001", ckpt)
     s = load_servable(versions.parent)
     assert (s.name, s.table.commit) == ("v000001", "version-v000001")
     scorer = Scorer(s, CacheSizes(device_rows=1000, host_bytes=0))

@@ -25,12 +25,11 @@ import pandas as pd
 import pytest
 import tornado.netutil
 
-from daskhps.retrain.publish import freeze_version
-from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.retrain.versions import Registry
 from daskhps.serve.client import ServeClient
 from daskhps.serve.server import ServeOptions, Server
 from daskhps.training.checkpoint import list_checkpoints
-from tests.serve.helpers import tree_state
+from tests.serve.helpers import publish_checkpoint, tree_state
 
 pytestmark = pytest.mark.slow
 
@@ -79,16 +78,6 @@ def _raw(files: list[str]) -> pd.DataFrame:
     ]
     raw = pd.concat(parts, ignore_index=True)
     return raw.replace("", np.nan)
-
-
-def _publish(registry: Registry, name: str, ckpt: Any, folder: Path) -> None:
-    frozen = freeze_version(ckpt, folder / name, name)
-    days = ("2024-01-01",)
-    registry.publish(
-        Version(name, str(frozen.path), frozen.commit, str(frozen.stores_dir), None, days,
-                days[0], "2024-01-02"),
-        Attempt(f"a-{name}", None, days, "2024-01-02", "published", name),
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +173,7 @@ def registry(run: dict[str, Any], tmp_path: Path) -> tuple[Registry, list[Any]]:
     folder = tmp_path / "retrain" / "versions"
     ckpts = list_checkpoints(run["cfg"].run.dir)
     reg = Registry(folder)
-    _publish(reg, "v000001", ckpts[0], folder)
+    publish_checkpoint(reg, "v000001", ckpts[0])
     return reg, ckpts
 
 
@@ -224,7 +213,7 @@ def test_it_follows_current_through_publish_and_rollback_without_a_failed_reques
         loader = threading.Thread(target=load)
         loader.start()
         time.sleep(0.5)
-        _publish(reg, "v000002", ckpts[1], folder)
+        publish_checkpoint(reg, "v000002", ckpts[1])
         swap = r.refresh()
         assert (swap.old, swap.new, swap.how) == ("v000001", "v000002", "diff")
         time.sleep(0.5)
