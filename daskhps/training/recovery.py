@@ -57,15 +57,13 @@ class Restart:
 
 def wait_for_workers(client: Any, want: int, wait_s: float) -> tuple[list[str], float]:
     """Worker addresses in rank order once ``want`` are there, or those present after
-    ``wait_s`` seconds (at least one); and the seconds waited."""
+    ``wait_s`` seconds (fewer, perhaps none: the caller says so); and the seconds waited."""
     t = time.monotonic()
     while True:
         found = sorted(scheduler_workers(client))
         waited = time.monotonic() - t
-        if len(found) >= want or (found and waited >= wait_s):
+        if len(found) >= want or waited >= wait_s:
             return found, waited
-        if waited >= max(wait_s, 1.0) * 3 and not found:
-            return found, waited  # none at all, long past the wait: the caller says so
         time.sleep(0.25)
 
 
