@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+import fsspec
+from pydantic import Field, field_validator
 
 from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Options, validate
+from daskhps.config._options import Int, Options, Problem, validate
 
 __all__ = ["CheckpointConfig"]
 
@@ -24,6 +25,20 @@ class CheckpointConfig(Options):
     """Keep the newest N checkpoints (older ones are deleted)."""
     full_every: Int = Field(4, ge=1)
     """Every Nth checkpoint is a full base; others are deltas."""
+    replicate_to: str | None = Field(None, min_length=1)
+    """A second copy of each checkpoint and its stores: a shared folder or an fsspec URL
+    (file://, s3://, ...); null: none."""
+
+    @field_validator("replicate_to")
+    @classmethod
+    def _a_known_protocol(cls, url: str | None) -> str | None:
+        if url is not None:
+            protocol = url.split("://", 1)[0] if "://" in url else "file"
+            try:
+                fsspec.get_filesystem_class(protocol)
+            except (ImportError, ValueError) as e:
+                raise Problem("", f"cannot use {url!r}: {str(e).splitlines()[0]}") from None
+        return url
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> CheckpointConfig:

@@ -143,6 +143,9 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
         )
     else:
         ckpt = find_checkpoint(p, checkpoint)
+    from daskhps.training.replica import sound_checkpoint
+
+    ckpt = sound_checkpoint(ckpt)  # its stores gone with a disk: the copy, if there is one
     try:
         return Servable.from_checkpoint(ckpt)
     except DaskHPSError:

@@ -98,7 +98,10 @@ class Checkpoint(CheckpointManifest):
     def at(cls, path: str | os.PathLike[str], manifest: dict[str, Any]) -> Checkpoint:
         """The checkpoint in ``path`` whose manifest reads ``manifest`` (raises
         :class:`~daskhps.training.manifest.ManifestError` when it lacks fields)."""
-        return cls(path=Path(path), **cls.json_fields(manifest))
+        fields = cls.json_fields(manifest)
+        if not fields["stores_dir"].is_absolute():  # a copy's: beside it, wherever it lies
+            fields["stores_dir"] = Path(os.path.normpath(Path(path) / fields["stores_dir"]))
+        return cls(path=Path(path), **fields)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -224,7 +227,7 @@ def check_checkpoint(folder: str | os.PathLike[str]) -> Checkpoint | Skipped:
     except (OSError, ValueError) as e:
         return Skipped(folder, "unreadable", f"{MANIFEST} does not parse ({e})")
     try:
-        fields = Checkpoint.json_fields(manifest)
+        Checkpoint.json_fields(manifest)
     except ManifestError as e:
         return Skipped(folder, "unreadable", f"{MANIFEST} {e}")
     if not isinstance(manifest["format"], int) or manifest["format"] > FORMAT:
@@ -242,7 +245,7 @@ def check_checkpoint(folder: str | os.PathLike[str]) -> Checkpoint | Skipped:
     problems = _file_problems(folder, files)
     if problems:
         return Skipped(folder, "damaged", "; ".join(problems))
-    return Checkpoint(path=folder, **fields)
+    return Checkpoint.at(folder, manifest)
 
 
 def _verify(folder: Path) -> Checkpoint:

@@ -8,6 +8,8 @@ One checkpoint, in the order that makes a crash at any moment harmless::
                                         since the previous commit)
     MANIFEST.json, written last by atomic rename ──► visible
     drop checkpoints beyond ``keep``: their folders, then the store commits only they used
+    [checkpoint.replicate_to: every rank's new store files, then the checkpoint's files, its
+     manifest last ──► the copy is visible; then what the local side dropped, dropped there]
 
 A crash before the manifest leaves the previous checkpoint as the latest; the store commit of
 the torn one is replaced when the resumed run commits that name again.
@@ -38,6 +40,8 @@ from daskhps.training.checkpoint import (
 )
 from daskhps.training.killpoints import kill_point
 from daskhps.training.records import PassRecord
+from daskhps.training.recovery import RECOVERABLE
+from daskhps.training.replica import Copied, Replica, mirror_shards
 
 __all__ = ["Checkpointer", "Position"]
 
@@ -68,6 +72,7 @@ class Checkpointer:
         stores_dir: Path,
         days: list[str] | None = None,
         plan: dict[str, Any] | None = None,
+        replica: Replica | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -75,6 +80,7 @@ class Checkpointer:
         self.stores_dir = stores_dir
         self.days = list(days or [])
         self.plan = plan  # identifies the plan's input; a resume checks it
+        self.replica = replica
 
     def due(self, pos: Position) -> bool:
         return self.config.checkpoint.due(pos.passes_done, pos.passes_done == pos.total_passes)
@@ -131,7 +137,41 @@ class Checkpointer:
             raise
         kill_point("after_checkpoint", at)
         self.prune()
+        self.replicate(ckpt)
         return ckpt
+
+    def replicate(self, ckpt: Checkpoint) -> Copied | None:
+        """Copy ``ckpt`` (complete, and the newest) and its stores to ``checkpoint.replicate_to``
+        (see :mod:`daskhps.training.replica`); what moved, None without a copy. Raises
+        :class:`CheckpointError` (a lost worker as itself); the local checkpoint stays whole."""
+        r = self.replica
+        if r is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            out = Copied()
+            for moved in self.group.on_shards(mirror_shards, r.url, False, what="copy stores"):
+                out.add(Copied(moved["files"], moved["bytes"]))
+            out.add(r.put_checkpoint(ckpt))
+            kill_point("after_replica", ckpt.passes_done - 1)
+            out.removed += r.prune_checkpoints({c.name for c in list_checkpoints(self.run_dir)})
+            for gone in self.group.on_shards(mirror_shards, r.url, True, what="prune the copy"):
+                out.removed += gone["removed"]
+        except RECOVERABLE:
+            raise
+        except Exception as e:
+            raise CheckpointError(
+                f"copying checkpoint {ckpt.name} to checkpoint.replicate_to {r.url} failed: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; the local "
+                "checkpoint is complete: make the location writable, then resume with --resume "
+                "(the copy catches up)"
+            ) from e
+        log.info(
+            "copied %s to %s: %d files, %.1f MiB in %.2f s (%d removed)",
+            *(ckpt.name, r.url, out.files, out.bytes / 2**20, time.perf_counter() - t0),
+            out.removed,
+        )
+        return out
 
     def _fields(
         self, pos: Position, kind: str, record: PassRecord, stats: list[dict[str, Any]]

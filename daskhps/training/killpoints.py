@@ -10,6 +10,8 @@ the point is reached. Points, in the order one pass meets them::
     checkpoint_dense   the checkpoint's dense.pt and state.json are written, nothing else
     checkpoint_commit  the table shards committed the checkpoint, its manifest is not written
     after_checkpoint   the checkpoint is complete
+    after_replica      its copy at checkpoint.replicate_to is complete (the copy's old files
+                       are not removed yet)
 
 Tests reach each moment through these names, never through timers. Unset, nothing happens.
 """
@@ -29,7 +31,14 @@ from daskhps.errors import ConfigError
 __all__ = ["ENV", "POINTS", "check_env", "kill_point", "kill_when_running"]
 
 ENV = "DASKHPS_KILL_AT"
-POINTS = ("stage", "mid_pass", "checkpoint_dense", "checkpoint_commit", "after_checkpoint")
+POINTS = (
+    "stage",
+    "mid_pass",
+    "checkpoint_dense",
+    "checkpoint_commit",
+    "after_checkpoint",
+    "after_replica",
+)
 
 log = logging.getLogger(__name__)
 

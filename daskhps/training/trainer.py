@@ -60,6 +60,7 @@ from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
 from daskhps.training.records import Batches, PassRecord, RankPassResult
 from daskhps.training.recovery import RECOVERABLE, Restart, record_restart, wait_for_workers
+from daskhps.training.replica import Replica, restore_stores
 
 __all__ = ["HOLDOUT_SPILL", "RunResult", "Trainer"]
 
@@ -283,6 +284,9 @@ class Trainer:
             "the table's stores",
             "set table.tiers.store_dir to a writable folder",
         )
+        replica = self._replica()
+        if replica is not None:
+            replica.check_writable(cfg.source)
         sizing = check_fits(cfg, resume=resume)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         if resume and self.warm_start is not None:
@@ -429,6 +433,7 @@ class Trainer:
         )
         resuming.restore_metrics(self.run_dir / "metrics.jsonl", ckpt.passes_done)
         self._ckpt, self.warm_start = ckpt, None  # from now on a resume of this run
+        self._restore_from_copy(ckpt)  # the lost worker's disk may have gone with it
         resuming.wait_for_stores(ckpt)
         self._stores = self._stores_dir(len(addresses))
         return Restart(
@@ -466,14 +471,28 @@ class Trainer:
                     "run.dir)"
                 )
             ckpt = found
-        _refuse_damaged_stores(ckpt)
         changes = resuming.check_resume(ckpt, self.config)
+        self._restore_from_copy(ckpt)
+        _refuse_damaged_stores(ckpt)
         accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
         self.echo(
             f"resuming from {ckpt.path} ({ckpt.passes_done} passes done)"
             + (f"; changed: {accepted}" if accepted else "")
         )
         return ckpt
+
+    def _replica(self) -> Replica | None:
+        url = self.config.checkpoint.replicate_to
+        return None if url is None else Replica(url)
+
+    def _restore_from_copy(self, ckpt: Checkpoint) -> None:
+        """Put back the rank stores of ``ckpt`` that are missing or damaged from the copy at
+        ``checkpoint.replicate_to``, if there is one (what cannot be restored is left for the
+        damage check to name)."""
+        replica = self._replica()
+        if replica is not None:
+            for line in restore_stores(ckpt, replica):
+                self.echo(line)
 
     def _stores_dir(self, num_workers: int) -> Path:
         """The stores to train in: the config's for a new run, the checkpoint's on resume,
@@ -503,8 +522,17 @@ class Trainer:
             cfg.passes.plan.global_batch_size,
         )
         checkpointer = Checkpointer(
-            cfg, self.run_dir, group, self._stores, begun.days, begun.fingerprint
+            cfg, self.run_dir, group, self._stores, begun.days, begun.fingerprint, self._replica()
         )
+        ckpt = self._ckpt
+        if (
+            checkpointer.replica is not None
+            and ckpt is not None
+            and self.warm_start is None
+            and ckpt.stores_dir == self._stores  # not re-sharded: these stores are its
+            and not checkpointer.replica.has_checkpoint(ckpt.name)
+        ):
+            checkpointer.replicate(ckpt)  # a copy that failed or began with this resume
         progress = PassProgress(
             client,
             self.run_id,

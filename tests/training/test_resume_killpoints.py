@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -311,3 +313,53 @@ def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
     assert cli_main(["inspect", str(final.path)]) == 0
     text = capsys.readouterr().out
     assert "pass-000003 (base" in text and f"{len(ref_rows):,} rows" in text
+
+
+def test_a_store_lost_with_its_disk_is_restored_from_the_copy(
+    tmp_path: Path,
+    logs: Path,
+    reference: tuple[RunResult, Checkpoint, dict[int, np.ndarray]],
+    shared_clusters: SharedClusters,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``checkpoint.replicate_to`` as a ``file://`` URL: the driver is killed once pass 2's
+    checkpoint and its copy are complete, and rank 0's local store goes with its disk. The
+    resume restores it from the copy and ends bit-identical to the reference; the copy then
+    holds the kept checkpoints, each loadable where it lies; and the model loader of predict
+    and serving reads the copy when a checkpoint's store is damaged."""
+    from daskhps.serve.version import load_servable
+
+    _, ref_ckpt, ref_rows = reference
+    config = _write_config(tmp_path, logs)
+    d = yaml.safe_load(config.read_text())
+    d["checkpoint"]["replicate_to"] = f"file://{tmp_path / 'copy'}"
+    config.write_text(yaml.safe_dump(d))
+    run_dir = tmp_path / "run"
+    _killed(config, "after_replica:1")
+    assert _latest(run_dir) == 2
+    lost = run_dir / "stores" / "embeddings" / "rank-0"
+    shutil.rmtree(lost)
+    caplog.set_level(logging.INFO, "daskhps.training.trainer")
+    Trainer(_in_process(config, shared_clusters), progress=False).run(resume=True)
+    assert "restored rank 0's store of pass-000002 from file://" in caplog.text
+    final = latest_checkpoint(run_dir)
+    assert final is not None and final.passes_done == 3
+    for k, v in ref_ckpt.dense_state().items():
+        assert torch.equal(final.dense_state()[k], v), k
+    rows = _rows(final)
+    assert rows.keys() == ref_rows.keys()
+    assert all(np.array_equal(rows[k].view(np.int32), ref_rows[k].view(np.int32)) for k in rows)
+
+    copies = list_checkpoints(tmp_path / "copy")  # keep: 2, in the copy as well
+    assert [c.passes_done for c in copies] == [2, 3]
+    assert copies[-1].stores_dir == tmp_path / "copy" / "stores" / "stores"
+    copied = _rows(copies[-1])
+    assert copied.keys() == rows.keys()
+    assert all(np.array_equal(copied[k], v) for k, v in rows.items())
+    chunk = max(
+        (p for p in (lost / "segments").rglob("*") if p.is_file() and "/c/" in p.as_posix()),
+        key=lambda p: p.stat().st_size,
+    )  # the base's compacted rows: read at its commit
+    chunk.write_bytes(chunk.read_bytes()[:-4])  # the local store damaged: served from the copy
+    served = load_servable(run_dir)
+    assert served.table.stores_dir == copies[-1].stores_dir

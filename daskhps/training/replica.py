@@ -1,0 +1,318 @@
+"""A second copy of a run's checkpoints at ``checkpoint.replicate_to``: a shared folder or an
+fsspec URL (``file://``, object storage), so a checkpoint outlives the disk of the worker that
+holds a shard of it.
+
+::
+
+    <replicate_to>/
+      checkpoints/pass-000004/     dense.pt, state.json, MANIFEST.json (its stores_dir is
+                                   ../../stores/<name>: the copy loads where it lies)
+      stores/<name>/<table>/rank-<r>/   a mirror of each rank's shard store (<name>: the
+                                   folder name of the stores the checkpoint reads)
+
+After each local checkpoint is complete, every rank mirrors its store (store files never
+change once written, so only the files new since the last copy travel: a delta checkpoint
+costs its delta), the checkpoint's files follow and ``MANIFEST.json`` comes last, so a copy
+cut short is never loaded. Only then are the copy's files that the local stores dropped
+removed. A rank store that is missing or damaged when a run resumes or recovers is restored
+from the copy; ``predict`` and serving read the copy when a checkpoint's stores are damaged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from daskhps.errors import CheckpointError, ConfigError
+from daskhps.tiers.store.check import StoreChecker
+from daskhps.training.checkpoint import (
+    MANIFEST,
+    Checkpoint,
+    check_checkpoint,
+    store_damage,
+)
+
+__all__ = ["Copied", "Replica", "mirror_shards", "restore_stores", "sound_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+KEY = "checkpoint.replicate_to"
+_LAST = ("commits", "zarr.json")  # a store's files made visible last, in this order
+_SKIP = ("LOCK",)  # the writer's lock: local to the writer
+
+
+@dataclass
+class Copied:
+    """What one copy moved."""
+
+    files: int = 0
+    bytes: int = 0
+    removed: int = 0
+
+    def add(self, other: Copied) -> None:
+        self.files += other.files
+        self.bytes += other.bytes
+        self.removed += other.removed
+
+
+class Replica:
+    """The copy of one run's checkpoints at ``url`` (a path or an fsspec URL)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as e:  # an unknown protocol, a missing package
+            raise ConfigError(f"{KEY}: cannot use {url!r}: {e}") from None
+        self.root = self.root.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"Replica({self.url!r})"
+
+    @property
+    def local(self) -> bool:
+        """Whether the copy is a folder of this machine (then it is read where it lies)."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def checkpoint_path(self, name: str) -> str:
+        return self._path("checkpoints", name)
+
+    def store_path(self, stores: str, table: str, rank: int) -> str:
+        return self._path("stores", stores, table, f"rank-{rank}")
+
+    # -- before a run ------------------------------------------------------------------
+
+    def check_writable(self, source: str) -> None:
+        """One line naming :data:`KEY` when the copy cannot be written; nothing is left."""
+        probe = self._path(f".daskhps-probe-{os.getpid()}")
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            with self.fs.open(probe, "wb") as f:
+                f.write(b"daskhps")
+            self.fs.rm_file(probe)
+        except (OSError, ValueError, PermissionError) as e:
+            raise ConfigError(
+                f"{source}: {KEY}: cannot write checkpoints to {self.url} ({_cause(e)}); set it "
+                "to a writable folder or URL, or remove it"
+            ) from None
+
+    # -- writing ---------------------------------------------------------------------
+
+    def put_checkpoint(self, ckpt: Checkpoint) -> Copied:
+        """Copy ``ckpt``'s files, its manifest last (pointing at the copy's stores)."""
+        dest = self.checkpoint_path(ckpt.name)
+        self.fs.makedirs(dest, exist_ok=True)
+        out = Copied()
+        for name in ckpt.files:
+            self.fs.put_file(str(ckpt.path / name), f"{dest}/{name}")
+            out.files += 1
+            out.bytes += int(ckpt.files[name]["size"])
+        manifest = dict(ckpt.manifest)
+        manifest["stores_dir"] = f"../../stores/{ckpt.stores_dir.name}"
+        manifest["replica_of"] = str(ckpt.path)
+        _put_atomic(self.fs, f"{dest}/{MANIFEST}", json.dumps(manifest, indent=2).encode())
+        return out
+
+    def has_checkpoint(self, name: str) -> bool:
+        return bool(self.fs.exists(f"{self.checkpoint_path(name)}/{MANIFEST}"))
+
+    def prune_checkpoints(self, keep: set[str]) -> int:
+        """Remove the copy's checkpoints not in ``keep`` (manifest first); how many."""
+        removed = 0
+        for name in self._checkpoint_names():
+            if name not in keep:
+                folder = self.checkpoint_path(name)
+                if self.fs.exists(f"{folder}/{MANIFEST}"):
+                    self.fs.rm_file(f"{folder}/{MANIFEST}")
+                self.fs.rm(folder, recursive=True)
+                removed += 1
+        return removed
+
+    def _checkpoint_names(self) -> list[str]:
+        folder = self._path("checkpoints")
+        if not self.fs.exists(folder):
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(folder, detail=False))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def local_checkpoint(self, name: str) -> Checkpoint | None:
+        """The copy of checkpoint ``name`` as a checkpoint of its own (a local copy, complete
+        and verified), else None."""
+        if not self.local:
+            return None
+        found = check_checkpoint(Path(self.checkpoint_path(name)))
+        return found if isinstance(found, Checkpoint) else None
+
+    def restore_store(self, ckpt: Checkpoint, rank: int) -> Path:
+        """Put the copy of rank ``rank``'s store of ``ckpt`` in its local place; a damaged store
+        there is moved aside (``rank-<r>.damaged-<time>``), never deleted. Raises
+        :class:`CheckpointError` when the copy lacks it or is damaged too."""
+        table = str(ckpt.table["table"])
+        src = self.store_path(ckpt.stores_dir.name, table, rank)
+        dest = ckpt.store_path(rank)
+        if not self.has_checkpoint(ckpt.name) or not self.fs.exists(f"{src}/zarr.json"):
+            raise CheckpointError(
+                f"rank {rank}'s store of {ckpt.name} is not in the copy at {self.url}"
+            )
+        tmp = dest.with_name(f".{dest.name}.restoring")
+        shutil.rmtree(tmp, ignore_errors=True)  # an earlier restore cut short: ours alone
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        self.fs.get(src.rstrip("/") + "/", str(tmp), recursive=True)
+        check = StoreChecker().check(tmp, ckpt.commit)
+        if not check.ok:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"the copy at {self.url} of rank {rank}'s store of {ckpt.name} is damaged too: "
+                f"{check.damage[0]}"
+            )
+        if dest.exists():
+            aside = dest.with_name(f"{dest.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+            os.replace(dest, aside)
+            log.warning("moved the damaged store %s aside to %s", dest, aside)
+        os.replace(tmp, dest)
+        return dest
+
+
+def restore_stores(ckpt: Checkpoint, replica: Replica) -> list[str]:
+    """Restore every rank store of ``ckpt`` that is missing or damaged at its commit from
+    ``replica``; a line for each restored one (a copy that cannot help is logged and left: the
+    caller's damage check then names the local problem)."""
+    checker = StoreChecker()
+    done = []
+    for rank in range(ckpt.num_workers):
+        check = checker.check(ckpt.store_path(rank), ckpt.commit)
+        if check.ok:
+            continue
+        was = "damaged" if ckpt.store_path(rank).exists() else "missing"
+        try:
+            replica.restore_store(ckpt, rank)
+        except (CheckpointError, OSError) as e:
+            log.warning("cannot restore rank %d's store of %s: %s", rank, ckpt.name, e)
+            continue
+        done.append(
+            f"restored rank {rank}'s store of {ckpt.name} from {replica.url} (it was {was}: "
+            f"{check.damage[0]})"
+        )
+    return done
+
+
+def sound_checkpoint(ckpt: Checkpoint) -> Checkpoint:
+    """``ckpt``, or its copy at its ``checkpoint.replicate_to`` when its own stores are damaged
+    or missing and the copy's are sound (logged); what ``predict`` and serving read."""
+    damage = store_damage(ckpt)
+    url = ckpt.config.checkpoint.replicate_to if damage else None
+    if url is None:
+        return ckpt
+    copy = Replica(url).local_checkpoint(ckpt.name)
+    if copy is None or store_damage(copy):
+        return ckpt
+    log.warning(
+        "the stores of checkpoint %s are damaged (%s): reading its copy %s",
+        ckpt.path,
+        damage[0],
+        copy.path,
+    )
+    return copy
+
+
+def mirror_store(fs: Any, local: Path, dest: str) -> Copied:
+    """Copy the files of the store at ``local`` that ``dest`` lacks or holds at another size
+    (store files never change once written); its commits and root metadata last."""
+    have = _sizes(fs, dest)
+    out = Copied()
+    for rel, size in sorted(_local_files(local), key=lambda f: _order(f[0])):
+        target = f"{dest}/{rel}"
+        if have.get(target) == size:
+            continue
+        if _order(rel) > 0:  # a commit or the root: complete or absent, never half
+            _put_atomic(fs, target, (local / rel).read_bytes())
+        else:
+            fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(local / rel), target)
+        out.files += 1
+        out.bytes += size
+    return out
+
+
+def prune_store(fs: Any, local: Path, dest: str) -> int:
+    """Remove the files of ``dest`` the store at ``local`` no longer has (dropped commits and
+    the segments only they used); how many. Run once the newer checkpoint's copy is whole."""
+    keep = {f"{dest}/{rel}" for rel, _ in _local_files(local)}
+    gone = [p for p in _sizes(fs, dest) if p not in keep]
+    for p in sorted(gone, key=lambda p: -_order(p[len(dest) + 1 :])):  # commits first
+        fs.rm_file(p)
+    return len(gone)
+
+
+def mirror_shards(shards: Any, url: str, prune: bool) -> dict[str, int]:
+    """On a worker: mirror (or, with ``prune``, prune) this rank's store of every table into
+    the copy at ``url`` (``WorkerShards`` method style, run through ``RunGroup.on_shards``)."""
+    replica = Replica(url)
+    out = Copied()
+    stores = Path(shards.stores_dir).name
+    for table in list(shards.tables):
+        with shards.locked(table):  # the store is quiet: nothing writes while it is copied
+            local = shards.store_path(table)
+            dest = replica.store_path(stores, table, shards.rank)
+            if prune:
+                out.removed += prune_store(replica.fs, local, dest)
+            else:
+                out.add(mirror_store(replica.fs, local, dest))
+    return {"files": out.files, "bytes": out.bytes, "removed": out.removed}
+
+
+def _local_files(root: Path) -> Iterator[tuple[str, int]]:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name in _SKIP or name.endswith(".tmp"):
+                continue
+            path = Path(folder) / name
+            yield path.relative_to(root).as_posix(), path.stat().st_size
+
+
+def _sizes(fs: Any, dest: str) -> dict[str, int]:
+    """Every file under ``dest`` in the copy, by path, with its size."""
+    if not fs.exists(dest):
+        return {}
+    found = fs.find(dest, detail=True)
+    return {p: int(i.get("size") or 0) for p, i in found.items() if i.get("type") != "directory"}
+
+
+def _order(rel: str) -> int:
+    """0 for segments and index snapshots, then commits, then the root metadata."""
+    top = rel.split("/", 1)[0]
+    return _LAST.index(top) + 1 if top in _LAST else 0
+
+
+def _put_atomic(fs: Any, target: str, data: bytes) -> None:
+    """``target`` complete or absent: written beside it, then moved into place (a rename on
+    a local or shared folder; an object store's single upload is whole by itself)."""
+    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+    if isinstance(fs, LocalFileSystem):
+        tmp = f"{target}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    else:
+        fs.pipe_file(target, data)
+
+
+def _cause(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
