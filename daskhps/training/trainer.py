@@ -370,7 +370,7 @@ class Trainer:
                     self._close_lost(group, client)
                     if len(restarts) >= recovery["max_restarts"]:
                         raise self._out_of_restarts(e, restarts) from e
-                    ckpt = latest_checkpoint(self.run_dir)
+                    ckpt = self._recovery_point()
                     if ckpt is None:
                         raise  # nothing of this run to continue from: the error says what
                     before = len(addresses)
@@ -433,7 +433,6 @@ class Trainer:
         )
         resuming.restore_metrics(self.run_dir / "metrics.jsonl", ckpt.passes_done)
         self._ckpt, self.warm_start = ckpt, None  # from now on a resume of this run
-        self._restore_from_copy(ckpt)  # the lost worker's disk may have gone with it
         resuming.wait_for_stores(ckpt)
         self._stores = self._stores_dir(len(addresses))
         return Restart(
@@ -485,6 +484,18 @@ class Trainer:
         url = self.config.checkpoint.replicate_to
         return None if url is None else Replica(url)
 
+    def _recovery_point(self) -> Checkpoint | None:
+        """The newest checkpoint of this run whose stores are sound, restored from the copy
+        where they went with a lost disk; None when there is none (each one passed over is
+        a warning: the run trains its passes again and rewrites it)."""
+        for ckpt in reversed(list_checkpoints(self.run_dir)):
+            self._restore_from_copy(ckpt)
+            damage = store_damage(ckpt)
+            if not damage:
+                return ckpt
+            log.warning("cannot continue from %s: its stores are damaged: %s", ckpt.name, damage[0])
+        return None
+
     def _restore_from_copy(self, ckpt: Checkpoint) -> None:
         """Put back the rank stores of ``ckpt`` that are missing or damaged from the copy at
         ``checkpoint.replicate_to``, if there is one (what cannot be restored is left for the
@@ -492,7 +503,7 @@ class Trainer:
         replica = self._replica()
         if replica is not None:
             for line in restore_stores(ckpt, replica):
-                self.echo(line)
+                log.warning("%s", line)  # a lost disk: worth a line, quiet or not
 
     def _stores_dir(self, num_workers: int) -> Path:
         """The stores to train in: the config's for a new run, the checkpoint's on resume,

@@ -393,6 +393,12 @@ def checkpoints_kept(b: Built) -> list[str]:
     return [c.name for c in ck.list_checkpoints(b.trainer.run_dir)]
 
 
+def replica(b: Built) -> str | None:
+    """Where the checkpointer copies each checkpoint (its Replica's URL), None: nowhere."""
+    r = b.trainer._replica()
+    return None if r is None else r.url
+
+
 def guard(b: Built) -> tuple[bool, int, int]:
     """What the publish guard (daskhps retrain: judge(..., config.retrain)) says of a fixed
     candidate and baseline."""
@@ -699,6 +705,12 @@ LANDINGS: dict[str, Landing] = {
     "checkpoint.full_every": L("the checkpointer", checkpoints_due, "checkpoint.full_every=2"),
     "checkpoint.keep": L(
         "the checkpointer", checkpoints_kept, "checkpoint.keep=1", expect=["pass-000005"]
+    ),
+    "checkpoint.replicate_to": L(
+        "the checkpointer's copy",
+        replica,
+        "checkpoint.replicate_to=file://{tmp}/copy",
+        expect="file://{tmp}/copy",
     ),
     "retrain.max_auc_drop": L("the publish guard", guard, "retrain.max_auc_drop=0.05"),
     "retrain.max_logloss_rise": L("the publish guard", guard, "retrain.max_logloss_rise=0.01"),

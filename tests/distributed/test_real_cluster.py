@@ -1,13 +1,17 @@
 """The quickstart on a real Dask cluster: ``dask scheduler`` and ``dask worker`` processes on
 127.0.0.1 (tests/_real_cluster.py), reached with ``--set cluster.address=...`` as
 docs/operations.md shows. A worker SIGKILLed mid-run is recovered from by itself: the model
-is the embedded cluster's, bit for bit, when the worker is replaced, and within the
+is the embedded cluster's, bit for bit, when the worker is replaced (its disk lost with it:
+the store comes back from checkpoint.replicate_to), and within the
 worker-count tolerance when the run goes on with fewer. A scheduler without workers is one
 line; TLS with cluster.security."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -42,23 +46,45 @@ def _sets(overrides: list[str]) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
-def _kill_after(cluster: RealCluster, run_dir: Path, rank: int, replace: bool) -> threading.Thread:
-    """SIGKILL worker ``rank`` (and its nanny) a second after the run's second checkpoint,
-    in the middle of a pass; start a replacement if ``replace``."""
+def _store_of(cluster: RealCluster, worker: int, stores: Path) -> Path:
+    """The rank store that worker process ``worker`` holds open (its LOCK names the pid of a
+    process in the worker's process group)."""
+    for lock in stores.glob("rank-*/LOCK"):
+        words = lock.read_text().split()
+        if len(words) > 1 and words[0] == "pid":
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(int(words[1])) == cluster.workers[worker].pid:
+                    return lock.parent
+    raise AssertionError(f"worker {worker} holds no store in {stores}")
+
+
+def _kill_after(
+    cluster: RealCluster, done: Path, rank: int, replace: bool, lose: Path | None = None
+) -> threading.Thread:
+    """SIGKILL worker ``rank`` (and its nanny) a second after ``done`` (the run's second
+    checkpoint, or its copy) appears, in the middle of a pass; with ``lose`` (the run's
+    stores of its table), the store the worker held goes too (its disk lost); start a
+    replacement if ``replace``."""
 
     def kill() -> None:
         deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "pass-000002").is_dir():
+        while not done.exists():
             if time.monotonic() > deadline:
                 return
             time.sleep(0.1)
         time.sleep(1.0)
+        held = _store_of(cluster, rank, lose) if lose is not None else None
         cluster.kill_worker(rank)
+        if held is not None:
+            shutil.rmtree(held)
+            lost.append(held.name)
         if replace:
             cluster.add_worker(wait=False)
 
+    lost: list[str] = []
     t = threading.Thread(target=kill, daemon=True)
     t.start()
+    t.lost = lost  # type: ignore[attr-defined]
     return t
 
 
@@ -76,7 +102,7 @@ def _same_model(a: Path, b: Path, rtol: float = 0.0) -> None:
 
 
 def test_the_quickstart_on_dask_worker_processes_recovers_from_lost_workers(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Uninterrupted on the embedded cluster; then on `dask worker` processes with a worker
     SIGKILLed mid-run: replaced (the same model, bit for bit), and not replaced (re-sharded
@@ -85,11 +111,24 @@ def test_the_quickstart_on_dask_worker_processes_recovers_from_lost_workers(
     with RealCluster(tmp_path / "cluster", workers=2, memory_limit="3GiB") as cluster:
         # the file's embedded-cluster settings (n_workers, memory_limit, ...) are set aside
         at = ["--set", f"cluster.address={cluster.address}", "--set", "cluster.restart_wait_s=5"]
-        killer = _kill_after(cluster, tmp_path / "replaced", 1, replace=True)
-        assert main([*_small(tmp_path, "replaced"), *at]) == 0
+        # the replaced worker's disk is lost too: its store comes back from the copy
+        copy = tmp_path / "copy"
+        killer = _kill_after(
+            cluster,
+            copy / "checkpoints" / "pass-000002" / "MANIFEST.json",
+            1,
+            replace=True,
+            lose=tmp_path / "replaced" / "stores" / "embeddings",
+        )
+        replicated = ["--set", f"checkpoint.replicate_to=file://{copy}"]
+        assert main([*_small(tmp_path, "replaced"), *at, *replicated]) == 0
         killer.join()
+        (lost,) = killer.lost  # type: ignore[attr-defined]
+        assert f"restored {lost.replace('-', ' ')}'s store of pass-000002" in caplog.text
         assert cluster.alive() == 2  # the run closed its shards, not the operator's workers
-        killer = _kill_after(cluster, tmp_path / "fewer", 0, replace=False)
+        killer = _kill_after(
+            cluster, tmp_path / "fewer" / "checkpoints" / "pass-000002", 0, replace=False
+        )
         assert main([*_small(tmp_path, "fewer"), *at]) == 0
         killer.join()
     capsys.readouterr()

@@ -35,6 +35,7 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "checkpoint.every_passes": (True, True),
     "checkpoint.full_every": (True, True),
     "checkpoint.keep": (True, True),
+    "checkpoint.replicate_to": (True, True),
     "cluster.address": (True, True),
     "cluster.dashboard_address": (True, True),
     "cluster.dist_backend": (True, True),

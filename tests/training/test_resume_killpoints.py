@@ -40,6 +40,7 @@ from daskhps.training.trainer import RunResult, Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here
+from tests.serve.helpers import tree_state
 
 pytestmark = pytest.mark.slow
 
@@ -321,12 +322,14 @@ def test_a_store_lost_with_its_disk_is_restored_from_the_copy(
     reference: tuple[RunResult, Checkpoint, dict[int, np.ndarray]],
     shared_clusters: SharedClusters,
     caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """``checkpoint.replicate_to`` as a ``file://`` URL: the driver is killed once pass 2's
     checkpoint and its copy are complete, and rank 0's local store goes with its disk. The
     resume restores it from the copy and ends bit-identical to the reference; the copy then
     holds the kept checkpoints, each loadable where it lies; and the model loader of predict
-    and serving reads the copy when a checkpoint's store is damaged."""
+    and serving reads the copy when a checkpoint's store is damaged. A location that cannot
+    be written is one line before anything of the run changes."""
     from daskhps.serve.version import load_servable
 
     _, ref_ckpt, ref_rows = reference
@@ -363,3 +366,16 @@ def test_a_store_lost_with_its_disk_is_restored_from_the_copy(
     chunk.write_bytes(chunk.read_bytes()[:-4])  # the local store damaged: served from the copy
     served = load_servable(run_dir)
     assert served.table.stores_dir == copies[-1].stores_dir
+
+    before = {**tree_state(run_dir), **tree_state(tmp_path / "copy")}
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    for where in (blocked / "copy", Path("/proc/daskhps-copy")):
+        refused = cli_here(
+            *(capfd, caplog, "train", str(config), "--resume", "--overwrite"),
+            *("--set", f"checkpoint.replicate_to={where}"),
+        )
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        line = refused.stderr.strip().splitlines()[-1]
+        assert f"checkpoint.replicate_to: cannot write checkpoints to {where}" in line, line
+    assert {**tree_state(run_dir), **tree_state(tmp_path / "copy")} == before
