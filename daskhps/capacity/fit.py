@@ -370,10 +370,15 @@ def _check_memory(
     exact = memory.device.resident + (memory.host.resident if memory.host else 0) + memory.dense
     if memory.total > PAUSE_FRACTION * limit:
         part, n, fix = _largest_part(cfg, memory)
+        raise_limit = (
+            "raise cluster.memory_limit"
+            if cfg.cluster.local
+            else "start the workers with a larger --memory-limit"
+        )
         msg = (
             f"one worker needs about {_gib(memory.total)} at its peak, above "
             f"{PAUSE_FRACTION:.0%} of its memory limit {_gib(limit)}, where Dask pauses it; the "
-            f"largest part is {part} ({_gib(n)}): {fix}, or raise cluster.memory_limit"
+            f"largest part is {part} ({_gib(n)}): {fix}, or {raise_limit}"
         )
         sure = keys.certain or exact > PAUSE_FRACTION * limit
         (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))

@@ -36,7 +36,13 @@ from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
 from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
-from daskhps.errors import ConfigError, DaskHPSError, ResumeError, RunExistsError
+from daskhps.errors import (
+    CapacityError,
+    ConfigError,
+    DaskHPSError,
+    ResumeError,
+    RunExistsError,
+)
 from daskhps.monitor.progress import PassProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
@@ -356,6 +362,8 @@ class Trainer:
                 self.echo(f"dashboard: {handle.dashboard_link}")
             addresses = list(handle.addresses)
             client = handle.client
+            if not cfg.cluster.local:  # the workers are known only now: size the run on them
+                self._check_cluster_fits(client, len(addresses))
             spec = cfg.table_spec()
             self._stores = self._stores_dir(len(addresses))
             while True:
@@ -479,6 +487,24 @@ class Trainer:
             + (f"; changed: {accepted}" if accepted else "")
         )
         return ckpt
+
+    def _check_cluster_fits(self, client: Any, workers: int) -> None:
+        """Refuse, in one line, a run that cannot fit the memory of the workers behind
+        ``cluster.address`` (the embedded cluster's was sized by the preflight)."""
+        from daskhps.capacity.fit import size_run
+
+        limits = [int(w.get("memory_limit") or 0) for w in scheduler_workers(client).values()]
+        report = size_run(
+            self.config,
+            workers=workers,
+            memory_limit=min(limits, default=0) or None,
+            resume=self._ckpt is not None and self.warm_start is None,
+        )
+        if not report.fits:
+            raise CapacityError(
+                f"{report.refusal()} (on the {workers} workers at cluster.address "
+                f"{self.config.cluster.address})"
+            )
 
     def _replica(self) -> Replica | None:
         url = self.config.checkpoint.replicate_to

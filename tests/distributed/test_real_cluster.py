@@ -160,16 +160,27 @@ def test_the_quickstart_on_dask_worker_processes_recovers_from_lost_workers(
             assert torch.equal(s.lookup(keys).rows, t.lookup(keys).rows)
 
 
-def test_a_scheduler_without_workers_is_one_line(
+def test_a_scheduler_without_workers_or_with_too_small_ones_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with RealCluster(tmp_path / "cluster", workers=0) as cluster:
+    """No worker yet: one line naming the scheduler. Then a worker of 400 MiB for a device
+    tier of 4M rows (512 MB): one line naming the tier's key and the workers' memory limit,
+    and nothing of the run is trained or checkpointed."""
+    with RealCluster(tmp_path / "cluster", workers=0, memory_limit="400MiB") as cluster:
         argv = [*_small(tmp_path, "run"), "--set", f"cluster.address={cluster.address}"]
         assert main(argv) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert f"the scheduler at {cluster.address} has no workers" in err, err
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"the scheduler at {cluster.address} has no workers" in err, err
+        cluster.add_worker()
+        assert main([*argv, "--set", "table.tiers.device={rows: 4000000}"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert "the run cannot fit" in err and "table.tiers.device.rows" in err, err
+        assert "start the workers with a larger --memory-limit" in err, err
+        assert f"at cluster.address {cluster.address}" in err, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_a_tls_cluster_with_the_files_of_cluster_security(
