@@ -10,7 +10,9 @@ Figures, each against the base commit of the same store:
 
 1. bytes the delta adds on disk (the issue's "delta size follows touched rows, not table
    size"), with the bytes of the touched rows themselves beside it;
-2. seconds the delta's commit takes.
+2. seconds the delta's commit takes;
+3. what ``checkpoint.replicate_to`` adds: the store's new files mirrored to a copy (a folder
+   on the same disk, as a ``file://`` URL), bytes and seconds against the commit's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter
 
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from daskhps.training.replica import Replica, mirror_store
 
 STRIDE = 7919  # spreads the keys over the int64 range's low end, as hashed keys would not
 
@@ -60,6 +63,23 @@ def main(argv: list[str] | None = None) -> None:
             base_s = time.perf_counter() - t0
             base = _bytes(path)
             rep.emit(f"base commit, {rows:,} rows", base / 2**20, "MiB", seconds=round(base_s, 3))
+            copy = Replica(f"file://{Path(tmp) / 'copy'}")
+            dest = copy.store_path("stores", "bench", 0)
+
+            def mirror(what: str, commit_s: float) -> None:
+                t0 = time.perf_counter()
+                moved = mirror_store(copy.fs, path, dest)
+                rep.emit(
+                    f"{what}: copied to checkpoint.replicate_to, seconds",
+                    time.perf_counter() - t0,
+                    "s",
+                    baseline=commit_s,
+                    baseline_name="its commit's seconds",
+                    copied_kib=round(moved.bytes / 2**10, 1),
+                    files=moved.files,
+                )
+
+            mirror(f"base commit, {rows:,} rows", base_s)
             gen = torch.Generator().manual_seed(0)
             for i, n in enumerate(touched):
                 keys = torch.randperm(rows, generator=gen)[:n] * STRIDE
@@ -84,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                     baseline=base_s,
                     baseline_name="the base commit's seconds",
                 )
+                mirror(f"delta commit, {n:,} touched rows of {rows:,}", seconds)
 
 
 if __name__ == "__main__":

@@ -99,10 +99,13 @@ class Replica:
         """One line naming :data:`KEY` when the copy cannot be written; nothing is left."""
         probe = self._path(f".daskhps-probe-{os.getpid()}")
         try:
+            made = self.local and not self.fs.exists(self.root)
             self.fs.makedirs(self.root, exist_ok=True)
             with self.fs.open(probe, "wb") as f:
                 f.write(b"daskhps")
             self.fs.rm_file(probe)
+            if made:  # the first checkpoint makes it again: a refused run leaves nothing
+                self.fs.rmdir(self.root)
         except (OSError, ValueError, PermissionError) as e:
             raise ConfigError(
                 f"{source}: {KEY}: cannot write checkpoints to {self.url} ({_cause(e)}); set it "

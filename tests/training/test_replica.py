@@ -107,4 +107,7 @@ def test_a_location_that_cannot_be_written_is_one_line_and_leaves_nothing(
 
 def test_a_writable_location_keeps_no_probe(tmp_path: Path) -> None:
     Replica(f"file://{tmp_path / 'copy'}").check_writable("run.yaml")
-    assert list((tmp_path / "copy").iterdir()) == []
+    assert not (tmp_path / "copy").exists()  # made for the probe, then removed
+    (tmp_path / "there").mkdir()
+    Replica(str(tmp_path / "there")).check_writable("run.yaml")
+    assert list((tmp_path / "there").iterdir()) == []

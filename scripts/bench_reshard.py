@@ -1,0 +1,116 @@
+"""Benchmark what a recovery onto fewer (or more) workers costs: re-sharding a checkpoint's
+stores, against copying the same store files, same run.
+
+    python scripts/bench_reshard.py [--json] [--quick] [--rows N] [--dim 64]
+
+A recovery that continues on another worker count re-shards the last checkpoint: every row is
+read from its old rank store and written to its new owner's (docs/checkpoints.md). A table of
+``--rows`` random keys (dim 64 with Adam by default: 772-byte rows, the scale benchmark's) is
+built with ``daskhps import`` into 2 rank stores; then, timed:
+
+1. the stores' files copied (``shutil.copytree``): what the disk does at best, the baseline;
+2. re-sharding them onto 1 worker and onto 3 (``daskhps.training.resume.reshard``);
+3. opening one rank store at the checkpoint's commit: what a recovery onto the same count
+   does instead.
+
+Rows per second, and the seconds they give for the scale benchmark's 49.1M-row table
+(docs/scale.md), extrapolated linearly: re-sharding streams the rows in blocks, so its time
+follows the row count as long as the key index fits in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import Reporter
+
+from daskhps.training.checkpoint import load_checkpoint
+from daskhps.training.resume import reshard
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+SCALE_ROWS = 49_100_000  # the scale benchmark's large table (docs/scale.md)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--quick", action="store_true", help="200,000 rows: a smoke run")
+    ap.add_argument("--rows", type=int, default=4_000_000, help="rows of the table")
+    ap.add_argument("--dim", type=int, default=64)
+    args = ap.parse_args(argv)
+    rows = 200_000 if args.quick else args.rows
+    rep = Reporter(args.json)
+    with tempfile.TemporaryDirectory(prefix="daskhps-reshard-") as tmp:
+        t = Path(tmp)
+        rng = np.random.default_rng(0)
+        keys = np.unique(rng.integers(0, 2**62, size=int(rows * 1.01), dtype=np.int64))[:rows]
+        np.save(t / "keys.npy", rng.permutation(keys))
+        np.save(t / "rows.npy", rng.standard_normal((rows, args.dim), dtype=np.float32))
+        run = t / "run"
+        sets = [
+            "--set", f"run.dir={run}",
+            "--set", f"data.generate.out={t / 'data'}",
+            "--set", f"table.dim={args.dim}",
+            "--set", "table.optimizer={kind: adam, lr: 0.001}",
+        ]  # fmt: skip
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "daskhps.cli", "import", str(QUICKSTART), *sets,
+             "--rows", str(t / "rows.npy"), "--keys", str(t / "keys.npy"), "--workers", "2",
+             "--quiet"],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        import_s = time.perf_counter() - t0
+        (t / "rows.npy").unlink()
+        ckpt = load_checkpoint(run)
+        row_bytes = ckpt.table_spec.row_bytes
+        rep.emit(
+            f"import of {rows:,} rows ({row_bytes} bytes each) into 2 rank stores",
+            import_s,
+            "s",
+            load=round(os.getloadavg()[0], 2),
+        )
+        t0 = time.perf_counter()
+        shutil.copytree(ckpt.stores_dir, t / "copied")
+        copy_s = time.perf_counter() - t0
+        shutil.rmtree(t / "copied")
+        rep.emit("copy of the stores' files (the baseline)", rows / copy_s, "rows/s")
+        for workers in (1, 3):
+            t0 = time.perf_counter()
+            reshard(ckpt, workers, t / f"resharded-{workers}")
+            seconds = time.perf_counter() - t0
+            shutil.rmtree(t / f"resharded-{workers}")
+            rep.emit(
+                f"re-shard from 2 workers to {workers}",
+                rows / seconds,
+                "rows/s",
+                baseline=rows / copy_s,
+                baseline_name="copying the store files",
+                seconds=round(seconds, 2),
+                at_scale_s=round(SCALE_ROWS / (rows / seconds)),
+            )
+        t0 = time.perf_counter()
+        with ckpt.open_store(0) as store:
+            n = len(store)
+        open_s = time.perf_counter() - t0
+        rep.emit(
+            f"open one rank store ({n:,} rows) at the commit (same worker count)",
+            open_s,
+            "s",
+            at_scale_s=round(open_s * SCALE_ROWS / rows, 1),
+        )
+        rep.emit("load average (1 min) at the end", os.getloadavg()[0], "")
+
+
+if __name__ == "__main__":
+    main()

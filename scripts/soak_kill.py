@@ -1,0 +1,324 @@
+"""Soak test: SIGKILL workers and the driver at random moments of a run; every run must still
+end with the model of an uninterrupted one.
+
+    python scripts/soak_kill.py [--json] [--out DIR] [--parts workers,driver]
+                                [--kills 10] [--rows-per-day 40000] [--seed 0]
+                                [--time-limit-s 3600]
+
+The run is the quickstart (configs/quickstart.yaml) at ``--rows-per-day`` rows a day, in passes
+of 5,000 examples (16 passes over 2 epochs on 2 workers), each pass checkpointed. First it
+trains once uninterrupted on the embedded cluster (the reference). Then, in two parts:
+
+``workers``  a ``dask scheduler`` and 2 ``dask worker --nanny`` processes on 127.0.0.1, and
+             ``daskhps train --set cluster.address=...``. ``--kills`` times, each at a random
+             moment after the run's next checkpoint since the previous restart (so the run
+             moves on between two kills), one random worker process is SIGKILLed; its nanny
+             starts it again and the run recovers by itself (``cluster.max_restarts`` covers
+             the kills). The killed worker's process group is left alone: the nanny stays.
+``driver``   ``daskhps train`` on its embedded cluster, SIGKILLed ``--kills`` times at a
+             random moment after its next checkpoint, each followed by ``daskhps train
+             --resume``; the last resume runs to the end.
+
+Each part's final checkpoint is compared with the reference: dense weights and every stored
+row, bit for bit (the worker count comes back each time). Reported per part: kills made and
+survived, the restarts the run recorded, recovery seconds (from the failure to training
+again, ``summary.json``'s ``restarts``) for the workers, and for both the wall time against
+the reference's. Bounded: ``--kills`` per part, and no part starts once ``--time-limit-s`` has
+gone by (a run still going then is stopped, and the part reported as cut short).
+Everything stays in ``--out`` (default: a temporary folder, removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import Reporter, cli
+
+from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+WORKERS = 2  # the quickstart's cluster.n_workers; the real cluster gets as many
+
+
+def _sets(out: Path, name: str, rows: int) -> list[str]:
+    return [
+        "--set", f"run.dir={out / name}",
+        "--set", f"data.generate.out={out / 'data'}",
+        "--set", f"data.generate.rows_per_day={rows}",
+        "--set", "data.generate.parts_per_day=2",
+        "--set", "passes.examples_per_pass=5000",
+        "--set", "run.quiet=true",
+    ]  # fmt: skip
+
+
+def _train(args: list[str], log: Path) -> subprocess.Popen:
+    return cli("train", str(QUICKSTART), *args, log=log)
+
+
+def _checkpoints(run_dir: Path) -> int:
+    """Passes done at the run's newest complete checkpoint (torn ones quietly left out)."""
+    done = list_checkpoints(run_dir)
+    return done[-1].passes_done if done else 0
+
+
+def _wait_for(cond: Any, proc: subprocess.Popen, deadline: float) -> bool:
+    """Until ``cond()`` (True) or the run ended or the deadline passed (False)."""
+    while not cond():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _same_model(run: Path, reference: Path) -> tuple[bool, str]:
+    a, b = latest_checkpoint(run), latest_checkpoint(reference)
+    if a is None or b is None or a.passes_done != b.passes_done:
+        return False, "no final checkpoint, or not the reference's"
+    da, db = a.dense_state(), b.dense_state()
+    for k in db:
+        if not bool((da[k] == db[k]).all()):
+            return False, f"dense {k} differs"
+    if a.num_workers != b.num_workers:
+        return False, f"{a.num_workers} workers, the reference {b.num_workers}"
+    for r in range(b.num_workers):
+        with a.open_store(r) as s, b.open_store(r) as t:
+            keys = t.keys()
+            if not bool((s.keys().sort().values == keys.sort().values).all()):
+                return False, f"rank {r}: other keys"
+            if not bool((s.lookup(keys).rows == t.lookup(keys).rows).all()):
+                return False, f"rank {r}: rows differ"
+    return True, "bit-identical"
+
+
+class _Cluster:
+    """``dask scheduler`` and ``dask worker --nanny`` processes on 127.0.0.1."""
+
+    def __init__(self, folder: Path, workers: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.procs: list[subprocess.Popen] = []
+        sched_file = folder / "scheduler.json"
+        self._spawn(
+            "scheduler",
+            ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(sched_file)],
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not sched_file.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no dask scheduler after 60 s; see {folder / 'scheduler.log'}")
+            time.sleep(0.1)
+        time.sleep(0.2)
+        self.address = json.loads(sched_file.read_text())["address"]
+        self.nannies = [self._worker(i, sched_file) for i in range(workers)]
+
+    def _worker(self, i: int, sched_file: Path) -> subprocess.Popen:
+        argv = ["worker", "--scheduler-file", str(sched_file), "--host", "127.0.0.1",
+                "--nthreads", "2", "--memory-limit", "3GiB", "--no-dashboard", "--nanny",
+                "--local-directory", str(self.folder / f"worker-{i}")]  # fmt: skip
+        return self._spawn(f"worker-{i}", argv)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        with open(self.folder / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "dask", *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                start_new_session=True,
+            )
+        self.procs.append(p)
+        return p
+
+    def kill_a_worker(self, rng: random.Random) -> int | None:
+        """SIGKILL a random worker process (not its nanny, which starts it again), as the
+        scheduler knows it; its pid, None when no worker is up right now."""
+        from distributed import Client
+
+        with Client(self.address, timeout="30s") as client:
+            pids = list(client.run(os.getpid).values())
+        if len(pids) < WORKERS:
+            return None  # one is being started again right now
+        victim = rng.choice(sorted(pids))
+        os.kill(victim, signal.SIGKILL)
+        return victim
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadline: float):
+    run_dir = out / "workers"
+    cluster = _Cluster(out / "cluster", WORKERS)
+    kills: list[float] = []
+    try:
+        sets = [*_sets(out, "workers", args.rows_per_day),
+                "--set", f"cluster.address={cluster.address}",
+                "--set", f"cluster.max_restarts={args.kills + 1}",
+                "--set", "cluster.restart_wait_s=120"]  # fmt: skip
+        t0 = time.perf_counter()
+        proc = _train(sets, out / "workers.log")
+        for restarts in range(1, args.kills + 1):
+            done = _checkpoints(run_dir)
+            # the run moves on between two kills: one more checkpoint since the last restart
+            if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
+                break
+            time.sleep(rng.uniform(0.0, 6.0))  # a random moment of the next pass
+            if proc.poll() is not None or cluster.kill_a_worker(rng) is None:
+                break
+            kills.append(time.perf_counter() - t0)
+            if not _wait_for(lambda n=restarts: _restarts_logged(run_dir) >= n, proc, deadline):
+                break
+        rc = _finish(proc, deadline)
+        seconds = time.perf_counter() - t0
+    finally:
+        cluster.close()
+    summary = _summary(run_dir)
+    return rc, seconds, kills, summary
+
+
+def _restarts_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum('"restart"' in line for line in path.read_text().splitlines())
+
+
+def _finish(proc: subprocess.Popen, deadline: float) -> int | None:
+    """The run's exit code, or None when it is stopped at the deadline."""
+    try:
+        return proc.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return None
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _driver_part(out: Path, args: argparse.Namespace, rng: random.Random, deadline: float):
+    run_dir = out / "driver"
+    sets = _sets(out, "driver", args.rows_per_day)
+    log = out / "driver.log"
+    kills: list[float] = []
+    t0 = time.perf_counter()
+    resume: list[str] = []
+    rc: int | None = None
+    for _ in range(args.kills):
+        done = _checkpoints(run_dir)
+        proc = _train([*sets, *resume], log)
+        if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
+            rc = _finish(proc, deadline)
+            break
+        time.sleep(rng.uniform(0.0, 6.0))
+        if proc.poll() is not None:
+            rc = proc.returncode
+            break
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its workers exit by themselves
+        proc.wait(30)
+        kills.append(time.perf_counter() - t0)
+        resume = ["--resume"]
+    else:
+        rc = _finish(_train([*sets, *resume], log), deadline)
+    return rc, time.perf_counter() - t0, kills, {"checkpoints": len(list_checkpoints(run_dir))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--out", type=Path, default=None, help="keep everything in this folder")
+    ap.add_argument("--parts", default="workers,driver", help="workers, driver or both")
+    ap.add_argument("--kills", type=int, default=10, help="kills per part")
+    ap.add_argument("--rows-per-day", type=int, default=40_000)
+    ap.add_argument("--seed", type=int, default=0, help="of the kill moments and victims")
+    ap.add_argument("--time-limit-s", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not set(parts) <= {"workers", "driver"}:
+        raise SystemExit(f"--parts: workers and/or driver, got {args.parts!r}")
+    rep = Reporter(args.json)
+    rng = random.Random(args.seed)
+    deadline = time.monotonic() + args.time_limit_s
+    tmp = None
+    if args.out is None:
+        tmp = tempfile.mkdtemp(prefix="daskhps-soak-")
+        out = Path(tmp)
+    else:
+        out = args.out
+        out.mkdir(parents=True, exist_ok=True)
+    try:
+        t0 = time.perf_counter()
+        ref = _train(_sets(out, "reference", args.rows_per_day), out / "reference.log")
+        if ref.wait() != 0:
+            raise SystemExit(f"the reference run failed; see {out / 'reference.log'}")
+        ref_s = time.perf_counter() - t0
+        passes = _checkpoints(out / "reference")
+        rep.emit("reference run", ref_s, "s", passes=passes, load=round(os.getloadavg()[0], 2))
+        for part in parts:
+            if time.monotonic() > deadline:
+                rep.emit(f"{part}: not started (time limit)", 0, "kills")
+                continue
+            fn = _workers_part if part == "workers" else _driver_part
+            rc, seconds, kills, summary = fn(out, args, rng, deadline)
+            same, why = _same_model(out / part, out / "reference")
+            rep.emit(
+                f"{part}: kills survived",
+                len(kills) if same and rc == 0 else 0,
+                "kills",
+                made=len(kills),
+                exit=rc,
+                model=why,
+            )
+            rep.emit(f"{part}: wall time", seconds, "s", baseline=ref_s, baseline_name="reference")
+            if part == "workers":
+                restarts = summary.get("restarts", [])
+                recovery = [float(r["seconds"]) for r in restarts]
+                rep.emit(
+                    "workers: restarts recorded",
+                    len(restarts),
+                    "restarts",
+                    recovery_median_s=round(statistics.median(recovery), 2) if recovery else None,
+                    recovery_max_s=round(max(recovery), 2) if recovery else None,
+                    waited_median_s=round(
+                        statistics.median(float(r["waited_s"]) for r in restarts), 2
+                    )
+                    if restarts
+                    else None,
+                )
+            else:
+                extra = (seconds - ref_s) / len(kills) if kills else 0.0
+                rep.emit("driver: seconds a kill and resume add", extra, "s")
+        rep.emit("load average (1 min) at the end", os.getloadavg()[0], "")
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
