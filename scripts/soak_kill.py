@@ -6,7 +6,7 @@ end with the model of an uninterrupted one.
                                 [--time-limit-s 3600]
 
 The run is the quickstart (configs/quickstart.yaml) at ``--rows-per-day`` rows a day, in passes
-of 5,000 examples (16 passes over 2 epochs on 2 workers), each pass checkpointed. First it
+of ``--examples-per-pass`` (32 passes over 2 epochs on 2 workers), each pass checkpointed. First it
 trains once uninterrupted on the embedded cluster (the reference). Then, in two parts:
 
 ``workers``  a ``dask scheduler`` and 2 ``dask worker --nanny`` processes on 127.0.0.1, and
@@ -54,13 +54,13 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 WORKERS = 2  # the quickstart's cluster.n_workers; the real cluster gets as many
 
 
-def _sets(out: Path, name: str, rows: int) -> list[str]:
+def _sets(out: Path, name: str, rows: int, per_pass: int) -> list[str]:
     return [
         "--set", f"run.dir={out / name}",
         "--set", f"data.generate.out={out / 'data'}",
         "--set", f"data.generate.rows_per_day={rows}",
         "--set", "data.generate.parts_per_day=2",
-        "--set", "passes.examples_per_pass=5000",
+        "--set", f"passes.examples_per_pass={per_pass}",
         "--set", "run.quiet=true",
     ]  # fmt: skip
 
@@ -176,7 +176,7 @@ def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadl
     cluster = _Cluster(out / "cluster", WORKERS)
     kills: list[float] = []
     try:
-        sets = [*_sets(out, "workers", args.rows_per_day),
+        sets = [*_sets(out, "workers", args.rows_per_day, args.examples_per_pass),
                 "--set", f"cluster.address={cluster.address}",
                 "--set", f"cluster.max_restarts={args.kills + 1}",
                 "--set", "cluster.restart_wait_s=120"]  # fmt: skip
@@ -187,7 +187,7 @@ def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadl
             # the run moves on between two kills: one more checkpoint since the last restart
             if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
                 break
-            time.sleep(rng.uniform(0.0, 6.0))  # a random moment of the next pass
+            time.sleep(rng.uniform(0.0, 3.0))  # a random moment of the next pass
             if proc.poll() is not None or cluster.kill_a_worker(rng) is None:
                 break
             kills.append(time.perf_counter() - t0)
@@ -224,7 +224,7 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 
 def _driver_part(out: Path, args: argparse.Namespace, rng: random.Random, deadline: float):
     run_dir = out / "driver"
-    sets = _sets(out, "driver", args.rows_per_day)
+    sets = _sets(out, "driver", args.rows_per_day, args.examples_per_pass)
     log = out / "driver.log"
     kills: list[float] = []
     t0 = time.perf_counter()
@@ -236,7 +236,7 @@ def _driver_part(out: Path, args: argparse.Namespace, rng: random.Random, deadli
         if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
             rc = _finish(proc, deadline)
             break
-        time.sleep(rng.uniform(0.0, 6.0))
+        time.sleep(rng.uniform(0.0, 3.0))
         if proc.poll() is not None:
             rc = proc.returncode
             break
@@ -255,7 +255,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="keep everything in this folder")
     ap.add_argument("--parts", default="workers,driver", help="workers, driver or both")
     ap.add_argument("--kills", type=int, default=10, help="kills per part")
-    ap.add_argument("--rows-per-day", type=int, default=40_000)
+    ap.add_argument("--rows-per-day", type=int, default=80_000)
+    ap.add_argument(
+        "--examples-per-pass", type=int, default=5_000, help="32 passes: room for the kills"
+    )
     ap.add_argument("--seed", type=int, default=0, help="of the kill moments and victims")
     ap.add_argument("--time-limit-s", type=float, default=3600.0)
     args = ap.parse_args(argv)
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.perf_counter()
-        ref = _train(_sets(out, "reference", args.rows_per_day), out / "reference.log")
+        ref_sets = _sets(out, "reference", args.rows_per_day, args.examples_per_pass)
+        ref = _train(ref_sets, out / "reference.log")
         if ref.wait() != 0:
             raise SystemExit(f"the reference run failed; see {out / 'reference.log'}")
         ref_s = time.perf_counter() - t0

@@ -48,7 +48,8 @@ class Candidate:
 def candidate_config(
     config: RunConfig, plan: DayPlan, attempt_dir: Path, stores_dir: str | Path
 ) -> RunConfig:
-    """``config`` narrowed to one attempt: the plan's days, its own folder, ``stores_dir``.
+    """``config`` narrowed to one attempt: the plan's days, its own folder, ``stores_dir`` and
+    copy location (``checkpoint.replicate_to``/attempts/<attempt>).
 
     Generated logs (``data.generate``) are read as the day partitions they are, from ``out``.
     """
@@ -73,7 +74,15 @@ def candidate_config(
         data=data,
         table=config.table.replace(tiers=config.table.tiers.replace(store_dir=str(stores_dir))),
         eval=config.eval.replace(metrics=metrics),
-        checkpoint=config.checkpoint.replace(every_passes=_ONLY_AT_THE_END),
+        checkpoint=config.checkpoint.replace(
+            every_passes=_ONLY_AT_THE_END,
+            # a copy location of its own: attempts never prune each other's copies
+            replicate_to=(
+                None
+                if config.checkpoint.replicate_to is None
+                else f"{config.checkpoint.replicate_to.rstrip('/')}/attempts/{attempt_dir.name}"
+            ),
+        ),
     )
 
 

@@ -37,8 +37,22 @@ def test_candidate_config(tmp_path: Path) -> None:
     assert cfg.table.tiers.store_dir == str(tmp_path / "stores")
     assert cfg.eval.metrics == ("ne", "auc", "logloss")  # what the guard reads
     assert cfg.checkpoint.due(3, last=True) and not cfg.checkpoint.due(1, last=False)
+    assert cfg.checkpoint.replicate_to is None
     # a valid run config on its own (it is written to the attempt's config.yaml)
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_each_attempt_copies_its_checkpoints_to_a_location_of_its_own(tmp_path: Path) -> None:
+    base = _cfg()
+    copying = dataclasses.replace(
+        base, checkpoint=base.checkpoint.replace(replicate_to="file:///shared/rt/")
+    )
+    a1, a2 = (
+        candidate_config(copying, PLAN, tmp_path / "attempts" / a, tmp_path / "stores")
+        for a in ("a1", "a2")
+    )
+    assert a1.checkpoint.replicate_to == "file:///shared/rt/attempts/a1"
+    assert a2.checkpoint.replicate_to == "file:///shared/rt/attempts/a2"
 
 
 def _base(cfg: RunConfig, tmp_path: Path) -> Checkpoint:
