@@ -110,6 +110,22 @@ def test_bench_checkpoint_quick() -> None:
     for r in deltas:
         assert r["value"] >= r["touched_row_kib"]  # the touched rows are in the delta
         assert r["ratio"] < 0.1  # and the delta is a small part of the whole table
+    copies = [r for r in recs if "copied to checkpoint.replicate_to" in r["name"]]
+    assert len(copies) == 3  # the base and each delta
+    base_kib = recs[0]["value"] * 2**10
+    assert copies[0]["copied_kib"] >= base_kib * 0.99  # the base's copy: the whole store
+    for copy, delta in zip(copies[1:], deltas, strict=True):
+        assert copy["copied_kib"] == pytest.approx(delta["value"], abs=0.1)  # what it added
+
+
+@pytest.mark.slow
+def test_bench_reshard_quick() -> None:
+    recs = {r["name"]: r for r in run_script("bench_reshard.py", "--quick")}
+    copy = recs["copy of the stores' files (the baseline)"]
+    for workers in (1, 3):
+        r = recs[f"re-shard from 2 workers to {workers}"]
+        assert r["unit"] == "rows/s" and r["value"] > 0 and r["baseline"] == copy["value"]
+        assert r["at_scale_s"] > 0
 
 
 @pytest.mark.slow
