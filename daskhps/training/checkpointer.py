@@ -122,6 +122,8 @@ class Checkpointer:
                 self.group.on_shards(
                     WorkerShards.commit, name, {"checkpoint": name}, what="commit shards"
                 )
+            except RECOVERABLE:
+                raise  # a worker lost while committing: the run recovers from the previous one
             except Exception as e:  # a worker's OSError (disk full) arrives with its type
                 raise CheckpointError(
                     f"checkpoint {folder}: committing the table shards failed: {e}; the "
