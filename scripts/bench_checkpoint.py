@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> None:
             def mirror(what: str, commit_s: float) -> None:
                 t0 = time.perf_counter()
                 moved = mirror_store(copy.fs, path, dest)
-                rep.emit(
-                    f"{what}: copied to checkpoint.replicate_to, seconds",
-                    time.perf_counter() - t0,
-                    "s",
-                    baseline=commit_s,
+                rep.emit(  # milliseconds: a small delta's copy rounds to 0 s
+                    f"{what}: copied to checkpoint.replicate_to, milliseconds",
+                    (time.perf_counter() - t0) * 1e3,
+                    "ms",
+                    baseline=commit_s * 1e3,
                     baseline_name="its commit's seconds",
                     copied_kib=round(moved.bytes / 2**10, 1),
                     files=moved.files,
