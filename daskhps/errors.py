@@ -108,3 +108,10 @@ class StoreReadOnlyError(DaskHPSError, PermissionError):
 class UnwritablePathError(DaskHPSError, OSError):
     """A folder that daskhps must write to (a run, the stores, an output) cannot be created
     or written."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name when it has none: what a
+    one-line report says of a cause."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__

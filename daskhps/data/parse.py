@@ -33,7 +33,7 @@ from daskhps.data.hashing import hash_column, missing_key
 from daskhps.data.labels import check_label_mode, parquet_has_label, text_has_label
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
 from daskhps.data.textfile import TextBytes, blank_lines, decode_text, read_text_bytes
-from daskhps.errors import DataError
+from daskhps.errors import DataError, first_line
 from daskhps.monitor import stage_span
 
 __all__ = ["empty_frame", "parse_columns", "parse_table", "parse_text", "read_shard"]
@@ -442,7 +442,7 @@ def read_shard(
             else _read_text(path, schema, labels, byte_range)
         )
     except (OSError, pa.ArrowException, KeyError, ValueError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = first_line(e)
         if "Empty CSV file" in msg or (os.path.exists(path) and os.path.getsize(path) == 0):
             kind, what = Reason.EMPTY_SHARD, "the file is empty"
         elif "not in" in msg.lower() or "no match for" in msg.lower() or isinstance(e, KeyError):

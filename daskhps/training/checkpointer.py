@@ -27,7 +27,7 @@ from typing import Any
 
 from daskhps.config import RunConfig
 from daskhps.distributed import RunGroup, WorkerShards
-from daskhps.errors import CheckpointError
+from daskhps.errors import CheckpointError, first_line
 from daskhps.training import worker
 from daskhps.training.checkpoint import (
     Checkpoint,
@@ -153,18 +153,18 @@ class Checkpointer:
         try:
             out = Copied()
             for moved in self.group.on_shards(mirror_shards, r.url, False, what="copy stores"):
-                out.add(Copied(moved["files"], moved["bytes"]))
+                out.add(moved)
             out.add(r.put_checkpoint(ckpt))
             kill_point("after_replica", ckpt.passes_done - 1)
             out.removed += r.prune_checkpoints({c.name for c in list_checkpoints(self.run_dir)})
             for gone in self.group.on_shards(mirror_shards, r.url, True, what="prune the copy"):
-                out.removed += gone["removed"]
+                out.add(gone)
         except RECOVERABLE:
             raise
         except Exception as e:
             raise CheckpointError(
                 f"copying checkpoint {ckpt.name} to checkpoint.replicate_to {r.url} failed: "
-                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; the local "
+                f"{first_line(e)}; the local "
                 "checkpoint is complete: make the location writable, then resume with --resume "
                 "(the copy catches up)"
             ) from e

@@ -33,7 +33,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from daskhps.errors import CheckpointError, ConfigError
+from daskhps.errors import CheckpointError, ConfigError, first_line
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
@@ -108,8 +108,8 @@ class Replica:
                 self.fs.rmdir(self.root)
         except (OSError, ValueError, PermissionError) as e:
             raise ConfigError(
-                f"{source}: {KEY}: cannot write checkpoints to {self.url} ({_cause(e)}); set it "
-                "to a writable folder or URL, or remove it"
+                f"{source}: {KEY}: cannot write checkpoints to {self.url} ({first_line(e)}); "
+                "set it to a writable folder or URL, or remove it"
             ) from None
 
     # -- writing ---------------------------------------------------------------------
@@ -261,7 +261,7 @@ def prune_store(fs: Any, local: Path, dest: str) -> int:
     return len(gone)
 
 
-def mirror_shards(shards: Any, url: str, prune: bool) -> dict[str, int]:
+def mirror_shards(shards: Any, url: str, prune: bool) -> Copied:
     """On a worker: mirror (or, with ``prune``, prune) this rank's store of every table into
     the copy at ``url`` (``WorkerShards`` method style, run through ``RunGroup.on_shards``)."""
     replica = Replica(url)
@@ -275,7 +275,7 @@ def mirror_shards(shards: Any, url: str, prune: bool) -> dict[str, int]:
                 out.removed += prune_store(replica.fs, local, dest)
             else:
                 out.add(mirror_store(replica.fs, local, dest))
-    return {"files": out.files, "bytes": out.bytes, "removed": out.removed}
+    return out
 
 
 def _local_files(root: Path) -> Iterator[tuple[str, int]]:
@@ -314,8 +314,3 @@ def _put_atomic(fs: Any, target: str, data: bytes) -> None:
         os.replace(tmp, target)
     else:
         fs.pipe_file(target, data)
-
-
-def _cause(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]

@@ -42,6 +42,7 @@ from daskhps.errors import (
     DaskHPSError,
     ResumeError,
     RunExistsError,
+    first_line,
 )
 from daskhps.monitor.progress import PassProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan
@@ -425,7 +426,7 @@ class Trainer:
         waited: float,
     ) -> Restart:
         """Make the next attempt continue from ``ckpt`` on ``addresses``."""
-        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        cause = first_line(error)
         log.warning(
             "restart %d of %d: %s; continuing from %s (%d passes done) on %d workers",
             len(restarts) + 1,
@@ -460,7 +461,7 @@ class Trainer:
         ckpt = latest_checkpoint(self.run_dir)
         where = f"resume from {ckpt.name} with --resume" if ckpt else "start it again"
         used = f"{len(restarts)} of cluster.max_restarts {self.config.cluster.max_restarts}"
-        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        cause = first_line(error)
         return WorkerLostError(
             f"{why + ': ' if why else ''}{cause} (restarts used: {used}); {where} once the "
             "workers are back"

@@ -104,6 +104,19 @@ def _rows(ckpt: Checkpoint) -> dict[int, np.ndarray]:
     return out
 
 
+def _ends_as(run_dir: Path, ref_ckpt: Checkpoint, ref_rows: dict[int, np.ndarray]) -> Checkpoint:
+    """The run's final checkpoint, checked against the reference's: 3 passes, every dense
+    weight and every stored row bit for bit."""
+    final = latest_checkpoint(run_dir)
+    assert final is not None and final.passes_done == 3
+    for k, v in ref_ckpt.dense_state().items():
+        assert torch.equal(final.dense_state()[k], v), k
+    rows = _rows(final)
+    assert rows.keys() == ref_rows.keys()
+    assert all(np.array_equal(rows[k].view(np.int32), ref_rows[k].view(np.int32)) for k in rows)
+    return final
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -286,13 +299,7 @@ def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
     assert not (run_dir / "checkpoints" / "pass-000002").exists()  # no half checkpoint left
 
     Trainer(cfg, progress=False).run(resume=True)
-    final = latest_checkpoint(run_dir)
-    assert final is not None and final.passes_done == 3
-    for k, v in ref_ckpt.dense_state().items():
-        assert torch.equal(final.dense_state()[k], v), k
-    rows = _rows(final)
-    assert rows.keys() == ref_rows.keys()
-    assert all(np.array_equal(rows[k], v) for k, v in ref_rows.items())
+    final = _ends_as(run_dir, ref_ckpt, ref_rows)
     # pass 3's checkpoint is a base: the store was compacted and its commit is a full index
     # snapshot; pass 2's is a delta that only lists the segments written since
     spec = final.table_spec
@@ -345,13 +352,8 @@ def test_a_store_lost_with_its_disk_is_restored_from_the_copy(
     caplog.set_level(logging.INFO, "daskhps.training.trainer")
     Trainer(_in_process(config, shared_clusters), progress=False).run(resume=True)
     assert "restored rank 0's store of pass-000002 from file://" in caplog.text
-    final = latest_checkpoint(run_dir)
-    assert final is not None and final.passes_done == 3
-    for k, v in ref_ckpt.dense_state().items():
-        assert torch.equal(final.dense_state()[k], v), k
+    final = _ends_as(run_dir, ref_ckpt, ref_rows)
     rows = _rows(final)
-    assert rows.keys() == ref_rows.keys()
-    assert all(np.array_equal(rows[k].view(np.int32), ref_rows[k].view(np.int32)) for k in rows)
 
     copies = list_checkpoints(tmp_path / "copy")  # keep: 2, in the copy as well
     assert [c.passes_done for c in copies] == [2, 3]
