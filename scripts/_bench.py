@@ -78,17 +78,36 @@ def best_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> flo
     return statistics.median(times)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeat: int = 7) -> dict[str, float]:
-    """Median seconds of each function, runs interleaved so drift hits all of them alike."""
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    repeat: int = 7,
+    sync: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """Median seconds of each function, runs interleaved so drift hits all of them alike.
+
+    ``sync`` ends each timed call: GPU work is asynchronous, so without
+    ``torch.cuda.synchronize`` a timer would measure the launch, not the work.
+    """
+    wait = sync or (lambda: None)
     for fn in fns.values():
         fn()
+    wait()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
             t0 = time.perf_counter()
             fn()
+            wait()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def synchronizer(device: str) -> Callable[[], object] | None:
+    """What ends a timed call on ``device`` for :func:`interleaved` (None on the CPU)."""
+    import torch
+
+    dev = torch.device(device)
+    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
 
 
 def plan(config: Path, *args: str) -> dict[str, Any]:

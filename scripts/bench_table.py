@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Reporter, interleaved
+from _bench import Reporter, interleaved, synchronizer
 
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.table.init import mix64
@@ -45,18 +45,20 @@ def unique_random_keys(n: int, seed: int) -> torch.Tensor:
 def fill(tier: DeviceCache | HostMemory, keys: torch.Tensor, width: int, batch: int) -> None:
     for i in range(0, len(keys), batch):
         k = keys[i : i + batch]
-        tier.upsert(k, torch.full((len(k), width), float(i), dtype=torch.float32))
+        tier.upsert(k, torch.full((len(k), width), float(i), device=k.device))
 
 
-def bench_device_lookup(rep: Reporter, rows: int, batch: int, width: int) -> None:
-    cache = DeviceCache("bench/device", width, rows)
-    keys = unique_random_keys(rows, seed=1)
+def bench_device_lookup(
+    rep: Reporter, rows: int, batch: int, width: int, device: str = "cpu"
+) -> None:
+    cache = DeviceCache("bench/device", width, rows, device=device)
+    keys = unique_random_keys(rows, seed=1).to(device)
     fill(cache, keys, width, 1 << 18)
     gen = torch.Generator().manual_seed(0)
     pos = torch.randint(0, rows, (batch,), generator=gen)
-    probe = keys[pos]
+    probe = keys[pos.to(device)]
     slots = cache.find_slots(probe)
-    out = torch.empty(batch, width)
+    out = torch.empty(batch, width, device=device)
     slab = cache.rows
     t = interleaved(
         {
@@ -64,20 +66,25 @@ def bench_device_lookup(rep: Reporter, rows: int, batch: int, width: int) -> Non
             "index_select": lambda: torch.index_select(slab, 0, slots, out=out),
         },
         repeat=9,
+        sync=synchronizer(device),
     )
+    on = "" if device == "cpu" else f" on {device}"
     rep.emit(
-        f"device lookup hits, dim {width}, {batch:,} keys over {rows:,} rows",
+        f"device lookup hits{on}, dim {width}, {batch:,} keys over {rows:,} rows",
         batch / t["lookup"],
         "keys/s",
         baseline=batch / t["index_select"],
-        baseline_name="index_select into a preallocated output",
+        baseline_name=f"index_select into a preallocated output{on}",
         goal_ratio=0.5,
     )
     stats = cache.stats.extra
     rep.emit("device index overhead per row", stats["index_bytes"] / rows, "bytes/row")
 
 
-def bench_insert_evict(rep: Reporter, rows: int, batch: int, width: int) -> None:
+def bench_insert_evict(
+    rep: Reporter, rows: int, batch: int, width: int, device: str = "cpu"
+) -> None:
+    """Both tiers on the CPU; with another ``device``, its device tier alone."""
     host_bytes = 1
     while rows_for_bytes(width, host_bytes) < rows:
         host_bytes *= 2
@@ -88,19 +95,21 @@ def bench_insert_evict(rep: Reporter, rows: int, batch: int, width: int) -> None
             hi = mid
         else:
             lo = mid + 1
-    tiers = {
-        "device": DeviceCache("bench/device", width, rows),
-        "host": HostMemory("bench/host", width, lo, pin_memory=False),
+    tiers: dict[str, DeviceCache | HostMemory] = {
+        "device": DeviceCache("bench/device", width, rows, device=device)
     }
+    if device == "cpu":
+        tiers["host"] = HostMemory("bench/host", width, lo, pin_memory=False)
+    on = "" if device == "cpu" else f" on {device}"
     gen = torch.Generator().manual_seed(1)
     for name, tier in tiers.items():
-        keys = unique_random_keys(rows + 40 * batch, seed=2)
+        keys = unique_random_keys(rows + 40 * batch, seed=2).to(device)
         fill(tier, keys[:rows], width, 1 << 18)
         assert len(tier) == tier.capacity_rows
         new = keys[rows:].split(batch)
-        block = torch.randn(batch, width, generator=gen)
-        slab = torch.empty(rows, width)
-        dest = torch.randint(0, rows, (batch,), generator=gen)
+        block = torch.randn(batch, width, generator=gen).to(device)
+        slab = torch.empty(rows, width, device=device)
+        dest = torch.randint(0, rows, (batch,), generator=gen).to(device)
         it = iter(new)
         t = interleaved(
             {
@@ -108,13 +117,14 @@ def bench_insert_evict(rep: Reporter, rows: int, batch: int, width: int) -> None
                 "index_copy": lambda s=slab, d=dest, b=block: s.index_copy_(0, d, b),
             },
             repeat=15,
+            sync=synchronizer(device),
         )
         rep.emit(
-            f"{name} insert+evict into a full tier, dim {width}, {batch:,}-row batches",
+            f"{name} insert+evict into a full tier{on}, dim {width}, {batch:,}-row batches",
             batch / t["upsert"],
             "rows/s",
             baseline=batch / t["index_copy"],
-            baseline_name="index_copy_ of the same rows",
+            baseline_name=f"index_copy_ of the same rows{on}",
         )
 
 

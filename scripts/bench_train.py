@@ -92,6 +92,12 @@ class Pass:
         lo, hi = b * self.batch_size, (b + 1) * self.batch_size
         return self.dense[lo:hi], self.keys[lo:hi], self.labels[lo:hi]
 
+    def to(self, device: str) -> Pass:
+        """The same pass with its tensors on ``device``."""
+        return Pass(
+            self.dense.to(device), self.keys.to(device), self.labels.to(device), self.batch_size
+        )
+
 
 @dataclass
 class Data:
@@ -174,12 +180,13 @@ class DaskhpsSide:
         host_bytes: int,
         flush_each_pass: bool,
         comm: Comm | None = None,
+        device: str = "cpu",
     ) -> DaskhpsSide:
         spec = TableSpec("bench", dim=DIM, optimizer=OptimizerSpec(kind="adagrad", lr=SPARSE_LR))
         table = EmbeddingTable.open(
-            spec, path, device_rows=device_rows, host_bytes=host_bytes, mode="w"
+            spec, path, device_rows=device_rows, host_bytes=host_bytes, mode="w", device=device
         )
-        model = new_model()
+        model = new_model().to(device)
         opt = torch.optim.Adam(model.parameters(), lr=DENSE_LR)
         ex = Exchange(comm, ShardMap(NUM_SHARDS, comm.world_size if comm else 1))
         return cls(table, model, opt, ex, flush_each_pass)

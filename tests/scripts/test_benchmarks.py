@@ -6,6 +6,7 @@ These are smoke runs that keep the scripts from rotting; the figures come from f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,23 @@ def test_bench_online_quick(tmp_path: Path) -> None:
     assert sum(1 for n in by_name if n.startswith("QPS batch 64")) == 6
     assert by_name["refresh under load: failed requests"]["value"] == 0  # the invariant
     assert by_name["refresh under load: publish to first v000002 answer"]["value"] > 0
+
+
+@pytest.mark.slow
+def test_bench_gpu_quick_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "figures.jsonl"
+    recs = run_script("bench_gpu.py", "--quick", "--device", "cpu", "--out", str(out))
+    names = [r["name"] for r in recs]
+    assert any("device lookup hits" in n for n in names)
+    assert any("insert+evict" in n for n in names)
+    assert any("training pass" in n for n in names)
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written == recs  # the file holds what was printed
+
+
+@pytest.mark.slow
+def test_bench_index_probe_quick() -> None:
+    recs = run_script("bench_index_probe.py", "--quick", "--repeat", "3")
+    names = " ".join(r["name"] for r in recs)
+    for part in ("DeviceCache.lookup as shipped", "index probe alone", "khash", "inside a lookup"):
+        assert part in names
