@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Reporter
+from _bench import Reporter, synchronizer
 from bench_table import bench_device_lookup, bench_insert_evict
 from bench_train import DaskhpsSide, make_data
 
@@ -42,25 +42,22 @@ def bench_pass(rep: Reporter, device: torch.device, tmp: Path, quick: bool) -> N
         cfg = {"vocab": 1_000_000, "batch": 4096, "batches_per_pass": 10, "passes": 3}
     data = make_data(**cfg, zipf=1.05, seed=1)
     n = len(data.distinct)
+    ours = device.type if device.type != "cpu" else "cpu again"
     rates: dict[str, float] = {}
-    for name in ("cpu", device.type) if device.type != "cpu" else ("cpu", "cpu again"):
-        dev = "cpu" if name.startswith("cpu") else str(device)
+    for name, dev in (("cpu", "cpu"), (ours, str(device))):
         side = DaskhpsSide.open(
             tmp / name.replace(" ", "-"), device_rows=n, host_bytes=0,
             flush_each_pass=False, device=dev,
         )  # fmt: skip
         passes = [p.to(dev) for p in data.passes]
         side.train_pass(passes[0])  # warm-up: first kernels, the allocator
+        wait = synchronizer(dev) or (lambda: None)
         t0 = time.perf_counter()
-        examples = 0
         for p in passes[1:]:
             side.train_pass(p)
-            examples += p.num_examples
-        if dev != "cpu":
-            torch.cuda.synchronize(dev)
-        rates[name] = examples / (time.perf_counter() - t0)
+        wait()
+        rates[name] = sum(p.num_examples for p in passes[1:]) / (time.perf_counter() - t0)
         side.table.close(uncommitted="drop")
-    ours = list(rates)[1]
     rep.emit(
         f"{ours} training pass, dlrm dim 16, {cfg['batch']:,}-example batches",
         rates[ours],

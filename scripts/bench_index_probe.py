@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter, interleaved
 from bench_table import fill, unique_random_keys
 
+from daskhps._mix64 import M1, M2, SHIFTS
+from daskhps.tiers._index import _PAIRS, _SEED
 from daskhps.tiers.device import DeviceCache
 
 WIDTH = 64
@@ -67,9 +69,11 @@ def fused_lookup_kernel() -> Callable[..., Any] | None:
 
         return types.void(arr, idx), codegen
 
-    seed, m1, m2 = (np.uint64(v) for v in (0x2545F4914F6CDD1D, 0xBF58476D1CE4E5B9,
-                                           0x94D049BB133111EB))  # fmt: skip
-    s30, s27, s32 = np.uint64(30), np.uint64(27), np.uint64(32)
+    # The index's own hash (tiers._index._home): its seed, then fmix64 without the last step.
+    seed, m1, m2 = np.uint64(_SEED), np.uint64(M1), np.uint64(M2)
+    s1, s2, s32 = np.uint64(SHIFTS[0]), np.uint64(SHIFTS[1]), np.uint64(32)
+    row = 2 * _PAIRS  # int64s per bucket: the compares below are unrolled for four pairs
+    assert _PAIRS == 4, "the fused kernel's compares assume four pairs per bucket"
 
     @njit(nogil=True, parallel=True, boundscheck=False)
     def lookup(table, spill, buckets, keys, slab, width, out, stamp, clock, missing):  # type: ignore[no-untyped-def]
@@ -78,18 +82,18 @@ def fused_lookup_kernel() -> Callable[..., Any] | None:
             lo, hi = g * GROUP, min(n, g * GROUP + GROUP)
             home = np.empty(GROUP, np.int64)
             slot = np.empty(GROUP, np.int64)
-            for i in range(lo, hi):  # the index's home bucket (tiers._index._home)
+            for i in range(lo, hi):  # each key's home bucket
                 z = np.uint64(keys[i]) ^ seed
-                z ^= z >> s30
+                z ^= z >> s1
                 z *= m1
-                z ^= z >> s27
+                z ^= z >> s2
                 z *= m2
                 home[i - lo] = np.int64(((z >> s32) * np.uint64(buckets)) >> s32)
-                prefetch(table, home[i - lo] * 8)
+                prefetch(table, home[i - lo] * row)
             for i in range(lo, hi):
                 k, b, s = keys[i], home[i - lo], missing
                 while True:
-                    o = b * 8
+                    o = b * row
                     if table[o] == k:
                         s = table[o + 1]
                         break
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         s, _ = index.get(probe, default=rows)
         t1 = time.perf_counter()
-        torch.index_select(cache._slab, 0, s, out=out)
+        torch.index_select(cache.rows, 0, s, out=out)
         t2 = time.perf_counter()
         cache._touch(s)
         t3 = time.perf_counter()
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         steps["gather"].append(t2 - t1)
         steps["stamp"].append(t3 - t2)
     for k, v in steps.items():
-        alone = {"probe": t["probe"], "gather": t["gather"]}.get(k)
+        alone = t.get(k)  # the same step timed on its own above (the stamp never is)
         extra = {"alone_ms": round(alone * 1e3, 3)} if alone is not None else {}
         rep.emit(f"inside a lookup: {k}", statistics.median(v) * 1e3, "ms", **extra)
     return 0

@@ -53,7 +53,7 @@ failed=()
 # Only the files that hold gpu tests: collecting the whole suite would need its CPU-only
 # test dependencies too, and the time is the GPU's.
 mapfile -t files < <(grep -rl --include='*.py' 'mark.gpu' tests | sort)
-timeout 270 "$python" -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra --strict-markers" \
+timeout 270 "$python" -m pytest -m gpu -q -p no:cacheprovider \
   "${files[@]}" 2>&1 | tee "$out/pytest.txt"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || failed+=("pytest -m gpu (exit $rc)")
