@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="where the tier and the model run")
     p.add_argument("--out", type=Path, help="also write the records (JSON lines) here")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"bench_gpu: --device {args.device!r} is not a torch device; use cuda, cuda:N or cpu")
+        return 2
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: torch sees no CUDA device; pass --device cpu for a smoke run")
         return 2

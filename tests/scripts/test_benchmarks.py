@@ -7,11 +7,14 @@ These are smoke runs that keep the scripts from rotting; the figures come from f
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests._scripts import run_script
+from tests._scripts import SCRIPTS, run_script
 
 
 @pytest.mark.slow
@@ -215,3 +218,20 @@ def test_bench_index_probe_quick() -> None:
     names = " ".join(r["name"] for r in recs)
     for part in ("DeviceCache.lookup as shipped", "index probe alone", "khash", "inside a lookup"):
         assert part in names
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [("gpu0", "is not a torch device; use cuda, cuda:N or cpu"), ("cuda", "no CUDA device")],
+)
+def test_bench_gpu_refuses_a_device_it_cannot_use_in_one_line(device: str, says: str) -> None:
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_gpu.py"), "--device", device],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], res.stdout + res.stderr
+    assert not res.stderr.strip()  # no traceback
