@@ -11,7 +11,7 @@ from distributed import wait
 from daskhps._scheduler import scheduler_workers
 from daskhps.distributed._errors import WorkerLostError
 
-__all__ = ["missing_workers", "run_pinned"]
+__all__ = ["gather_pinned", "missing_workers", "run_pinned"]
 
 _POLL_S = 0.25
 
@@ -55,35 +55,68 @@ def run_pinned(
         )
         for r, addr in enumerate(addresses)
     ]
+    return gather_pinned(client, futures, addresses, what, timeout_s)
+
+
+def gather_pinned(
+    client: Any,
+    futures: Sequence[Any],
+    addresses: Sequence[str],
+    what: str,
+    timeout_s: float | None = None,
+) -> list[Any]:
+    """The results of ``futures`` (rank ``r`` pinned to ``addresses[r]``), in rank order.
+
+    Each result is fetched as soon as its task finishes. A rank whose worker leaves, before or
+    after its task finished, fails the call with :class:`WorkerLostError`; so does a rank not
+    done within ``timeout_s``. Whatever has not finished is cancelled when the call fails.
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    pending = set(futures)
+    results: dict[int, Any] = {}
     try:
-        while pending:
-            _wait_a_little(pending)
-            for f in [f for f in pending if f.done()]:
-                if f.status == "error":
-                    f.result()  # re-raises the worker's exception with its traceback
-                pending.discard(f)
-            if not pending:
+        while len(results) < len(futures):
+            _wait_a_little([f for r, f in enumerate(futures) if r not in results])
+            for r, f in enumerate(futures):
+                if r not in results and f.done():
+                    if f.status == "error":
+                        f.result()  # re-raises the worker's exception with its traceback
+                    _fetch(f, r, results)
+            if len(results) == len(futures):
                 break
-            # A pinned task of a vanished worker never runs: fail now, naming the rank.
+            # A pinned task of a vanished worker never runs, and a finished one whose worker
+            # left before its result was fetched is rescheduled onto that same vanished worker:
+            # either waits forever. Fail now, naming the rank.
             lost = missing_workers(client, addresses)
             if lost:
                 raise _lost_error(lost, addresses, what)
             if deadline is not None and time.monotonic() > deadline:
-                ranks = [r for r, f in enumerate(futures) if f in pending]
+                ranks = [r for r in range(len(futures)) if r not in results]
                 raise WorkerLostError(
                     f"{what}: rank(s) {ranks} did not finish within {timeout_s:g} s "
                     f"(workers {[addresses[r] for r in ranks]}); a worker is stuck or has "
                     "no free thread: give workers more threads or raise the timeout"
                 )
-        return [f.result() for f in futures]
+        return [results[r] for r in range(len(futures))]
     finally:
         # Nothing may keep running or waiting after a failure (or Ctrl-C).
         client.cancel([f for f in futures if not f.done()])
 
 
-def _wait_a_little(pending: set[Any]) -> None:
+def _fetch(future: Any, rank: int, results: dict[int, Any]) -> None:
+    """Fetch a finished task's result into ``results``, or leave it out if it is not there.
+
+    "Finished" says the result exists on its worker, not that it can still be fetched: a worker
+    that dies between the two takes the result with it, and an unbounded fetch would then wait
+    for it forever. A bounded one returns; the caller's loss check names the rank.
+    """
+    try:
+        results[rank] = future.result(timeout=_POLL_S)
+    except TimeoutError as e:
+        e.__traceback__ = None  # the reference cycle _wait_a_little explains
+        e.__context__ = None
+
+
+def _wait_a_little(pending: list[Any]) -> None:
     """Wait until one of ``pending`` finishes, or ``_POLL_S``.
 
     ``distributed.wait`` says "not yet" by raising ``TimeoutError`` from inside its ``sync``,
@@ -94,7 +127,7 @@ def _wait_a_little(pending: set[Any]) -> None:
     minutes). Dropping the traceback breaks the cycle at once.
     """
     try:
-        wait(list(pending), timeout=_POLL_S, return_when="FIRST_COMPLETED")
+        wait(pending, timeout=_POLL_S, return_when="FIRST_COMPLETED")
     except TimeoutError as e:
         e.__traceback__ = None
         e.__context__ = None

@@ -61,3 +61,8 @@ def slow_len(values: object, seconds: float) -> int:
 
 def held_keys(dask_worker: object = None) -> list[str]:
     return [str(k) for k in dask_worker.data]  # type: ignore[attr-defined]
+
+
+def big_ones(n: int) -> torch.Tensor:
+    """A result big enough that fetching it takes a real transfer."""
+    return torch.ones(n)
