@@ -73,6 +73,20 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signal", type=float, default=1.0, help="strength of the planted signal")
     p.add_argument("--ctr", type=float, default=0.25, help="target click-through rate")
     p.add_argument("--gzip", action="store_true", help="write .tsv.gz parts")
+    p.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of keys replaced by new ones each day, at every popularity (0..1, default 0)",
+    )
+    p.add_argument(
+        "--one-off",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of categorical values that are keys seen only once (0..1, default 0)",
+    )
     p.add_argument("--workers", type=positive_int, default=None, help="parallel threads")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -39,6 +39,22 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert e.value.code == 2
 
 
+def test_drift_and_one_off_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "--out", str(tmp_path), "--rows-per-day", "200", "--json"]
+    assert main([*args, "--drift", "0.2", "--one-off", "0.1"]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["config"] | {"drift": 0.2, "one_off": 0.1}
+        == (json.loads((tmp_path / "generation.json").read_text())["config"])
+    )
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for flag, value in (("--drift", "1.5"), ("--one-off", "-0.1"), ("--one-off", "1")):
+        assert main([*args, flag, value]) == 1
+        err = capsys.readouterr().err
+        key = flag.removeprefix("--").replace("-", "_")
+        assert err.count("\n") == 1 and f"generator: {key}: must be" in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_unwritable_output_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -90,7 +90,10 @@ class GenerateConfig(GeneratorConfig):
         except (OSError, ValueError, KeyError, TypeError):
             return False
         want = self.generator.to_dict()
-        differ = sorted(k for k in want if found.get(k) != want[k])
+        # A setting the file lacks was generated at its default: logs from before it existed.
+        default = {k: f.default for k, f in GeneratorConfig.model_fields.items()}
+        found = {k: found.get(k, default[k]) for k in want}
+        differ = sorted(k for k in want if found[k] != want[k])
         if differ == ["days"] and isinstance(found.get("days"), int):
             differ = []  # the same logs with more or fewer days (see above)
         if differ:

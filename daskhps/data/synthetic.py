@@ -18,9 +18,26 @@ Labels come from a known logistic model::
     label ~ Bernoulli(sigmoid(logit))
 
 so the AUC of ``sigmoid(logit)`` on the generated rows is the best any model can reach (the
-"ceiling"); it is reported in ``generation.json``. Everything is a function of the seed: part
-``(day, p)`` draws from its own ``SeedSequence([seed, day, p])``, so parts can be generated in
-any order, in parallel, and come out the same.
+"ceiling"); it is reported in ``generation.json``, overall and per day.
+
+Logs can drift from day to day, as real ones do (``drift`` and ``one_off``, both 0 by default,
+which leaves the logs exactly as they were without them):
+
+- ``drift`` = rho: each rank r of a field is a *slot* whose occupant (its hex value and its
+  effect) changes with the slot's generation ``g = floor(day * rho + u_r)``, where u_r in [0, 1)
+  is a fixed hash of (field, r). Between two days exactly a share rho of the slots, spread evenly
+  over every popularity level, gets a new key: the old key dies (is never drawn again) and a new
+  one, with a new effect, is born at the same popularity. Generation 0 is the value and effect
+  the slot has without drift.
+- ``one_off`` = s: a share s of the categorical values present is replaced by a value drawn
+  uniformly from the 2**32 possible, seen (almost surely) once in the whole log: the long tail
+  of keys that occur once. They carry no signal (effect 0): a key seen once cannot teach a
+  model anything, so the ceiling stays a target a model can approach. Among n one-off values,
+  about n**2 / 2**33 pairs collide by chance (about 0.1% of 3M).
+
+Everything is a function of the seed: part ``(day, p)`` draws from its own
+``SeedSequence([seed, day, p])``, so parts can be generated in any order, in parallel, and come
+out the same.
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ CAT_MISSING = (0, 0, 0.034, 0.034, 0, 0.12, 0, 0, 0, 0, 0, 0.034, 0, 0, 0, 0.034
 DENSE_MISSING = (0.45, 0.0, 0.21, 0.22, 0.026, 0.22, 0.04, 0.0005, 0.04, 0.45, 0.04, 0.76,
                  0.22)  # fmt: skip
 HIST_BINS = 1 << 16
+_EPOCH = dt.date(2024, 1, 1)
 _BLOCK = 1 << 17  # rows generated and written at a time: keeps temporaries small
 # Two hex digits per byte, as the uint16 whose little-endian bytes are the two characters.
 _HEX2 = np.array([ord(f"{b:02x}"[0]) | (ord(f"{b:02x}"[1]) << 8) for b in range(256)], dtype="<u2")
@@ -86,6 +104,10 @@ class GeneratorConfig(Options):
     """Target click-through rate."""
     gzip: bool = False
     """Write `.tsv.gz` parts."""
+    drift: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of keys replaced by new ones each day, at every popularity (0: none)."""
+    one_off: float = Field(0.0, ge=0.0, lt=1.0)
+    """Share of categorical values that are one-off keys, seen once (0: none)."""
 
     @field_validator("start_day")
     @classmethod
@@ -95,6 +117,12 @@ class GeneratorConfig(Options):
         except ValueError:
             raise Problem("", f"expected YYYY-MM-DD, got {day!r}") from None
         return day
+
+    def day_numbers(self) -> list[int]:
+        """Each day's number, counted from 2024-01-01 (the default first day): the clock that
+        drift and one-off values follow, so logs generated a day at a time continue one another."""
+        start = dt.date.fromisoformat(self.start_day).toordinal() - _EPOCH.toordinal()
+        return [start + i for i in range(self.days)]
 
     def day_names(self) -> list[str]:
         start = dt.date.fromisoformat(self.start_day)
@@ -123,10 +151,37 @@ def _uniform_from(x: np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def _effect(cfg: GeneratorConfig, salts: np.ndarray, f: int, rank: np.ndarray) -> np.ndarray:
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_SLOT_PHASE = np.uint64(0xD1B54A32D192ED03)  # u_r of a slot: hash of (field salt, rank, this)
+_GENERATION = np.uint64(0xAEF17502108EF2D9)  # generation g's salt: hash of (g * this)
+
+
+def _slot_salts(
+    cfg: GeneratorConfig, model: _Model, f: int, rank: np.ndarray, day: int
+) -> np.ndarray:
+    """The salt that maps each rank of field ``f`` to its occupant on ``day`` (uint64 per row).
+
+    Without drift it is the field's salt; with drift, the salt of the slot's generation (see
+    the module's docstring), and generation 0 keeps the field's salt.
+    """
+    salt = model.field_salts[f]
+    if cfg.drift == 0.0:
+        return np.full(rank.shape, salt, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        h = fmix64(rank.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ salts[f])
+        phase = _uniform_from(fmix64(rank.astype(np.uint64) ^ salt ^ _SLOT_PHASE))
+        g = np.floor(day * cfg.drift + phase).astype(np.int64).astype(np.uint64)
+        return np.where(g == 0, salt, salt ^ fmix64(g * _GENERATION))
+
+
+def _effect(salts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = fmix64(rank.astype(np.uint64) * _GOLDEN ^ salts)
     return (2.0 * _uniform_from(h) - 1.0) * np.sqrt(3.0)  # mean 0, variance 1
+
+
+def _value(salts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """The uint32 hex value of each rank, under its salt."""
+    return fmix64(rank.astype(np.uint64) ^ salts) & np.uint64(0xFFFFFFFF)
 
 
 def _make_model(cfg: GeneratorConfig) -> _Model:
@@ -142,7 +197,8 @@ def _make_model(cfg: GeneratorConfig) -> _Model:
     pilot = np.log1p(np.maximum(np.floor(np.exp(mu + sigma * rng.normal(size=(20000, 1)))), 0))
     model = _Model(salts, mu, sigma, w, scale, pilot.mean(0), pilot.std(0) + 1e-6, 0.0)
     # Bias so the mean click probability is the configured CTR (bisection on a pilot block).
-    logit = _logit(cfg, model, *_features(cfg, model, np.random.default_rng(cfg.seed), 20000)[1:])
+    _, ranks, z = _features(cfg, model, np.random.default_rng(cfg.seed), 20000)
+    logit = _logit(model, _cells(cfg, model, ranks, 0, None), z)
     lo, hi = -20.0, 20.0
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -181,10 +237,45 @@ def _features(
     return dense, ranks, z
 
 
-def _logit(cfg: GeneratorConfig, model: _Model, ranks: np.ndarray, z: np.ndarray) -> np.ndarray:
-    logit = model.bias + z @ model.dense_w
+@dataclass(frozen=True)
+class _Cells:
+    """The categorical cells of a block: what is written and what it contributes."""
+
+    values: np.ndarray  # uint32 values as uint64 [n, 26]
+    present: np.ndarray  # bool [n, 26]
+    effects: np.ndarray  # float64 [n, 26]: e_f(value) (missing is rank 0's), 0 for a one-off
+
+
+def _cells(
+    cfg: GeneratorConfig,
+    model: _Model,
+    ranks: np.ndarray,
+    day: int,
+    one_offs: np.random.Generator | None,
+) -> _Cells:
+    """The values and effects of ``ranks`` on ``day``; one-off values drawn from ``one_offs``
+    (a stream of their own, so the rest of the log is the same with or without them)."""
+    n = len(ranks)
+    values = np.empty((n, NUM_CAT), dtype=np.uint64)
+    effects = np.empty((n, NUM_CAT), dtype=np.float64)
     for f in range(NUM_CAT):
-        logit += model.cat_scale[f] * _effect(cfg, model.field_salts, f, ranks[:, f])
+        r = ranks[:, f]
+        salts = _slot_salts(cfg, model, f, r, day)
+        with np.errstate(over="ignore"):
+            values[:, f] = _value(salts, r)
+        effects[:, f] = _effect(salts, r)
+    present = ranks > 0
+    if cfg.one_off > 0.0 and one_offs is not None:
+        once = present & (one_offs.random((n, NUM_CAT)) < cfg.one_off)
+        values[once] = one_offs.integers(0, 1 << 32, int(once.sum()), dtype=np.uint64)
+        effects[once] = 0.0
+    return _Cells(values, present, effects)
+
+
+def _logit(model: _Model, cells: _Cells, z: np.ndarray) -> np.ndarray:
+    logit = model.bias + z @ model.dense_w
+    for f in range(NUM_CAT):  # field by field: the sum's rounding is that of logs made before
+        logit += model.cat_scale[f] * cells.effects[:, f]
     return logit
 
 
@@ -200,29 +291,39 @@ def _hex_column(values: np.ndarray, valid: np.ndarray) -> pa.Array:
 
 
 def _block_table(
-    cfg: GeneratorConfig, model: _Model, rng: np.random.Generator, n: int
+    cfg: GeneratorConfig,
+    model: _Model,
+    rng: np.random.Generator,
+    n: int,
+    day: int = 0,
+    one_offs: np.random.Generator | None = None,
 ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     dense, ranks, z = _features(cfg, model, rng, n)
-    p = 1.0 / (1.0 + np.exp(-_logit(cfg, model, ranks, z)))
+    cells = _cells(cfg, model, ranks, day, one_offs)
+    p = 1.0 / (1.0 + np.exp(-_logit(model, cells, z)))
     label = (rng.random(n) < p).astype(np.int64)
     cols: dict[str, pa.Array] = {"label": pa.array(label)}
     for j in range(NUM_DENSE):
         cols[f"I{j + 1}"] = pa.array(
             np.nan_to_num(dense[:, j]).astype(np.int64), mask=np.isnan(dense[:, j])
         )
-    with np.errstate(over="ignore"):
-        for f in range(NUM_CAT):
-            r = ranks[:, f]
-            value = fmix64(r.astype(np.uint64) ^ model.field_salts[f]) & np.uint64(0xFFFFFFFF)
-            cols[f"C{f + 1}"] = _hex_column(value, r > 0)
+    for f in range(NUM_CAT):
+        cols[f"C{f + 1}"] = _hex_column(cells.values[:, f], cells.present[:, f])
     return pa.table(cols), p, label
 
 
 def _write_part(
-    cfg: GeneratorConfig, model: _Model, path: str, day: int, part: int, n: int
+    cfg: GeneratorConfig, model: _Model, path: str, day: int, day_number: int, part: int, n: int
 ) -> dict[str, Any]:
-    """Generate and write one part; returns its row count and label/probability histograms."""
+    """Generate and write one part; returns its row count and label/probability histograms.
+
+    ``day`` is the day's index in this run (the rows' stream, as it always was), ``day_number``
+    its place on the calendar (which key holds each slot, and the one-off values).
+    """
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, day, part]))
+    # Ordinals are positive, which SeedSequence needs; day numbers before 2024 are not.
+    ordinal = _EPOCH.toordinal() + day_number
+    one_offs = np.random.default_rng(np.random.SeedSequence([cfg.seed, ordinal, part, 0x0FF]))
     hist = np.zeros((2, HIST_BINS), dtype=np.int64)
     tmp = f"{path}.tmp"
     opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
@@ -230,7 +331,9 @@ def _write_part(
     writer = None
     try:
         for lo in range(0, n, _BLOCK):
-            table, p, label = _block_table(cfg, model, rng, min(_BLOCK, n - lo))
+            table, p, label = _block_table(
+                cfg, model, rng, min(_BLOCK, n - lo), day_number, one_offs
+            )
             if writer is None:
                 writer = pacsv.CSVWriter(sink, table.schema, write_options=opts)
             writer.write_table(table)
@@ -318,14 +421,14 @@ def generate(
     start = time.perf_counter()
     day_tasks = []
     ext = ".tsv.gz" if cfg.gzip else ".tsv"
-    for d, day in enumerate(cfg.day_names()):
+    for d, (day, number) in enumerate(zip(cfg.day_names(), cfg.day_numbers(), strict=True)):
         folder = out / f"day={day}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / SUCCESS).unlink(missing_ok=True)  # incomplete until every part is written
         sizes = [len(a) for a in np.array_split(np.arange(cfg.rows_per_day), cfg.parts_per_day)]
         parts = [
             delayed(_write_part, pure=False)(
-                cfg, model, str(folder / f"part-{p:05d}{ext}"), d, p, sizes[p]
+                cfg, model, str(folder / f"part-{p:05d}{ext}"), d, number, p, sizes[p]
             )
             for p in range(cfg.parts_per_day)
             if sizes[p] > 0

@@ -494,6 +494,14 @@ LANDINGS: dict[str, Landing] = {
     "data.generate.signal": L(GEN, generated_content, "data.generate.signal=0.0", on="generate"),
     "data.generate.ctr": L(GEN, generated_content, "data.generate.ctr=0.5", on="generate"),
     "data.generate.gzip": L(GEN, generated_parts, "data.generate.gzip=true", on="generate"),
+    "data.generate.drift": L(
+        GEN,
+        generated_content,
+        "data.generate.drift=0.5",
+        base=("data.generate.start_day=2024-03-01",),  # day 0 is every slot's first key
+        on="generate",
+    ),
+    "data.generate.one_off": L(GEN, generated_content, "data.generate.one_off=0.5", on="generate"),
     "data.schema": L(
         f"{READ} and {SETUP}",
         schema_names,

@@ -46,6 +46,21 @@ def test_more_generated_days_extend_the_same_logs(tmp_path: Path) -> None:
     assert two.ready()  # fewer days: those days are there, complete
 
 
+def test_logs_generated_before_a_setting_existed_are_the_same_logs(tmp_path: Path) -> None:
+    # generation.json from before drift and one_off: they were 0 then, their defaults
+    out = tmp_path / "logs"
+    cfg = load(tmp_path, f"data:\n  generate: {{out: {out}, rows_per_day: 50}}\n").data.generate
+    assert cfg is not None and cfg.ensure(scheduler="sync") is True
+    meta = json.loads((out / "generation.json").read_text())
+    del meta["config"]["drift"], meta["config"]["one_off"]
+    (out / "generation.json").write_text(json.dumps(meta))
+    assert cfg.ready()
+    drifting = load(tmp_path, f"data:\n  generate: {{out: {out}, rows_per_day: 50, drift: 0.1}}\n")
+    assert drifting.data.generate is not None
+    with pytest.raises(ConfigError, match=r"drift=0\.0.*delete the folder"):
+        drifting.data.generate.ready()
+
+
 def test_generation_json_unreadable_means_regenerate(tmp_path: Path) -> None:
     cfg = load(tmp_path, f"data:\n  generate: {{out: {tmp_path}, rows_per_day: 10}}\n")
     (tmp_path / "generation.json").write_text(json.dumps({"nope": 1}))
