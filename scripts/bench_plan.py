@@ -12,7 +12,7 @@ to 15 MiB lower here: they grow into pages the run before freed). Two figures, f
 worker process) against the worker's peak growth, and the plan's total against the worker's
 peak RSS, which is what ``daskhps plan`` promises.
 
-The run is shaped so the plan's model is what is compared: dim-64 Adam rows (193 floats),
+The run is shaped so the plan's model is what is compared: dim-64 Adam rows (195 floats),
 tiers of tens of MB, more distinct keys than the device tier holds and fewer than device and
 host together, so both tiers fill (written, hence resident) and every row is written to the
 store at the end without being read back (memory maps of store pages depend on the page
@@ -43,7 +43,7 @@ def _config(
     tmp: Path, logs: Path, address: str, *, warm_up: bool = False, run: int = 0
 ) -> RunConfig:
     name = "warm-up" if warm_up else f"growth-{run}"
-    tiers = {"device": {"rows": 30_000}, "host": {"fraction": 0.013}}
+    tiers = {"device": {"rows": 30_000}, "host": {"fraction": 0.0132}}
     if warm_up:
         tiers = {"device": {"rows": 8_000}, "host": {"fraction": 0.001}}
     return RunConfig.from_dict(

@@ -32,6 +32,7 @@ from _bench import Reporter, interleaved, synchronizer
 
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.table.init import mix64
+from daskhps.table.stats import STATS_WIDTH
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
 from daskhps.tiers.store import open_store
@@ -170,7 +171,8 @@ def bench_zarr_staging(rep: Reporter, tmp: Path, rows: int, take: int, width: in
     )
     store.close()
 
-    spec = TableSpec("bench", dim=width, optimizer=OptimizerSpec(kind="sgd"))
+    # Rows of ``width`` floats: the embedding and the row's statistics.
+    spec = TableSpec("bench", dim=width - STATS_WIDTH, optimizer=OptimizerSpec(kind="sgd"))
     layout_store = tmp / "table"
     with EmbeddingTable.open(spec, layout_store, device_rows=take, mode="w") as table:
         for part in np.array_split(np.arange(rows), segments):

@@ -60,8 +60,11 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def cli(*args: str, kill_at: str | None = None, timeout: int = 400) -> subprocess.CompletedProcess:
-    """``python -m daskhps.cli ARGS`` in a subprocess; ``kill_at`` arms a kill point."""
+def cli(
+    *args: str, kill_at: str | None = None, timeout: int = 400, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m daskhps.cli ARGS`` in a subprocess (in ``cwd``, default this process's);
+    ``kill_at`` arms a kill point."""
     env = {k: v for k, v in os.environ.items() if k != ENV}
     if kill_at is not None:
         env[ENV] = kill_at
@@ -72,6 +75,7 @@ def cli(*args: str, kill_at: str | None = None, timeout: int = 400) -> subproces
         timeout=timeout,
         check=False,
         env=env,
+        cwd=cwd,
     )
 
 

@@ -79,8 +79,10 @@ class StagedStores:
         routed = keys[order]
         rows = np.empty((len(keys), spec.width), dtype=np.float32)
         rows[:, : spec.dim] = chunk.weights[order]
-        if spec.width > spec.dim:
-            rows[:, spec.dim :] = self.initial_state if chunk.state is None else chunk.state[order]
+        if spec.stats_at > spec.dim:
+            state = self.initial_state if chunk.state is None else chunk.state[order]
+            rows[:, spec.dim : spec.stats_at] = state
+        rows[:, spec.stats_at :] = 0  # never counted: daskhps.table.stats
         at = 0
         for store, n in zip(self.stores, counts.tolist(), strict=True):
             if n:

@@ -7,9 +7,10 @@ A row of a table with embedding dim ``d`` is laid out as::
     adagrad, row-wise   [ w(d) | mean of squared grads(1) ]    (FBGEMM's row-wise Adagrad)
     adam (lazy)         [ w(d) | m(d) | v(d) | step(1) ]       step: int32 bits in a float32 slot
 
-State therefore moves with the row through every tier, bit for bit. The step count is stored
-as an int32 bit pattern, not a float, so it stays exact past 2**24 updates. Every function
-here is vectorised over a block of unique rows; duplicate keys are summed by the table first.
+and the row's statistics follow (:mod:`daskhps.table.stats`). State therefore moves with the
+row through every tier, bit for bit. The step count is stored as an int32 bit pattern, not a
+float, so it stays exact past 2**24 updates. Every function here is vectorised over a block of
+unique rows; duplicate keys are summed by the table first.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from daskhps.errors import ConfigError
 from daskhps.table.init import init_embedding
 from daskhps.table.optimizers import init_state
 from daskhps.table.spec import TableSpec
+from daskhps.table.stats import STATS_WIDTH
 from daskhps.tiers.base import Cache, Evicted, Lookup
 
 __all__ = ["ReadPath", "RowSource", "WriteBack", "initial_rows", "read_below"]
@@ -58,12 +59,14 @@ class RowSource(Protocol):
 
 def initial_rows(spec: TableSpec, keys: torch.Tensor, *, state: bool = True) -> torch.Tensor:
     """Rows of keys never written: the embedding, then (with ``state``) the optimizer's
-    initial state. A pure function of (table seed, key), the same in training, evaluation and
-    serving (docs/invariants.md, invariant 2)."""
+    initial state and zero statistics. A pure function of (table seed, key), the same in
+    training, evaluation and serving (docs/invariants.md, invariant 2)."""
     emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
     if not state:
         return emb
-    return torch.cat([emb, init_state(spec.optimizer, len(keys), spec.dim, keys.device)], dim=1)
+    opt = init_state(spec.optimizer, len(keys), spec.dim, keys.device)
+    stats = torch.zeros(len(keys), STATS_WIDTH, dtype=torch.float32, device=keys.device)
+    return torch.cat([emb, opt, stats], dim=1)
 
 
 def read_below(

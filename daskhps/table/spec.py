@@ -8,6 +8,7 @@ from typing import Any
 
 from daskhps.errors import ConfigError
 from daskhps.table.optimizers import OptimizerSpec, state_width
+from daskhps.table.stats import STAT_COLUMNS, STATS_WIDTH
 
 __all__ = ["TableSpec"]
 
@@ -55,7 +56,12 @@ class TableSpec:
 
     @property
     def width(self) -> int:
-        """Floats per row: embedding plus optimizer state."""
+        """Floats per row: embedding, optimizer state, then the row's statistics."""
+        return self.stats_at + STATS_WIDTH
+
+    @property
+    def stats_at(self) -> int:
+        """The column of the row's first statistic (:mod:`daskhps.table.stats`)."""
         return self.dim + state_width(self.optimizer, self.dim)
 
     @property
@@ -74,6 +80,7 @@ class TableSpec:
             "width": self.width,
             "dtype": "float32",
             **self.optimizer.layout(),
+            "row_stats": list(STAT_COLUMNS),
             "seed": self.seed,
             "init_scale": self.scale,
         }

@@ -36,6 +36,7 @@ from daskhps.errors import CapacityError, DataError
 from daskhps.table.optimizers import apply_update
 from daskhps.table.read_path import ReadPath
 from daskhps.table.spec import TableSpec
+from daskhps.table.stats import record
 from daskhps.tiers.base import Cache, CommitInfo, Evicted, PersistentStore, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
@@ -144,7 +145,8 @@ class EmbeddingTable:
         return rows[:, : self.spec.dim]
 
     def peek(self, keys: torch.Tensor) -> torch.Tensor:
-        """Full rows (embedding and optimizer state) of ``keys`` without changing any tier."""
+        """Full rows (embedding, optimizer state, statistics) of ``keys`` without changing any
+        tier."""
         keys = check_keys(keys, self._where("peek")).to(self.device)
         ukeys, inv = torch.unique(keys, return_inverse=True)
         got = self.device_cache.lookup(ukeys)
@@ -252,6 +254,64 @@ class EmbeddingTable:
         slab = self.device_cache.rows
         block = slab.index_select(0, slots)
         apply_update(self.spec.optimizer, block, summed, dim)
+        slab.index_copy_(0, slots, block)
+        self.device_cache.mark_dirty(slots)
+
+    def record_seen(
+        self,
+        keys: torch.Tensor,
+        counts: torch.Tensor | None = None,
+        days: torch.Tensor | int | None = None,
+    ) -> None:
+        """Count occurrences of ``keys`` in the rows' statistics (:mod:`daskhps.table.stats`):
+        ``counts[i]`` more for ``keys[i]`` (1 each by default; duplicate keys add up), and
+        ``days`` (one :func:`~daskhps.table.stats.day_number` per key or one for all; ``None``
+        or ``NO_DAY`` for logs without days) as their last day seen, the latest of a
+        duplicate's. The rows are made resident in the device tier, as a training lookup
+        makes them, and are dirty after."""
+        self._check_writable("record_seen")
+        where = self._where("record_seen")
+        keys = check_keys(keys, where).to(self.device)
+        if counts is None:
+            counts = torch.ones(len(keys), dtype=torch.int64, device=self.device)
+        elif (
+            not isinstance(counts, torch.Tensor)
+            or counts.shape != keys.shape
+            or counts.dtype not in (torch.int32, torch.int64)
+        ):
+            got = (
+                f"{counts.dtype} {tuple(counts.shape)}"
+                if isinstance(counts, torch.Tensor)
+                else type(counts).__name__
+            )
+            raise DataError(
+                f"{where}: counts must be an int32 or int64 tensor of shape {tuple(keys.shape)} "
+                f"(one per key), got {got}"
+            )
+        counts = counts.to(device=self.device, dtype=torch.int64)
+        if len(counts) and int(counts.min()) < 0:
+            bad = int(keys[counts < 0][0])
+            raise DataError(f"{where}: the count of key {bad} is negative; nothing was counted")
+        if isinstance(days, torch.Tensor):
+            if days.shape != keys.shape:
+                raise DataError(
+                    f"{where}: days must be one per key, shape {tuple(keys.shape)}, or one int; "
+                    f"got shape {tuple(days.shape)}"
+                )
+            days = days.to(device=self.device, dtype=torch.int32)
+        ukeys, inv = _unique(keys)
+        if inv is not None:
+            counts = torch.zeros(len(ukeys), dtype=torch.int64, device=self.device).index_add_(
+                0, inv, counts
+            )
+            if isinstance(days, torch.Tensor):
+                days = torch.zeros(
+                    len(ukeys), dtype=torch.int32, device=self.device
+                ).scatter_reduce_(0, inv, days, reduce="amax")
+        slots = self._resident_slots(ukeys, "record_seen")
+        slab = self.device_cache.rows
+        block = slab.index_select(0, slots)
+        record(block, self.spec.stats_at, counts, days)
         slab.index_copy_(0, slots, block)
         self.device_cache.mark_dirty(slots)
 

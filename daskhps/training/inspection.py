@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError, DaskHPSError
-from daskhps.tiers.store import open_store
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
@@ -35,16 +34,8 @@ _DAMAGE = ("unreadable", "damaged")
 
 
 def _store_rows(ckpt: Checkpoint, rank: int) -> int | None:
-    spec = ckpt.table
     try:
-        with open_store(
-            ckpt.store_path(rank),
-            name=f"{spec['table']}/zarr",
-            width=int(spec["width"]),
-            layout=spec,
-            mode="r",
-            commit=ckpt.commit,
-        ) as store:
+        with ckpt.open_store(rank) as store:
             return len(store)
     except (DaskHPSError, OSError):
         return None  # stores moved, deleted or damaged: the manifest still says what was there

@@ -73,7 +73,7 @@ def test_sparse_dim_from_model(tmp_path: Path) -> None:
     cfg = load(tmp_path, MINIMAL + "model: {name: deepfm}\ntable: {dim: 8}\n")
     assert cfg.sparse_dim == 9
     spec = cfg.table_spec()
-    assert spec.dim == 9 and spec.width == 18  # adagrad: one accumulator per element
+    assert spec.dim == 9 and spec.stats_at == 18  # adagrad: one accumulator per element
 
 
 def test_yaml_dates_and_exponent_floats(tmp_path: Path) -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 
 from daskhps.table import TableSpec
-from daskhps.table.init import init_embedding
-from daskhps.table.optimizers import apply_update, init_state
+from daskhps.table.optimizers import apply_update
+from daskhps.table.read_path import initial_rows
+from daskhps.table.stats import COUNT_MAX
 
-
-def initial_rows(spec: TableSpec, keys: torch.Tensor) -> torch.Tensor:
-    emb = init_embedding(keys, seed=spec.seed, dim=spec.dim, scale=spec.scale)
-    return torch.cat([emb, init_state(spec.optimizer, len(keys), spec.dim, keys.device)], dim=1)
+__all__ = ["DictTable", "bits", "initial_rows"]
 
 
 class DictTable:
@@ -37,6 +35,20 @@ class DictTable:
         apply_update(self.spec.optimizer, block, summed, self.spec.dim)
         for i, k in enumerate(ukeys.tolist()):
             self.rows[k] = block[i].clone()
+
+    def record_seen(
+        self, keys: torch.Tensor, counts: torch.Tensor, days: torch.Tensor | int | None
+    ) -> None:
+        # Key by key, in Python integers: the obvious reading of "count, then last day".
+        at = self.spec.stats_at
+        each = days.tolist() if isinstance(days, torch.Tensor) else [days] * len(keys)
+        for k, c, day in zip(keys.tolist(), counts.tolist(), each, strict=True):
+            row = self.get(torch.tensor([k]))[0]
+            stats = row[at : at + 2].view(torch.int32)
+            stats[0] = min(int(stats[0]) + c, COUNT_MAX)
+            if day is not None:
+                stats[1] = max(int(stats[1]), day)
+            self.rows[k] = row
 
     def snapshot(self) -> dict[int, torch.Tensor]:
         return {k: v.clone() for k, v in self.rows.items()}

@@ -22,6 +22,7 @@ from daskhps.serve import load_servable
 from daskhps.serve.export import export_model
 from daskhps.serve.stores import ShardedStores
 from daskhps.sharding import ShardMap
+from daskhps.table.stats import STATS_WIDTH
 from daskhps.training import worker
 from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.training.trainer import Trainer
@@ -91,13 +92,18 @@ def _fails(capsys: pytest.CaptureFixture[str], config: Path, args: list[str], *n
     return lines[0]
 
 
-def _table_rows(run_dir: Path, keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """Full rows of ``keys`` as serving reads them from the run's latest checkpoint, and how
-    many of them no store held."""
+def _table_rows(
+    run_dir: Path, keys: np.ndarray, *, trained: bool = False
+) -> tuple[np.ndarray, int]:
+    """The rows of ``keys`` but their statistics (weights and optimizer state, what an import
+    gives) as serving reads them from the run's latest checkpoint, and how many of them no
+    store held. An imported row was never counted: its statistics are zero unless
+    ``trained`` since."""
     stores = ShardedStores(load_servable(run_dir).table)
     try:
         rows = stores.read(torch.from_numpy(keys)).numpy()
-        return rows, stores.initialised
+        assert trained or not rows[:, -STATS_WIDTH:].any()
+        return rows[:, :-STATS_WIDTH], stores.initialised
     finally:
         stores.close()
 
@@ -239,7 +245,7 @@ def test_optimizer_state_given_or_initial(
     assert rc == 0, err
     got, _ = _table_rows(tmp_path / "initial" / "run", keys)
     spec = load_servable(tmp_path / "initial" / "run").table.spec
-    width = spec.width - DIM
+    width = spec.stats_at - DIM  # the optimizer state's
     expected = np.zeros((n, width), dtype=np.float32)
     if optimizer.get("initial_accumulator"):
         expected[:] = optimizer["initial_accumulator"]
@@ -471,7 +477,7 @@ def test_train_resumes_from_the_imported_rows(
     assert on_top["rows_staged"] == fresh["rows_staged"]
     assert on_top["staged_from"]["init"] == 0
     assert on_top["staged_from"]["store"] == on_top["rows_staged"]
-    after, _ = _table_rows(tmp / "imported", keys)
+    after, _ = _table_rows(tmp / "imported", keys, trained=True)
     assert not np.array_equal(after[:, :DIM], before[:, :DIM])  # and it trained them
 
 

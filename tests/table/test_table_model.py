@@ -91,6 +91,27 @@ class TableMachine(RuleBasedStateMachine):
         self.table.apply_gradients(keys, grads)
         self.model.apply_gradients(keys, grads)
 
+    @rule(
+        keys=key_lists,
+        # Counts near the int32 limit: counting saturates there instead of wrapping.
+        counts=st.lists(st.sampled_from([0, 1, 3, 2**30, 2**31 - 1]), min_size=6, max_size=6),
+        # One day for all, none, or one per key (0 is NO_DAY: leaves the last day alone).
+        days=st.none()
+        | st.integers(738_000, 738_010)
+        | st.lists(st.sampled_from([0, 738_000, 738_005]), min_size=6, max_size=6),
+    )
+    def record_seen(
+        self, keys: torch.Tensor, counts: list[int], days: int | list[int] | None
+    ) -> None:
+        n = torch.tensor(counts[: len(keys)], dtype=torch.int64)
+        d = torch.tensor(days[: len(keys)], dtype=torch.int32) if isinstance(days, list) else days
+        if not self._fits(keys):
+            with pytest.raises(CapacityError):
+                self.table.record_seen(keys, n, d)
+            return
+        self.table.record_seen(keys, n, d)
+        self.model.record_seen(keys, n, d)
+
     @rule(keys=key_lists)
     def stage(self, keys: torch.Tensor) -> None:
         if not self._fits(keys):

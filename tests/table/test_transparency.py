@@ -25,6 +25,8 @@ def _workload(table: EmbeddingTable) -> list[torch.Tensor]:
         ranks = (torch.rand(PASS_KEYS * 3, generator=gen) ** 3 * len(ALL_KEYS)).long()
         pass_keys = torch.unique(ALL_KEYS[ranks])[:PASS_KEYS]
         table.stage(pass_keys)
+        # The pass's statistics: how often each key occurs, and the pass's day.
+        table.record_seen(pass_keys, torch.randint(1, 9, (len(pass_keys),), generator=gen), p)
         for _ in range(BATCHES):
             pick = torch.randint(0, len(pass_keys), (BATCH,), generator=gen)
             keys = pass_keys[pick]  # duplicates on purpose

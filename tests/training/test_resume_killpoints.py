@@ -93,7 +93,8 @@ def _cli(config: Path, *args: str, kill_at: str | None = None) -> subprocess.Com
 
 
 def _rows(ckpt: Checkpoint) -> dict[int, np.ndarray]:
-    """Every row (embedding and optimizer state) of every shard at the checkpoint's commit."""
+    """Every row (embedding, optimizer state, statistics) of every shard at the checkpoint's
+    commit."""
     out: dict[int, np.ndarray] = {}
     for r in range(ckpt.num_workers):
         with EmbeddingTable.open(

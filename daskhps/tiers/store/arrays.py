@@ -38,13 +38,20 @@ __all__ = ["RawArray", "chunk_digests", "read_around_pays", "write_array", "writ
 _RAW_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}]
 
 
-def write_group(directory: Path, attributes: dict[str, Any] | None = None) -> None:
-    """Write the ``zarr.json`` of a zarr v3 group (the node that makes a folder a group)."""
+def write_group(
+    directory: Path, attributes: dict[str, Any] | None = None, *, durable: bool = False
+) -> None:
+    """Write the ``zarr.json`` of a zarr v3 group (the node that makes a folder a group);
+    ``durable``: on disk before it replaces the one there (the caller fsyncs the folder)."""
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
     # Replace atomically: a crash must not leave a half-written root zarr.json behind.
     tmp = directory / "zarr.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
+    with tmp.open("w") as f:
+        f.write(json.dumps(meta, indent=2))
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, directory / "zarr.json")
 
 

@@ -96,8 +96,8 @@ class StoreChecker:
         """Check ``commit`` (default: the latest) of the store at ``path``."""
         p = Path(path)
         out = StoreCheck(p, commit, verified=self.verify)
-        width = self._root(p, out)
-        if width is None:
+        widths = self._root(p, out)
+        if widths is None:
             return out
         m = self._manifest(p, commit, out)
         if m is None:
@@ -110,7 +110,7 @@ class StoreChecker:
         for folder, kind in parts:
             part = self._parts.get(folder)
             if part is None:
-                part = self._parts[folder] = self._check_part(folder, kind, width)
+                part = self._parts[folder] = self._check_part(folder, kind, widths)
             out.damage.extend(part.damage)
             out.without_checksum += not part.checksummed
         return out
@@ -120,13 +120,16 @@ class StoreChecker:
         line each, prefixed by the rank: what a caller about to open them all reports."""
         return [f"rank {r}: {d}" for r, p in enumerate(paths) for d in self.check(p, commit).damage]
 
-    def _root(self, p: Path, out: StoreCheck) -> int | None:
+    def _root(self, p: Path, out: StoreCheck) -> tuple[int, ...] | None:
+        """The row widths the store's segments may have (two after a format upgrade)."""
         meta = p / "zarr.json"
         if not p.is_dir():
             out.damage.append(f"no store at {p} (moved, deleted, or on another machine)")
             return None
         try:
-            return int(json.loads(meta.read_text())["attributes"]["daskhps"]["width"])
+            attrs = json.loads(meta.read_text())["attributes"]["daskhps"]
+            width = int(attrs["width"])
+            return tuple(sorted({width, int(attrs.get("narrow_width", width))}, reverse=True))
         except FileNotFoundError:
             out.damage.append(f"store metadata {meta} is missing")
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -156,7 +159,7 @@ class StoreChecker:
         )
         return None
 
-    def _check_part(self, folder: Path, kind: str, width: int) -> _Part:
+    def _check_part(self, folder: Path, kind: str, widths: tuple[int, ...]) -> _Part:
         if not folder.is_dir():
             return _Part((f"{kind} folder {folder} is missing",), True)
         names = ("keys", "rows") if kind == "segment" else ("keys", "locs")
@@ -171,11 +174,12 @@ class StoreChecker:
         if damage:
             return _Part(tuple(damage), True)
         a, b = arrays
-        want = (a.shape[0], width) if kind == "segment" else a.shape
-        if len(a.shape) != 1 or b.shape != want:
+        wants = [(a.shape[0], w) for w in widths] if kind == "segment" else [a.shape]
+        if len(a.shape) != 1 or b.shape not in wants:
+            shown = " or ".join(str(list(w)) for w in wants)
             damage.append(
                 f"{kind} {folder} holds {names[0]} {a.shape} and {names[1]} {b.shape}, "
-                f"expected [n] and {list(want)}"
+                f"expected [n] and {shown}"
             )
         for arr in arrays:
             damage += arr.size_problems()

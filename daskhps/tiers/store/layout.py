@@ -5,6 +5,7 @@ On disk (``<id>`` and ``<seq>`` are 10-digit, zero-padded)::
 
     <store>/
       zarr.json                    root group; attributes["daskhps"]: format, width, layout
+                                   (and narrow_width: the rows of segments from format 1)
       LOCK                         single-writer flock; holds the writer's pid
       segments/<id>/               one per upsert (zarr group; attributes {"rows": n})
           keys/   int64[n]         zarr arrays, ``bytes`` codec only: chunk files are raw
@@ -47,7 +48,9 @@ __all__ = [
     "MAX_SEGMENT_ID",
     "OFFSET_MASK",
     "DiskUsage",
+    "RootCheck",
     "StoreFolder",
+    "layout_of_today",
     "locations",
     "offset_of",
     "segment_dir",
@@ -55,7 +58,10 @@ __all__ = [
     "snapshot_dir",
 ]
 
-FORMAT = 1
+# 2: rows end with their statistics (daskhps.table.stats). A store of format 1 still opens: its
+# rows read with zero statistics, and a writer upgrades its root (see StoreFolder.check_root).
+FORMAT = 2
+_STATS = "row_stats"  # the layout field of the statistics columns that format 2 appended
 
 _SHIFT = 32
 OFFSET_MASK = (1 << _SHIFT) - 1  # also the most rows one segment holds
@@ -202,14 +208,21 @@ class StoreFolder:
                 p.unlink()
         fsync_dir(self.path)
 
-    def check_root(self) -> None:
+    def check_root(self) -> RootCheck:
         """Refuse a store of a newer format, or one whose rows are not ``width`` floats of
-        ``layout`` (naming every field that differs)."""
+        ``layout`` (naming every field that differs).
+
+        A store of format 1 predates the rows' statistics: its layout lacks ``row_stats`` and
+        its rows are that much narrower. It opens with the layout of today, its rows reading
+        zero statistics (:attr:`RootCheck.narrow_width`); :meth:`upgrade_root` (a writer's)
+        records the new layout, after which only rows written later are full width.
+        """
         meta_path = self.path / "zarr.json"
         try:
             attrs = json.loads(meta_path.read_text())["attributes"]["daskhps"]
             stored_format, stored_width = int(attrs["format"]), int(attrs["width"])
             stored_layout = attrs["layout"]
+            narrow = int(attrs.get("narrow_width", stored_width))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise StoreCorruptedError(
                 f"{self.name}: store metadata {meta_path} is damaged or is not a daskhps "
@@ -220,6 +233,13 @@ class StoreFolder:
                 f"{self.name}: {self.path} has store format {stored_format}, newer than this "
                 f"daskhps reads ({FORMAT}); upgrade daskhps"
             )
+        if stored_format == 1:
+            # Compared as if written today: the same rows, and the statistics after them.
+            today = layout_of_today(stored_layout, self.layout)
+            if today is not stored_layout:  # rows without statistics: they read as zeros
+                narrow = stored_width
+                stored_width += len(today[_STATS])
+            stored_layout = today
         diffs = []
         if stored_width != self.width:
             diffs.append(f"width: stored {stored_width}, given {self.width}")
@@ -233,6 +253,45 @@ class StoreFolder:
                 f"open it with the layout it was written with, or write this table to a new "
                 f"store (mode='w', another path)"
             )
+        return RootCheck(narrow, upgrade=stored_format < FORMAT)
+
+    def upgrade_root(self, check: RootCheck) -> None:
+        """Record today's format and layout in the root of an older store (a writer's step,
+        before it writes a row): rows of segments written before stay ``narrow_width``."""
+        if not check.upgrade:
+            return
+        attrs: dict[str, Any] = {"format": FORMAT, "width": self.width, "layout": self.layout}
+        if check.narrow_width != self.width:
+            attrs["narrow_width"] = check.narrow_width
+        write_group(self.path, {"daskhps": attrs}, durable=True)  # replaces it atomically
+        fsync_dir(self.path)
+
+
+def layout_of_today(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A layout recorded before rows had statistics (a format 1 store, a checkpoint of its
+    time), as today's: the ``row_stats`` that ``given`` has appended, and its ``width`` grown
+    by as many columns. Any other layout is returned as it is."""
+    stats = given.get(_STATS)
+    if _STATS in stored or not isinstance(stats, list):
+        return stored
+    today = {**stored, _STATS: stats}
+    if isinstance(stored.get("width"), int):
+        today["width"] = stored["width"] + len(stats)
+    return today
+
+
+@dataclass(frozen=True)
+class RootCheck:
+    """What :meth:`StoreFolder.check_root` found: ``narrow_width``, the width of rows in
+    segments written before their statistics existed (``width`` in a store without any), and
+    whether the root is of an older format that a writer must upgrade."""
+
+    narrow_width: int
+    upgrade: bool = False
+
+    def widths(self, width: int) -> tuple[int, ...]:
+        """The row widths a segment of this store may have."""
+        return (width,) if self.narrow_width == width else (width, self.narrow_width)
 
 
 class DiskUsage:

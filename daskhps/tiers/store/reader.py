@@ -29,7 +29,14 @@ from daskhps.tiers.base import (
     check_keys,
 )
 from daskhps.tiers.store.chain import Chain, CommitLog, rebuild_index
-from daskhps.tiers.store.layout import DiskUsage, StoreFolder, locations, offset_of, segment_of
+from daskhps.tiers.store.layout import (
+    DiskUsage,
+    RootCheck,
+    StoreFolder,
+    locations,
+    offset_of,
+    segment_of,
+)
 from daskhps.tiers.store.segments import Segment, load_segment, runs
 
 __all__ = ["StoreReader"]
@@ -58,6 +65,7 @@ class StoreReader(PersistentStore):
         self._log = CommitLog(folder)
         self._chain = Chain()
         self._index = KeyIndex(1024)
+        self._root = RootCheck(folder.width)  # what the root says, once opened
         self._stats = TierStats()
         self._disk = DiskUsage(folder.path)
         try:
@@ -72,7 +80,7 @@ class StoreReader(PersistentStore):
             raise self.folder.not_a_store()
         if state == "absent":
             raise self.folder.missing()
-        self.folder.check_root()
+        self._root = self.folder.check_root()
         self._load_commit(commit)
 
     def _load_commit(self, commit: str | None) -> None:
@@ -83,7 +91,7 @@ class StoreReader(PersistentStore):
             return
         try:
             for sid in m.segments:
-                self._segments[sid] = load_segment(self.folder, sid)
+                self._segments[sid] = load_segment(self.folder, sid, self._widths)
             index = rebuild_index(self.folder, m, self._segments)
         except StoreCorruptedError as e:
             raise StoreCorruptedError(
@@ -92,6 +100,11 @@ class StoreReader(PersistentStore):
             ) from e
         self._index = index
         self._chain = Chain.of(m)
+
+    @property
+    def _widths(self) -> tuple[int, ...]:
+        """The row widths this store's segments may have (narrower: from format 1)."""
+        return self._root.widths(self.width)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -190,7 +203,7 @@ class StoreReader(PersistentStore):
         that no kept commit uses may have been deleted: :class:`StoreCorruptedError`."""
         parts = [np.empty(0, dtype=np.int64)]
         for sid in sorted(ids):
-            seg = self._segments.get(sid) or load_segment(self.folder, sid)
+            seg = self._segments.get(sid) or load_segment(self.folder, sid, self._widths)
             parts.append(seg.keys.read_all())
         return torch.from_numpy(np.concatenate(parts))
 
@@ -216,7 +229,7 @@ class StoreReader(PersistentStore):
         assert m is not None  # choose raises for a missing name
         old = self._chain.refs
         added, gone = sorted(set(m.segments) - old), sorted(old - set(m.segments))
-        segments = {sid: load_segment(self.folder, sid) for sid in added}
+        segments = {sid: load_segment(self.folder, sid, self._widths) for sid in added}
         new_keys = [segments[sid].keys.read_all() for sid in added]
         fresh = np.unique(np.concatenate([np.empty(0, np.int64), *new_keys]))
         unseen = int((~self._index.get(torch.from_numpy(fresh))[1]).sum())

@@ -35,12 +35,18 @@ class Segment:
         return self.keys.shape[0]
 
     def read_into(self, offsets: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
-        """``out[dst] = rows at offsets`` (ascending offsets), reading each chunk file once."""
+        """``out[dst] = rows at offsets`` (ascending offsets), reading each chunk file once.
+
+        A segment narrower than ``out`` (written before the rows had statistics) fills the
+        columns it lacks with zeros."""
+        w = self.rows.shape[1]
+        if w < out.shape[1]:
+            out[dst, w:] = 0
         if not self.rows.raw:
-            out[dst] = self.rows.read_rows(offsets)
+            out[dst, :w] = self.rows.read_rows(offsets)
             return
         cr = self.rows.chunk_rows
-        row_bytes = 4 * self.rows.shape[1]
+        row_bytes = 4 * w
         chunk = offsets // cr
         for c0, c1 in runs(chunk):
             c = int(chunk[c0])
@@ -51,21 +57,23 @@ class Segment:
             # the page cache, which RSS does not count.
             sparse = not read_around_pays(c1 - c0, cr, row_bytes)
             mm = self.rows.memmap(c, sparse=sparse)
-            out[dst[c0:c1]] = mm[offsets[c0:c1] - c * cr]
+            out[dst[c0:c1], :w] = mm[offsets[c0:c1] - c * cr]
             del mm
 
 
-def load_segment(folder: StoreFolder, sid: int) -> Segment:
-    """Segment ``sid`` of the store, checked against its metadata (shapes, file sizes)."""
+def load_segment(folder: StoreFolder, sid: int, widths: tuple[int, ...] = ()) -> Segment:
+    """Segment ``sid`` of the store, checked against its metadata (shapes, file sizes): rows
+    of ``folder.width`` floats, or of one of ``widths`` (``RootCheck.widths``)."""
     path = folder.segment(sid)
     if not path.is_dir():
         raise StoreCorruptedError(f"segment folder {path} is missing")
     keys = RawArray.load(path / "keys", np.int64)
     rows = RawArray.load(path / "rows", np.float32)
-    if len(keys.shape) != 1 or rows.shape != (keys.shape[0], folder.width):
+    allowed = widths or (folder.width,)
+    if len(keys.shape) != 1 or rows.shape not in [(keys.shape[0], w) for w in allowed]:
         raise StoreCorruptedError(
             f"segment {path} holds keys {keys.shape} and rows {rows.shape}, expected "
-            f"[n] and [n, {folder.width}]"
+            f"[n] and [n, {' or '.join(map(str, allowed))}]"
         )
     keys.check_files()
     rows.check_files()

@@ -36,7 +36,13 @@ from daskhps.tiers.store.buffer import WriteBuffer
 from daskhps.tiers.store.chain import write_snapshot
 from daskhps.tiers.store.compaction import plan_compaction
 from daskhps.tiers.store.durable import fsync_dir, fsync_tree
-from daskhps.tiers.store.layout import MAX_SEGMENT_ID, OFFSET_MASK, StoreFolder, locations
+from daskhps.tiers.store.layout import (
+    MAX_SEGMENT_ID,
+    OFFSET_MASK,
+    RootCheck,
+    StoreFolder,
+    locations,
+)
 from daskhps.tiers.store.manifest import Manifest, manifest_path
 from daskhps.tiers.store.reader import StoreReader
 from daskhps.tiers.store.segments import write_segment
@@ -109,11 +115,15 @@ class StoreWriter(StoreReader):
                 f"overwrite=True to replace it (its rows are deleted)"
             )
         self._lock.acquire()
-        f.check_root()
+        self._root = f.check_root()
         if self.mode == "w":
             f.wipe()
             f.create()
+            self._root = RootCheck(f.width)
             return
+        # An older store says so in its root before a row of today's layout is written.
+        f.upgrade_root(self._root)
+        self._root = RootCheck(self._root.narrow_width)
         self._load_commit(commit)
         # Ids only grow, over everything on disk: what a crash left behind is never reused.
         referenced = [i for m in self._log.manifests for i in m.segments]
