@@ -37,7 +37,7 @@ from daskhps.data.backend import choose_backend
 from daskhps.data.badrows import BadRowPolicy, BadRowReport
 from daskhps.data.parse import empty_frame, read_shard
 from daskhps.data.schema import Schema, load_schema
-from daskhps.data.source import DataSource, resolve_files
+from daskhps.data.source import DataSource, day_of, resolve_files
 from daskhps.data.textfile import splittable
 from daskhps.monitor import stage_span
 
@@ -116,6 +116,17 @@ class ClickLog:
     @property
     def part_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.parts)
+
+    def part_days(self) -> tuple[str | None, ...]:
+        """The log day (``YYYY-MM-DD`` of its ``day=`` folder) of each partition, None for a
+        file outside a day-partitioned layout."""
+        return tuple(day_of(p.path) for p in self.parts)
+
+    def partitions(self, where: slice) -> ClickLog:
+        """The log of partitions ``where`` only (frame and parts alike)."""
+        return dataclasses.replace(
+            self, frame=self.frame.partitions[where], parts=self.parts[where]
+        )
 
     def persist(self) -> ClickLog:
         """Persist frame and report in one graph (each part is read once). Holds the whole

@@ -177,6 +177,16 @@ class WorkerShards:
         except CapacityError as e:  # an answer, not a failure: Dask would log it as one
             return StageAhead(None, str(e))
 
+    def record_seen(self, table: str, keys: Any) -> None:
+        """Count a pass's owner partition (columns ``key``, ``count``, ``day``) in the rows'
+        statistics: its keys are pinned, so this moves no row."""
+        with stage_span("count"), self.locked(table) as t:
+            t.record_seen(
+                keys_of(keys),
+                column_of(keys, "count", torch.int64),
+                column_of(keys, "day", torch.int32),
+            )
+
     def unpin(self, table: str) -> None:
         with self.locked(table) as t:
             t.unpin()
@@ -270,10 +280,20 @@ class WorkerShards:
 
 def keys_of(part: Any) -> torch.Tensor:
     """int64 keys of a pass's owner partition (a frame with a ``key`` column) or of an array."""
-    raw = part["key"].to_numpy() if hasattr(part, "columns") else part
+    if hasattr(part, "columns"):
+        return column_of(part, "key", torch.int64)
+    return _tensor(part, torch.int64)
+
+
+def column_of(part: Any, column: str, dtype: torch.dtype) -> torch.Tensor:
+    """One column of a pass's owner partition as a tensor of ``dtype``."""
+    return _tensor(part[column].to_numpy(), dtype)
+
+
+def _tensor(raw: Any, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(raw, np.ndarray) and not raw.flags.writeable:
         raw = raw.copy()  # a read-only pandas view: torch must not alias it
-    return torch.as_tensor(raw).to(torch.int64)
+    return torch.as_tensor(raw).to(dtype)
 
 
 def droppable_commits(names: Sequence[str], name: str, prefix: str = "") -> int:

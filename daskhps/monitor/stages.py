@@ -30,6 +30,7 @@ STAGES = (
     "dedup",
     "shuffle",
     "stage",
+    "count",
     "train",
     "eval",
     "holdout",

@@ -18,8 +18,9 @@ import pyarrow as pa
 
 from daskhps.data.readers import ClickLog
 from daskhps.monitor import stage_span
+from daskhps.table.stats import NO_DAY, day_number
 
-__all__ = ["pass_keys", "pass_partitions", "select_examples"]
+__all__ = ["KEY_COLUMNS", "pass_keys", "pass_partitions", "select_examples"]
 
 
 def _slice(df: Any, bounds: dict[int, tuple[int, int]], partition_info: Any = None) -> Any:
@@ -54,8 +55,15 @@ def select_examples(
     return sub.map_partitions(_slice, bounds, meta=frame._meta)
 
 
-def _local_keys(df: Any, fields: tuple[str, ...], multi: tuple[str, ...]) -> Any:
-    """All keys of a partition, deduplicated locally (cuts shuffle volume)."""
+def _local_keys(
+    df: Any,
+    fields: tuple[str, ...],
+    multi: tuple[str, ...],
+    days: tuple[int, ...],
+    partition_info: Any = None,
+) -> Any:
+    """All keys of a partition, deduplicated locally (cuts shuffle volume), with how often
+    each occurs and the partition's day (one ``days`` entry per partition)."""
     with stage_span("dedup"):
         arrays = [np.asarray(df[f].to_numpy(), dtype=np.int64) for f in fields]
         for f in multi:
@@ -65,14 +73,23 @@ def _local_keys(df: Any, fields: tuple[str, ...], multi: tuple[str, ...]) -> Any
             else:  # cudf: the list column's values
                 flat = col.list.leaves.to_arrow()
             arrays.append(np.asarray(flat, dtype=np.int64))
-        keys = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
-        return pd.DataFrame({"key": keys})
+        every = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        keys, counts = np.unique(every, return_counts=True)
+        day = np.full(len(keys), days[partition_info["number"]], dtype=np.int32)
+        return pd.DataFrame({"key": keys, "count": counts.astype(np.int64), "day": day})
+
+
+KEY_COLUMNS = {"key": "int64", "count": "int64", "day": "int32"}
 
 
 def pass_keys(log_: ClickLog, lengths: Sequence[int], start: int, stop: int) -> dd.DataFrame:
-    """Keys of the examples at plan positions ``[start, stop)``, unique within each partition."""
+    """Keys of the examples at plan positions ``[start, stop)``, unique within each partition:
+    columns ``key``, ``count`` (occurrences in the partition's rows of the pass) and ``day``
+    (the partition's log day, a :func:`~daskhps.table.stats.day_number`, or ``NO_DAY``)."""
+    where, _, _ = pass_partitions(lengths, start, stop)
+    days = tuple(NO_DAY if d is None else day_number(d) for d in log_.part_days()[where])
     frame = select_examples(log_.frame, lengths, start, stop)
     single = tuple(c.name for c in log_.schema.categorical if not c.multi_hot)
     multi = tuple(c.name for c in log_.schema.categorical if c.multi_hot)
-    meta = pd.DataFrame({"key": pd.Series([], dtype="int64")})
-    return frame.map_partitions(_local_keys, single, multi, meta=meta)
+    meta = pd.DataFrame({k: pd.Series([], dtype=t) for k, t in KEY_COLUMNS.items()})
+    return frame.map_partitions(_local_keys, single, multi, days, meta=meta)

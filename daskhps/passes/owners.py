@@ -28,7 +28,7 @@ import pandas as pd
 from daskhps._scheduler import scheduler_workers
 from daskhps.data.readers import ClickLog
 from daskhps.monitor import stage_span
-from daskhps.passes.keys import pass_keys, select_examples
+from daskhps.passes.keys import KEY_COLUMNS, pass_keys, select_examples
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
 
@@ -48,36 +48,55 @@ def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:
         keys = df["key"].to_numpy()
         shard = shard_map.shard(keys)
         worker = (shard * shard_map.num_workers) // shard_map.num_shards
-        return pd.DataFrame({"worker": worker, "shard": shard, "key": keys})
+        return pd.DataFrame(
+            {
+                "worker": worker,
+                "shard": shard,
+                "key": keys,
+                "count": df["count"].to_numpy(),
+                "day": df["day"].to_numpy(),
+            }
+        )
 
 
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
-    """Global dedup (each key reaches one partition only) and sort by (shard, key)."""
+    """Global dedup (each key reaches one partition only) and sort by (shard, key): counts
+    add up, the latest day stays."""
     with stage_span("dedup"):
         df = df.reset_index()
-        keys, first = np.unique(df["key"].to_numpy(), return_index=True)
+        keys, first, inverse = np.unique(
+            df["key"].to_numpy(), return_index=True, return_inverse=True
+        )
+        count = np.zeros(len(keys), dtype=np.int64)
+        np.add.at(count, inverse, df["count"].to_numpy())
+        day = np.zeros(len(keys), dtype=np.int32)
+        np.maximum.at(day, inverse, df["day"].to_numpy())
         shard = df["shard"].to_numpy()[first]
         order = np.lexsort((keys, shard))
         worker = df["worker"].to_numpy()[first][order]
-        return pd.DataFrame({"worker": worker, "shard": shard[order], "key": keys[order]})
+        return pd.DataFrame(
+            {
+                "worker": worker,
+                "shard": shard[order],
+                "key": keys[order],
+                "count": count[order],
+                "day": day[order],
+            }
+        )
 
 
 def owner_keys(
     keys: dd.DataFrame, shard_map: ShardMap, shuffle_method: str | None = None
 ) -> dd.DataFrame:
-    """Route unique keys so partition ``w`` holds exactly worker ``w``'s keys.
+    """Route the keys of :func:`pass_keys` so partition ``w`` holds exactly worker ``w``'s.
 
-    Columns ``worker, shard, key``; each partition sorted by ``(shard, key)`` and duplicate
-    free. ``shuffle_method`` is passed to Dask (``tasks``, ``p2p``, ``disk`` or None).
+    Columns ``worker, shard, key, count, day``; each partition sorted by ``(shard, key)`` and
+    duplicate free, with each key's occurrences in the pass and its latest day.
+    ``shuffle_method`` is passed to Dask (``tasks``, ``p2p``, ``disk`` or None).
     """
     W = shard_map.num_workers
-    meta = pd.DataFrame(
-        {
-            "worker": pd.Series([], dtype="int64"),
-            "shard": pd.Series([], dtype="int64"),
-            "key": pd.Series([], dtype="int64"),
-        }
-    )
+    columns = {"worker": "int64", "shard": "int64", **KEY_COLUMNS}
+    meta = pd.DataFrame({k: pd.Series([], dtype=t) for k, t in columns.items()})
     owned = keys.map_partitions(_with_owner, shard_map, meta=meta)
     routed = owned.set_index("worker", divisions=list(range(W + 1)), shuffle_method=shuffle_method)
     return routed.map_partitions(_finish, meta=meta)

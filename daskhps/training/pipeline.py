@@ -5,10 +5,11 @@
     driver thread ("prepare")                 main thread
     -------------------------                 -----------
     prepare(k+1): read the pass's partitions, activate(k): pin k's keys if staging ahead
-      owner keys and examples placed on         did not (rows evicted since come back)
-      their workers                           train(k) on every rank
-    stage ahead(k+1): pin beside k's pins,    release(k): unpin k, then pin k+1 again (what
-      when both fit the device tier             was staged ahead is pinned once k is gone)
+      owner keys (with their counts and days)   did not (rows evicted since come back)
+      and examples placed on their workers    train(k) on every rank
+    stage ahead(k+1): pin beside k's pins,    record_seen(k): count k's keys in their rows
+      when both fit the device tier           release(k): unpin k, then pin k+1 again (what
+                                                was staged ahead is pinned once k is gone)
 
 Pass k+1 is read, hashed, deduplicated, shuffled and staged on the driver thread while pass k
 trains on the workers (Baidu's pipeline). That needs a second thread on every worker: with
@@ -84,6 +85,19 @@ class PreparedPass:
             self.reports, self.staged = reports, True
         self.seconds["stage"] = self.seconds.get("stage", 0.0) + time.perf_counter() - t
 
+    def record_seen(self, ctx: PassContext) -> float:
+        """Count the pass's keys in their rows' statistics (occurrences and last day, from
+        the pass's deduplication) on every rank; returns the seconds. Called once the pass
+        has trained, before its checkpoint: a pass prepared ahead counts nothing early."""
+        t = time.perf_counter()
+        ctx.group.on_shards(
+            WorkerShards.record_seen,
+            ctx.table,
+            rank_args=[(k,) for k in self.keys],
+            what="count keys",
+        )
+        return time.perf_counter() - t
+
     def staged_from(self) -> dict[str, int]:
         """Where the staged rows came from (re-pinning counts only rows fetched again)."""
         out = {
@@ -108,7 +122,7 @@ def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPas
     # The pass's partitions, read, parsed and hashed once for both its keys and its examples
     # (held until both are placed, then released).
     where, lengths, offset = pass_partitions(ctx.plan.partition_lengths, spec.start, spec.stop)
-    rows = dataclasses.replace(ctx.train_log, frame=ctx.train_log.frame.partitions[where])
+    rows = ctx.train_log.partitions(where)
     rows = dataclasses.replace(rows, frame=rows.frame.persist())
     start, stop = spec.start - offset, spec.stop - offset
     owned = owner_keys(

@@ -587,6 +587,7 @@ class Trainer:
                 progress.start_pass(active.position + 1)
                 epoch = begun.schedule[active.position][0]
                 rec = self._train_pass(ctx, active, step, begun.total_steps)
+                rec.seconds["count"] = active.record_seen(ctx)
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
                 step += active.spec.num_batches

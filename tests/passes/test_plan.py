@@ -3,6 +3,7 @@ equal a reference computed directly in pandas."""
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 import dask
@@ -88,9 +89,17 @@ def test_owner_keys_equal_pandas_reference(click_log: ClickLog) -> None:
     plan = build_plan(click_log, cfg, num_workers=3, seed=0)
     shard_map = ShardMap(16, 3)
     full = click_log.frame.compute().reset_index(drop=True)
+    # Each row's log day, from its partition's day= folder.
+    days = [date.fromisoformat(str(d)).toordinal() for d in click_log.part_days()]
+    full["day"] = np.repeat(days, plan.partition_lengths)
+    assert len(set(days)) == 2
     for spec in plan.passes:
         parts = dask.compute(*plan_owner_keys(click_log, plan, spec, shard_map).to_delayed())
-        ref = pd.DataFrame({"key": np.unique(full.iloc[spec.start : spec.stop][CAT].to_numpy())})
+        rows = full.iloc[spec.start : spec.stop]
+        cells = pd.DataFrame(
+            {"key": rows[CAT].to_numpy().ravel(), "day": np.repeat(rows["day"].to_numpy(), 26)}
+        )
+        ref = cells.groupby("key")["day"].agg(["size", "max"]).reset_index()
         ref["shard"] = shard_map.shard(ref["key"].to_numpy())
         ref["worker"] = shard_map.worker_of_shard[ref["shard"]]
         assert len(parts) == 3
@@ -98,19 +107,24 @@ def test_owner_keys_equal_pandas_reference(click_log: ClickLog) -> None:
             want = ref[ref.worker == w].sort_values(["shard", "key"])
             assert part["key"].tolist() == want["key"].tolist()
             assert part["shard"].tolist() == want["shard"].tolist()
+            assert part["count"].tolist() == want["size"].tolist()  # occurrences in the pass
+            assert part["day"].tolist() == want["max"].tolist()  # the latest day of the key
             assert (part["worker"] == w).all()
 
 
 @pytest.mark.parametrize("method", ["tasks", "disk"])
 def test_owner_keys_shuffle_methods(method: str) -> None:
-    keys = pd.DataFrame({"key": np.arange(-500, 2000, dtype=np.int64) * 7919})
     import dask.dataframe as dd
 
-    ddf = dd.from_pandas(pd.concat([keys, keys]), npartitions=5)
+    key = np.arange(-500, 2000, dtype=np.int64) * 7919
+    one = pd.DataFrame({"key": key, "count": 1, "day": np.int32(5)})
+    two = pd.DataFrame({"key": key, "count": np.int64(2), "day": np.int32(9)})
+    ddf = dd.from_pandas(pd.concat([one, two]), npartitions=5)
     sm = ShardMap(8, 2)
     parts = dask.compute(*owner_keys(ddf, sm, shuffle_method=method).to_delayed())
-    got = np.sort(np.concatenate([p.key.to_numpy() for p in parts]))
-    assert got.tolist() == sorted(keys.key.tolist())
+    got = pd.concat(parts).sort_values("key")
+    assert got["key"].tolist() == sorted(key.tolist())
+    assert (got["count"] == 3).all() and (got["day"] == 9).all()
     for w, p in enumerate(parts):
         assert (sm.worker(p.key.to_numpy()) == w).all()
 

@@ -11,10 +11,12 @@ the runs, tests/_clusters.py).
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -144,6 +146,31 @@ def test_tiny_tiers_train_bit_identical_to_roomy_tiers(
     assert len(rows_tiny) >= 3 * just_fits  # a table 3x the tiers, bit-identical
     for k, v in rows_tiny.items():
         assert np.array_equal(v.view(np.int32), rows_roomy[k].view(np.int32)), k
+
+
+def test_rows_count_their_keys_and_keep_their_last_day(
+    tmp_path: Path, logs: Path, shared_clusters: SharedClusters
+) -> None:
+    """Every committed row's statistics are its key's occurrences in the examples trained
+    on and the last log day it occurred on, on two workers whatever the passes' bounds."""
+    cfg = _config(
+        tmp_path, logs, shared_clusters.section(workers=2, threads=2), **{"data.holdout": None}
+    )
+    _run(cfg)
+    frame = read_click_log(str(logs)).frame.compute()
+    cats = frame[[c for c in frame.columns if c.startswith("C")]].to_numpy()
+    days = [p.name.removeprefix("day=") for p in sorted(logs.glob("day=*"))]
+    day = np.repeat([date.fromisoformat(d).toordinal() for d in days], 3000)
+    cells = pd.DataFrame({"key": cats.ravel(), "day": np.repeat(day, cats.shape[1])})
+    want = cells.groupby("key")["day"].agg(["size", "max"])
+    rows = _rows(cfg, 2)
+    assert sorted(rows) == want.index.tolist()
+    spec = cfg.table_spec()
+    got = np.stack([rows[k] for k in want.index])
+    stats = np.ascontiguousarray(got[:, spec.stats_at :]).view(np.int32)
+    assert stats[:, 0].tolist() == want["size"].tolist()
+    assert stats[:, 1].tolist() == want["max"].tolist()
+    assert len(set(stats[:, 1].tolist())) == 2  # both days are there
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
