@@ -26,6 +26,7 @@ a named commit point, the state a later ``open(..., commit=name)`` returns to.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -250,12 +251,9 @@ class EmbeddingTable:
         else:
             summed = torch.zeros(len(ukeys), dim, dtype=torch.float32, device=self.device)
             summed.index_add_(0, inv, grads)
-        slots = self._resident_slots(ukeys, "apply_gradients")
-        slab = self.device_cache.rows
-        block = slab.index_select(0, slots)
-        apply_update(self.spec.optimizer, block, summed, dim)
-        slab.index_copy_(0, slots, block)
-        self.device_cache.mark_dirty(slots)
+        self._update_resident(
+            ukeys, "apply_gradients", lambda b: apply_update(self.spec.optimizer, b, summed, dim)
+        )
 
     def record_seen(
         self,
@@ -308,10 +306,19 @@ class EmbeddingTable:
                 days = torch.zeros(
                     len(ukeys), dtype=torch.int32, device=self.device
                 ).scatter_reduce_(0, inv, days, reduce="amax")
-        slots = self._resident_slots(ukeys, "record_seen")
+        self._update_resident(
+            ukeys, "record_seen", lambda b: record(b, self.spec.stats_at, counts, days)
+        )
+
+    def _update_resident(
+        self, ukeys: torch.Tensor, what: str, update: Callable[[torch.Tensor], None]
+    ) -> None:
+        """Make the rows of unique ``ukeys`` resident, ``update`` their block in place and
+        write it back to the device tier, dirty."""
+        slots = self._resident_slots(ukeys, what)
         slab = self.device_cache.rows
         block = slab.index_select(0, slots)
-        record(block, self.spec.stats_at, counts, days)
+        update(block)
         slab.index_copy_(0, slots, block)
         self.device_cache.mark_dirty(slots)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from daskhps.errors import StoreCorruptedError
 from daskhps.tiers.store.arrays import RawArray
-from daskhps.tiers.store.layout import segment_dir, snapshot_dir
+from daskhps.tiers.store.layout import RootCheck, segment_dir, snapshot_dir
 from daskhps.tiers.store.manifest import Manifest, scan_manifests
 
 __all__ = ["StoreCheck", "StoreChecker"]
@@ -129,7 +129,7 @@ class StoreChecker:
         try:
             attrs = json.loads(meta.read_text())["attributes"]["daskhps"]
             width = int(attrs["width"])
-            return tuple(sorted({width, int(attrs.get("narrow_width", width))}, reverse=True))
+            return RootCheck(int(attrs.get("narrow_width", width))).widths(width)
         except FileNotFoundError:
             out.damage.append(f"store metadata {meta} is missing")
         except (OSError, ValueError, KeyError, TypeError) as e:

@@ -61,19 +61,18 @@ class Segment:
             del mm
 
 
-def load_segment(folder: StoreFolder, sid: int, widths: tuple[int, ...] = ()) -> Segment:
+def load_segment(folder: StoreFolder, sid: int, widths: tuple[int, ...]) -> Segment:
     """Segment ``sid`` of the store, checked against its metadata (shapes, file sizes): rows
-    of ``folder.width`` floats, or of one of ``widths`` (``RootCheck.widths``)."""
+    of one of ``widths`` floats (``RootCheck.widths``)."""
     path = folder.segment(sid)
     if not path.is_dir():
         raise StoreCorruptedError(f"segment folder {path} is missing")
     keys = RawArray.load(path / "keys", np.int64)
     rows = RawArray.load(path / "rows", np.float32)
-    allowed = widths or (folder.width,)
-    if len(keys.shape) != 1 or rows.shape not in [(keys.shape[0], w) for w in allowed]:
+    if len(keys.shape) != 1 or rows.shape not in [(keys.shape[0], w) for w in widths]:
         raise StoreCorruptedError(
             f"segment {path} holds keys {keys.shape} and rows {rows.shape}, expected "
-            f"[n] and [n, {' or '.join(map(str, allowed))}]"
+            f"[n] and [n, {' or '.join(map(str, widths))}]"
         )
     keys.check_files()
     rows.check_files()
