@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.table import EmbeddingTable
 from daskhps.table.stats import STATS_WIDTH, row_stats
-from daskhps.training.checkpoint import latest_checkpoint, load_checkpoint
+from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from tests._runs import cli
 
 FIXTURE = Path(__file__).parent / "format1_run"
@@ -66,6 +67,15 @@ def _inspect(folder: Path) -> dict[str, object]:
     return json.loads(res.stdout)  # type: ignore[no-any-return]
 
 
+def _stats(ckpt: Checkpoint, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(count, last_day)`` of the rows of ``keys`` in rank 0's store at ``ckpt``."""
+    spec = ckpt.table_spec
+    with EmbeddingTable.open(
+        spec, ckpt.store_path(0), device_rows=16, mode="r", commit=ckpt.commit
+    ) as table:
+        return row_stats(table.peek(keys), spec.stats_at)
+
+
 def test_inspect_and_predict_read_it_as_it_was_and_change_nothing(old_run: Path) -> None:
     before = _files(old_run / "run")
     info = _inspect(old_run)
@@ -93,14 +103,7 @@ def test_resuming_it_upgrades_its_stores_and_counts_from_then_on(old_run: Path) 
     assert last is not None and last.passes_done == 6
     with last.open_store(0) as store:
         keys = store.keys()
-    with EmbeddingTable.open(
-        last.table_spec,
-        run / "stores/embeddings/rank-0",
-        device_rows=16,
-        mode="r",
-        commit=last.commit,
-    ) as table:
-        count, last_day = row_stats(table.peek(keys), last.table_spec.stats_at)
+    count, last_day = _stats(last, keys)
     # Epoch 2 read the training day once: each key counts its cells there; epoch 1 counted
     # nothing, as the version that trained it kept no statistics.
     frame = read_click_log(str(old_run / TRAIN_DAY)).frame.compute()
@@ -112,14 +115,7 @@ def test_resuming_it_upgrades_its_stores_and_counts_from_then_on(old_run: Path) 
 
     # The old checkpoints stay readable, with their rows' statistics unknown (zero) ...
     old = load_checkpoint(run / "checkpoints/pass-000003")
-    with EmbeddingTable.open(
-        old.table_spec,
-        run / "stores/embeddings/rank-0",
-        device_rows=16,
-        mode="r",
-        commit=old.commit,
-    ) as table:
-        old_count, old_day = row_stats(table.peek(keys), old.table_spec.stats_at)
+    old_count, old_day = _stats(old, keys)
     assert not old_count.any() and not old_day.any()
     info = _inspect(old_run)
     assert [c["damage"] for c in info["checkpoints"]] == [[]] * 6
