@@ -86,6 +86,35 @@ def test_bad_gradients_change_nothing(
     assert torch.equal(bits(_reopened_rows(path)), bits(rows))
 
 
+def _negative_at_3() -> torch.Tensor:
+    counts = torch.ones(10, dtype=torch.int64)
+    counts[3] = -1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "counts,days,match",
+    [
+        (torch.ones(9, dtype=torch.int64), None, r"shape \(10,\) \(one per key\), got torch.int64"),
+        (torch.ones(10), None, r"int32 or int64 tensor .* got torch.float32"),
+        ([1] * 10, None, "int32 or int64 tensor .* got list"),
+        (_negative_at_3(), None, "the count of key 3 is negative; nothing was counted"),
+        (None, torch.ones(9, dtype=torch.int32), r"days must be one per key, shape \(10,\)"),
+    ],
+)
+def test_bad_counts_change_nothing(
+    trained: tuple[Path, torch.Tensor], counts: object, days: object, match: str
+) -> None:
+    path, rows = trained
+    with EmbeddingTable.open(SPEC, path, device_rows=16) as t:
+        with pytest.raises(DataError, match=match) as info:
+            t.record_seen(KEYS, counts, days)  # type: ignore[arg-type]
+        assert "'clicks'" in str(info.value)
+        assert torch.equal(bits(t.peek(KEYS)), bits(rows))
+        t.commit("c1")
+    assert torch.equal(bits(_reopened_rows(path)), bits(rows))
+
+
 @pytest.mark.parametrize(
     "other,field",
     [
