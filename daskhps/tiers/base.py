@@ -25,10 +25,12 @@ The table (``daskhps.table.table``) is typed against :class:`Cache` and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from daskhps.errors import DataError
@@ -360,9 +362,26 @@ class PersistentStore(Tier):
         """Make every write so far durable on disk (still in no commit)."""
 
     @abstractmethod
-    def commit(self, name: str, meta: dict[str, Any] | None = None) -> CommitInfo:
+    def commit(
+        self,
+        name: str,
+        meta: dict[str, Any] | None = None,
+        attach: Mapping[str, np.ndarray] | None = None,
+    ) -> CommitInfo:
         """Make everything written so far durable and name the state ``name``, with the
-        caller's JSON-able ``meta``. Committing an existing name replaces that commit."""
+        caller's JSON-able ``meta``. Committing an existing name replaces that commit.
+
+        ``attach``: named arrays the commit carries beside its rows from now on (``{}``:
+        none), read back with :meth:`attached`; None keeps those the state carried."""
+
+    @property
+    @abstractmethod
+    def attached_names(self) -> tuple[str, ...]:
+        """Names of the arrays the open state carries."""
+
+    @abstractmethod
+    def attached(self, name: str) -> np.ndarray | None:
+        """Array ``name`` the open state carries (None: it carries none of that name)."""
 
     @abstractmethod
     def commits(self) -> list[CommitInfo]:

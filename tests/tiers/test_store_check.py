@@ -143,3 +143,32 @@ def test_store_error_names_no_python_argument(two_commits: Path) -> None:
         store(two_commits, mode="r")
     text = str(info.value)
     assert "commit=" not in text and "['c0']" in text and "--checkpoint NAME" in text
+
+
+def test_attached_arrays_are_checked_and_named(tmp_path: Path) -> None:
+    """A commit's attached arrays: a truncated chunk is found by size, a changed byte by
+    verify; opening names the missing folder; bad names are refused and nothing is written."""
+    path = tmp_path / "shard-0"
+    counts = np.arange(10, dtype=np.int32)
+    with store(path, mode="w") as s:
+        s.upsert(torch.arange(3), rows_of(torch.arange(3)))
+        s.commit("c0", attach={"counts": counts})
+        with pytest.raises(Exception, match="attached array name 'Bad/name'"):
+            s.commit("c1", attach={"Bad/name": counts})
+        assert [c.name for c in s.commits()] == ["c0"]
+    assert StoreChecker().check(path).ok
+    chunk = next((path / "attached").glob("*/counts/c/0"))
+    data = bytearray(chunk.read_bytes())
+    data[0] ^= 1
+    chunk.write_bytes(bytes(data))
+    assert StoreChecker().check(path).ok  # same size
+    assert any("counts" in d for d in StoreChecker(verify=True).check(path).damage)
+    chunk.write_bytes(bytes(data[:-1]))
+    assert any(str(chunk) in d for d in StoreChecker().check(path).damage)
+    folder = chunk.parents[2]
+    for f in sorted(folder.rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
+    folder.rmdir()
+    assert any("is missing" in d for d in StoreChecker().check(path).damage)
+    with store(path) as s, pytest.raises(StoreCorruptedError, match=r"attached array .* missing"):
+        s.attached("counts")

@@ -2,6 +2,8 @@
 (names reused), writer reopens at the latest or a kept commit, compactions, ``drop_commits``,
 and a reader that ``advance``s from one kept commit to another, on a real store with tiny
 chunks and write buffer, so segments, the open segment and snapshots are all exercised.
+Commits attach arrays (or keep the ones the state carries), and every state reads back the
+arrays of the commit it descends from; no folder of arrays outlives every commit using it.
 
 The model is ``commit name -> {key: row bits}`` plus the writer's uncommitted state. Each
 commit also records its lineage (the commits its state descends from): advancing a reader to
@@ -11,6 +13,7 @@ that commit's state exactly or raises :class:`StoreMismatchError` and changes no
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -50,6 +53,15 @@ class Commit:
     event: int  # the model's number for this commit; a reused name gets a new one
     lineage: tuple[int, ...]  # events its state descends from, itself included
     rows: dict[int, bytes]
+    attached: dict[str, bytes]  # the arrays the commit carries, by name
+
+
+# What a commit attaches: None keeps the state's arrays, {} drops them.
+attachments = st.none() | st.dictionaries(
+    st.sampled_from(["counts", "keys"]),
+    st.lists(st.integers(-(2**31), 2**31 - 1), max_size=5),
+    max_size=2,
+)
 
 
 def row_bits(rows: torch.Tensor) -> list[bytes]:
@@ -62,6 +74,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="daskhps-store-model-"))
         self.writer = self._open(mode="w")
         self.live: dict[int, bytes] = {}  # the writer's state, committed or not
+        self.attached: dict[str, bytes] = {}  # the arrays the writer's state carries
         self.lineage: tuple[int, ...] = ()  # commits the writer's state descends from
         self.commits: dict[str, Commit] = {}  # kept commits, oldest first
         self.events = 0
@@ -104,18 +117,25 @@ class StoreMachine(RuleBasedStateMachine):
         self.writer.upsert(keys, rows)
         self.live.update(zip(keys.tolist(), row_bits(rows), strict=True))
 
-    @rule(name=st.sampled_from(NAMES))
-    def commit(self, name: str) -> None:
-        info = self.writer.commit(name, {"event": self.events + 1})
+    @rule(name=st.sampled_from(NAMES), attach=attachments)
+    def commit(self, name: str, attach: dict[str, list[int]] | None = None) -> None:
+        arrays = None
+        if attach is not None:
+            arrays = {k: np.asarray(v, dtype=np.int32) for k, v in attach.items()}
+            self.attached = {k: a.tobytes() for k, a in arrays.items()}
+        info = self.writer.commit(name, {"event": self.events + 1}, attach=arrays)
         self.events += 1
         self.lineage = (*self.lineage, self.events)
         self.commits.pop(name, None)  # committing a name again replaces that commit
-        self.commits[name] = Commit(name, self.events, self.lineage, dict(self.live))
+        self.commits[name] = Commit(
+            name, self.events, self.lineage, dict(self.live), dict(self.attached)
+        )
         assert (info.name, info.rows, info.meta) == (name, len(self.live), {"event": self.events})
         self._forget_reader_if_gone()
 
     def _continue_from(self, c: Commit | None) -> None:
         self.live = {} if c is None else dict(c.rows)
+        self.attached = {} if c is None else dict(c.attached)
         self.lineage = () if c is None else c.lineage
 
     @rule()
@@ -135,6 +155,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(min_stale=st.sampled_from([0.1, 0.5, 1.0]), merge_below=st.sampled_from([0, 3, 16]))
     def compact(self, min_stale: float, merge_below: int) -> None:
         self.writer.compact(min_stale, merge_below)  # changes no state, drops no commit
+        self.no_attached_folder_outlives_its_commits()
 
     @rule(keep=st.integers(1, len(NAMES)))
     def drop_commits(self, keep: int) -> None:
@@ -144,6 +165,7 @@ class StoreMachine(RuleBasedStateMachine):
         for name in names[:-keep]:
             del self.commits[name]
         self._forget_reader_if_gone()
+        self.no_attached_folder_outlives_its_commits()
 
     # -- a reader that moves to a later commit -------------------------------------------
 
@@ -169,7 +191,7 @@ class StoreMachine(RuleBasedStateMachine):
                 self.reader.close()
             c = data.draw(st.sampled_from(kept), label="reader at")
             self.reader, self.reader_at = self._open(mode="r", commit=c.name), c
-            self._reads(self.reader, c.rows)
+            self._reads(self.reader, c.rows, c.attached)
         assert self.reader is not None and self.reader_at is not None
         target = data.draw(st.sampled_from(kept), label="advance to")
         before = self.reader_at
@@ -190,7 +212,14 @@ class StoreMachine(RuleBasedStateMachine):
     # -- what every store must read --------------------------------------------------------
 
     @staticmethod
-    def _reads(store: StoreReader, rows: dict[int, bytes]) -> None:
+    def _reads(
+        store: StoreReader, rows: dict[int, bytes], attached: dict[str, bytes] | None = None
+    ) -> None:
+        if attached is not None:
+            assert store.attached_names == tuple(sorted(attached))
+            for name, data in attached.items():
+                got_array = store.attached(name)
+                assert got_array is not None and got_array.tobytes() == data, name
         got = store.lookup(UNIVERSE)
         keys = UNIVERSE.tolist()
         assert got.found.tolist() == [k in rows for k in keys]
@@ -201,14 +230,27 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def writer_reads_the_model(self) -> None:
-        self._reads(self.writer, self.live)
+        self._reads(self.writer, self.live, self.attached)
         assert [c.name for c in self.writer.commits()] == list(self.commits)
 
     @invariant()
     def reader_reads_its_commit(self) -> None:
         if self.reader is not None:
             assert self.reader_at is not None
-            self._reads(self.reader, self.reader_at.rows)
+            self._reads(self.reader, self.reader_at.rows, self.reader_at.attached)
+
+    def no_attached_folder_outlives_its_commits(self) -> None:
+        """After a collection of garbage (compact, drop_commits), the folders of arrays on
+        disk are at most those of the kept commits and the live state."""
+        root = self.dir / "store" / "attached"
+        on_disk = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        used = {json.loads(m.read_text()).get("attached", {}).get("seq") for m in self._manifests()}
+        live = self.writer._chain.attached
+        used.add(live.seq if live is not None else None)
+        assert {int(n) for n in on_disk} <= used
+
+    def _manifests(self) -> list[Path]:
+        return sorted((self.dir / "store" / "commits").glob("*.json"))
 
 
 StoreMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=25, deadline=None)

@@ -13,12 +13,17 @@ so a commit costs what was written since the previous one, not the table size. A
 writes a snapshot every ``snapshot_every`` commits, after a compaction, and whenever replaying
 would read more keys than a snapshot holds (:meth:`Chain.wants_snapshot`).
 
+A commit may also carry arrays (``attached/<seq>``, :func:`write_attached`); a commit that
+gives none keeps the ones of the state it extends, so they cost a write only when they change.
+
 Retention: :meth:`CommitLog.drop` keeps the newest commits; then :meth:`CommitLog.garbage`
-lists the segments and snapshots that neither a kept commit nor the open state uses.
+lists the segments, snapshots and attached arrays that neither a kept commit nor the open
+state uses.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,10 +39,24 @@ from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.arrays import RawArray, write_array, write_group
 from daskhps.tiers.store.durable import fsync_dir, fsync_tree
 from daskhps.tiers.store.layout import StoreFolder, locations, segment_of
-from daskhps.tiers.store.manifest import Manifest, scan_manifests, write_manifest
+from daskhps.tiers.store.manifest import (
+    ATTACHED_NAME,
+    Attached,
+    Manifest,
+    scan_manifests,
+    write_manifest,
+)
 from daskhps.tiers.store.segments import Segment
 
-__all__ = ["Chain", "CommitLog", "Garbage", "rebuild_index", "write_snapshot"]
+__all__ = [
+    "Chain",
+    "CommitLog",
+    "Garbage",
+    "read_attached",
+    "rebuild_index",
+    "write_attached",
+    "write_snapshot",
+]
 
 _SNAPSHOT_CHUNK_ROWS = 1 << 20
 
@@ -51,10 +70,13 @@ class Chain:
     refs: set[int] = field(default_factory=set)  # every segment the state reads rows from
     since_snapshot: int = 0
     force_snapshot: bool = False
+    attached: Attached | None = None  # the arrays the state carries (none: no folder)
 
     @classmethod
     def of(cls, m: Manifest) -> Chain:
-        return cls(m.snapshot, list(m.replay), set(m.segments), m.since_snapshot)
+        return cls(
+            m.snapshot, list(m.replay), set(m.segments), m.since_snapshot, attached=m.attached
+        )
 
     def add(self, sid: int) -> None:
         """A new segment joins the state."""
@@ -71,8 +93,11 @@ class Chain:
         )
 
 
-def write_snapshot(folder: StoreFolder, seq: int, index: KeyIndex) -> Chain:
-    """Write ``index`` as commit ``seq``'s snapshot, durably; the chain that starts there."""
+def write_snapshot(
+    folder: StoreFolder, seq: int, index: KeyIndex, attached: Attached | None = None
+) -> Chain:
+    """Write ``index`` as commit ``seq``'s snapshot, durably; the chain that starts there
+    (carrying ``attached``)."""
     keys, locs = index.items()
     keys_np, locs_np = keys.cpu().numpy(), locs.cpu().numpy()
     refs = {int(s) for s in np.unique(segment_of(locs_np))}
@@ -82,7 +107,43 @@ def write_snapshot(folder: StoreFolder, seq: int, index: KeyIndex) -> Chain:
     write_array(path / "locs", locs_np, _SNAPSHOT_CHUNK_ROWS)
     fsync_tree(path)
     fsync_dir(path.parent)
-    return Chain(snapshot=seq, refs=refs)
+    return Chain(snapshot=seq, refs=refs, attached=attached)
+
+
+def write_attached(folder: StoreFolder, seq: int, arrays: Mapping[str, np.ndarray]) -> Attached:
+    """Write ``arrays`` as the arrays commit ``seq`` attaches, durably (before its manifest);
+    names must match :data:`ATTACHED_NAME`."""
+    for name in arrays:
+        if not isinstance(name, str) or not ATTACHED_NAME.match(name):
+            raise DataError(
+                f"{folder.name}: attached array name {name!r}: use lowercase letters, digits "
+                "and '_', starting with a letter"
+            )
+    path = folder.attached(seq)
+    shutil.rmtree(path, ignore_errors=True)  # a crashed commit's, under a seq never recorded
+    write_group(path, {"names": sorted(arrays)})
+    for name, data in arrays.items():
+        write_array(path / name, np.ascontiguousarray(data), _SNAPSHOT_CHUNK_ROWS)
+    fsync_tree(path)
+    fsync_dir(path.parent)
+    return Attached(seq, tuple(sorted(arrays)))
+
+
+def read_attached(folder: StoreFolder, attached: Attached | None, name: str) -> np.ndarray | None:
+    """Array ``name`` of ``attached`` (None when the state carries no array of that name);
+    :class:`StoreCorruptedError` naming the folder when its files are missing or damaged."""
+    if attached is None or name not in attached.names:
+        return None
+    path = folder.attached(attached.seq) / name
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+        array = RawArray.load(path, np.dtype(meta["data_type"]))
+    except FileNotFoundError as e:
+        raise StoreCorruptedError(f"attached array {path} is missing") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise StoreCorruptedError(f"attached array {path} is unreadable ({e})") from e
+    array.check_files()
+    return array.read_all()
 
 
 def rebuild_index(folder: StoreFolder, m: Manifest, segments: Mapping[int, Segment]) -> KeyIndex:
@@ -117,15 +178,23 @@ class Garbage:
 
     segments: list[int]
     snapshots: list[int]
+    attached: list[int] = field(default_factory=list)
 
     def delete(self, folder: StoreFolder) -> int:
         """Delete them, durably; returns the bytes freed."""
         freed = 0
-        for path in [*map(folder.segment, self.segments), *map(folder.snapshot, self.snapshots)]:
+        paths = [
+            *map(folder.segment, self.segments),
+            *map(folder.snapshot, self.snapshots),
+            *map(folder.attached, self.attached),
+        ]
+        for path in paths:
             freed += tree_bytes(path)
             shutil.rmtree(path)
         fsync_dir(folder.segments)
         fsync_dir(folder.index)
+        if self.attached:
+            fsync_dir(folder.attached_root)
         return freed
 
 
@@ -235,10 +304,13 @@ class CommitLog:
         # next commit (a forced snapshot) does not use it.
         keep_segments = set(live.refs)
         keep_snapshots = {live.snapshot}
+        keep_attached = {live.attached.seq if live.attached else None}
         for m in self.manifests:
             keep_segments.update(m.segments)
             keep_snapshots.add(m.snapshot)
+            keep_attached.add(m.attached.seq if m.attached else None)
         return Garbage(
             [sid for sid in self.folder.segment_ids() if sid not in keep_segments],
             [seq for seq in self.folder.snapshot_seqs() if seq not in keep_snapshots],
+            [seq for seq in self.folder.attached_seqs() if seq not in keep_attached],
         )

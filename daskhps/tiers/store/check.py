@@ -2,11 +2,12 @@
 
 What ``daskhps inspect`` reports for each checkpoint and ``daskhps predict`` checks before it
 starts a cluster. For one commit of a store: its commit manifest, every segment it reads rows
-from and its index snapshot. Each array's ``zarr.json`` says how many chunk files it has and
-how long each is, so a missing or truncated file is found with one ``stat`` per file; with
-``verify`` the sha256 recorded for each chunk file when it was written is recomputed from disk
-(every byte read), which also finds a changed byte. Arrays written before daskhps recorded
-checksums are counted (:attr:`StoreCheck.without_checksum`) and checked by size only.
+from, its index snapshot and the arrays it carries. Each array's ``zarr.json`` says how many
+chunk files it has and how long each is, so a missing or truncated file is found with one
+``stat`` per file; with ``verify`` the sha256 recorded for each chunk file when it was written
+is recomputed from disk (every byte read), which also finds a changed byte. Arrays written
+before daskhps recorded checksums are counted (:attr:`StoreCheck.without_checksum`) and
+checked by size only.
 
 Opening the store (:func:`~daskhps.tiers.store.open_store`) stops at the first problem;
 this lists all of them, and never writes or locks anything.
@@ -25,7 +26,7 @@ import numpy as np
 from daskhps.errors import StoreCorruptedError
 from daskhps.tiers.store.arrays import RawArray
 from daskhps.tiers.store.layout import RootCheck, segment_dir, snapshot_dir
-from daskhps.tiers.store.manifest import Manifest, scan_manifests
+from daskhps.tiers.store.manifest import Attached, Manifest, scan_manifests
 
 __all__ = ["StoreCheck", "StoreChecker"]
 
@@ -113,7 +114,29 @@ class StoreChecker:
                 part = self._parts[folder] = self._check_part(folder, kind, widths)
             out.damage.extend(part.damage)
             out.without_checksum += not part.checksummed
+        if m.attached is not None:
+            out.damage.extend(self._check_attached(p, m.attached))
         return out
+
+    def _check_attached(self, p: Path, attached: Attached) -> list[str]:
+        """Problems of the arrays a commit carries (``commit(..., attach=...)``)."""
+        folder = p / "attached" / f"{attached.seq:010d}"
+        damage: list[str] = []
+        for name in attached.names:
+            meta = folder / name / "zarr.json"
+            try:
+                dtype = np.dtype(json.loads(meta.read_text())["data_type"])
+                array = RawArray.load(folder / name, dtype)
+            except FileNotFoundError:
+                damage.append(f"attached array {folder / name} is missing")
+                continue
+            except (OSError, ValueError, KeyError, TypeError, StoreCorruptedError) as e:
+                damage.append(f"attached array {folder / name} is unreadable ({e})")
+                continue
+            damage += array.size_problems()
+            if self.verify:
+                damage += array.digest_problems()
+        return damage
 
     def rank_damage(self, paths: Sequence[Path], commit: str | None) -> list[str]:
         """Problems of a table's rank stores (rank ``r`` at ``paths[r]``) at ``commit``, one

@@ -11,6 +11,8 @@ On disk (``<id>`` and ``<seq>`` are 10-digit, zero-padded)::
           keys/   int64[n]         zarr arrays, ``bytes`` codec only: chunk files are raw
           rows/   float32[n, width]  little-endian rows
       index/<seq>/keys, locs       full index snapshot written by commit <seq>
+      attached/<seq>/<name>/       arrays commit <seq> carries beside the rows (zarr arrays;
+                                   the table's counts of keys not admitted yet)
       commits/<seq>.json           commit manifest, made visible last by atomic rename
 
 A location is ``segment id << 32 | row offset``. Segment ids and commit numbers only grow, over
@@ -128,6 +130,18 @@ class StoreFolder:
     @property
     def commits(self) -> Path:
         return self.path / "commits"
+
+    @property
+    def attached_root(self) -> Path:
+        return self.path / "attached"
+
+    def attached(self, seq: int) -> Path:
+        """The folder of the arrays that commit ``seq`` attached."""
+        return self.attached_root / f"{seq:010d}"
+
+    def attached_seqs(self) -> list[int]:
+        """Commit numbers of the attached-array folders on disk."""
+        return _ids(self.attached_root)
 
     def segment(self, sid: int) -> Path:
         return segment_dir(self.path, sid)

@@ -3,7 +3,10 @@
 A manifest names a commit and says how to rebuild its key -> location index: load the index
 snapshot ``snapshot`` (if any), then replay the key arrays of the ``replay`` segments in order,
 later segments winning. ``segments`` lists every segment the state reads rows from, so
-garbage collection knows what a commit keeps alive. ``commits/<seq>.json`` is written as
+garbage collection knows what a commit keeps alive. ``attached`` names the arrays the commit
+carries beside its rows (``attached/<seq>/<name>``, written by commit ``seq``; the table keeps
+its not-yet-admitted keys' counts there), shared by every later commit that kept them.
+``commits/<seq>.json`` is written as
 ``commits/<seq>.json.tmp``, fsynced and renamed: a crash leaves either no manifest or a
 complete one, and stray ``.tmp`` files are never read.
 """
@@ -20,10 +23,26 @@ from typing import Any
 from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.durable import fsync_dir
 
-__all__ = ["Manifest", "manifest_path", "scan_manifests", "write_manifest"]
+__all__ = [
+    "ATTACHED_NAME",
+    "Attached",
+    "Manifest",
+    "manifest_path",
+    "scan_manifests",
+    "write_manifest",
+]
 
-FORMAT = 1
+FORMAT = 1  # "attached" is optional: a manifest without it carries no arrays
 _FILE = re.compile(r"^(\d+)\.json$")
+ATTACHED_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Attached:
+    """The arrays a commit carries: ``names``, in ``attached/<seq>/``."""
+
+    seq: int
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,7 @@ class Manifest:
     rows: int
     since_snapshot: int
     wrote_snapshot: bool
+    attached: Attached | None = None
 
     @property
     def info(self) -> CommitInfo:
@@ -68,6 +88,8 @@ class Manifest:
             "since_snapshot": self.since_snapshot,
             "wrote_snapshot": self.wrote_snapshot,
         }
+        if self.attached is not None:
+            d["attached"] = {"seq": self.attached.seq, "names": list(self.attached.names)}
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -99,6 +121,16 @@ class Manifest:
         ids = [*d["replay"], *d["segments"]]
         if not (snap is None or isinstance(snap, int)) or not all(isinstance(i, int) for i in ids):
             raise ValueError("segment and snapshot ids must be integers")
+        attached = d.get("attached")
+        if attached is not None:
+            names = attached.get("names") if isinstance(attached, dict) else None
+            if (
+                not isinstance(attached.get("seq"), int)
+                or not isinstance(names, list)
+                or not all(isinstance(n, str) and ATTACHED_NAME.match(n) for n in names)
+            ):
+                raise ValueError("field 'attached' must be {seq: int, names: [name, ...]}")
+            attached = Attached(attached["seq"], tuple(names))
         return cls(
             path=path,
             seq=seq,
@@ -111,6 +143,7 @@ class Manifest:
             rows=d["rows"],
             since_snapshot=d["since_snapshot"],
             wrote_snapshot=d["wrote_snapshot"],
+            attached=attached,
         )
 
 

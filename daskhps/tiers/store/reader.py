@@ -13,6 +13,7 @@ may keep appending and committing meanwhile.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import numpy as np
@@ -28,7 +29,7 @@ from daskhps.tiers.base import (
     TierStats,
     check_keys,
 )
-from daskhps.tiers.store.chain import Chain, CommitLog, rebuild_index
+from daskhps.tiers.store.chain import Chain, CommitLog, read_attached, rebuild_index
 from daskhps.tiers.store.layout import (
     DiskUsage,
     RootCheck,
@@ -188,6 +189,18 @@ class StoreReader(PersistentStore):
         """The newest readable commit when the manifests were last scanned."""
         return self._log.manifests[-1].info if self._log.manifests else None
 
+    # -- arrays the commit carries beside its rows -------------------------------------------
+
+    @property
+    def attached_names(self) -> tuple[str, ...]:
+        """Names of the arrays the open state carries (``commit(..., attach=...)``)."""
+        return self._chain.attached.names if self._chain.attached else ()
+
+    def attached(self, name: str) -> np.ndarray | None:
+        """Array ``name`` the open state carries, read from disk; None when it carries none
+        of that name."""
+        return read_attached(self.folder, self._chain.attached, name)
+
     # -- moving to a later commit: what changed between two commits --------------------------
 
     @property
@@ -269,7 +282,12 @@ class StoreReader(PersistentStore):
     def flush(self) -> None:
         """Nothing to make durable: a reader writes nothing."""
 
-    def commit(self, name: str, meta: dict[str, Any] | None = None) -> CommitInfo:
+    def commit(
+        self,
+        name: str,
+        meta: dict[str, Any] | None = None,
+        attach: Mapping[str, np.ndarray] | None = None,
+    ) -> CommitInfo:
         self._refuse("commit")
 
     def drop_commits(self, keep: int) -> list[CommitInfo]:

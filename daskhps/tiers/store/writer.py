@@ -5,8 +5,8 @@ Everything a reader does, plus::
     upsert        small ──► write buffer (the open segment, buffer.py)
                   large ──► a segment of its own (the open segment is sealed first)
     flush         seal the open segment; fsync every segment written since
-    commit        flush; an index snapshot or the segments to replay (chain.py); the
-                  manifest last, by atomic rename
+    commit        flush; the arrays it attaches, if new; an index snapshot or the segments
+                  to replay (chain.py); the manifest last, by atomic rename
     compact       live rows of wasteful segments into new ones (compaction.py); garbage deleted
     drop_commits  keep the newest commits (chain.py); garbage deleted
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -33,7 +34,7 @@ from daskhps.errors import (
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.base import CommitInfo, CompactReport, check_keys, check_rows
 from daskhps.tiers.store.buffer import WriteBuffer
-from daskhps.tiers.store.chain import write_snapshot
+from daskhps.tiers.store.chain import write_attached, write_snapshot
 from daskhps.tiers.store.compaction import plan_compaction
 from daskhps.tiers.store.durable import fsync_dir, fsync_tree
 from daskhps.tiers.store.layout import (
@@ -241,9 +242,15 @@ class StoreWriter(StoreReader):
 
     # -- commits ---------------------------------------------------------------------------
 
-    def commit(self, name: str, meta: dict[str, Any] | None = None) -> CommitInfo:
+    def commit(
+        self,
+        name: str,
+        meta: dict[str, Any] | None = None,
+        attach: Mapping[str, np.ndarray] | None = None,
+    ) -> CommitInfo:
         """The manifest is written last, by atomic rename: a crash before it leaves the
-        previous commit as the latest."""
+        previous commit as the latest. ``attach``: the arrays the commit carries from now on
+        (``{}``: none); None keeps those of the state it extends (see :meth:`attached`)."""
         where = f"{self.name}: commit {name!r}"
         self._check_writable("commit")
         if not isinstance(name, str) or not name.strip():
@@ -258,10 +265,12 @@ class StoreWriter(StoreReader):
         self._sync_segments()
         seq = self._next_seq
         self._next_seq += 1
+        if attach is not None:
+            self._chain.attached = write_attached(self.folder, seq, attach) if attach else None
         replay_rows = sum(self._segments[s].n for s in self._chain.replay if s in self._segments)
         snapshot = self._chain.wants_snapshot(self._snapshot_every, replay_rows, len(self._index))
         if snapshot:
-            self._chain = write_snapshot(self.folder, seq, self._index)
+            self._chain = write_snapshot(self.folder, seq, self._index, self._chain.attached)
         else:
             self._chain.since_snapshot += 1
         chain = self._chain
@@ -277,6 +286,7 @@ class StoreWriter(StoreReader):
             rows=len(self._index),
             since_snapshot=chain.since_snapshot,
             wrote_snapshot=snapshot,
+            attached=chain.attached,
         )
         self._log.record(m)
         return m.info
