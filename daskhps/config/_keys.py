@@ -11,7 +11,13 @@ from daskhps.config.cluster import ClusterConfig, ClusterSecurity
 from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
 from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
-from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
+from daskhps.config.table import (
+    AdmissionConfig,
+    DeviceTierConfig,
+    HostTierConfig,
+    TableConfig,
+    TiersConfig,
+)
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.source import TrainLogs
@@ -72,6 +78,7 @@ def key_tree() -> dict[str, Any]:
         "table": _node(
             TableConfig.key_names(),
             optimizer=_node(OptimizerSpec.key_names()),
+            admission=_node(AdmissionConfig.key_names()),
             tiers=_node(
                 TiersConfig.key_names(),
                 device=_node(DeviceTierConfig.key_names()),

@@ -16,10 +16,11 @@ from pydantic.fields import FieldInfo
 
 from daskhps.config._context import Ctx
 from daskhps.config._options import Int, Options, Problem, shown, validate
+from daskhps.table.admission import AdmissionRule
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.tiers.store.options import StoreOptions
 
-__all__ = ["DeviceTierConfig", "HostTierConfig", "TableConfig", "TiersConfig"]
+__all__ = ["AdmissionConfig", "DeviceTierConfig", "HostTierConfig", "TableConfig", "TiersConfig"]
 
 
 def _as_in(options: type[Options], name: str) -> Any:  # a FieldInfo, typed as its value
@@ -105,6 +106,20 @@ class TiersConfig(Options):
         return data
 
 
+class AdmissionConfig(Options):
+    """When a key gets a row: once it occurred ``min_count`` times (then with ``probability``
+    per occurrence). A key not admitted yet reads its initial value and takes no update; its
+    count waits in the shard's pending counts (16 bytes a key), committed with checkpoints."""
+
+    min_count: Int = Field(1, ge=1)
+    """Occurrences a key needs for a row; 1: every key, at once."""
+    probability: float = Field(1.0, gt=0.0, le=1.0)
+    """Chance each occurrence from the `min_count`-th on admits it."""
+
+    def rule(self, seed: int) -> AdmissionRule:
+        return AdmissionRule(self.min_count, self.probability, seed)
+
+
 class TableConfig(Options):
     """The embedding table: ``dim`` is the embedding width the model sees; the row width is
     the model's ``sparse_dim(dim)`` (one more column for DeepFM and Wide&Deep) plus optimizer
@@ -125,6 +140,15 @@ class TableConfig(Options):
     """The tier stack of every worker's shard."""
     expected_keys: Int | None = Field(None, ge=1)
     """Distinct keys expected; sizes the run (`daskhps plan`, `train`'s early check)."""
+    admission: AdmissionConfig = AdmissionConfig()
+    """When a key gets a row (`min_count`, `probability`)."""
+
+    NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("admission",)
+
+    @property
+    def admission_rule(self) -> AdmissionRule:
+        """The admission rule of this table (seeded with the table's seed)."""
+        return self.admission.rule(self.seed)
 
     @model_validator(mode="before")
     @classmethod

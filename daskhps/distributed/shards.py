@@ -8,8 +8,12 @@
            locks[t]   held by every call below: staging the next pass (one worker thread)
                       and training the current one (another) share the table
 
-    open ─► stage / try_stage (pin a pass's keys) ─► lookup / apply_gradients (a pass trains)
-        ─► unpin ─► flush / commit / compact / drop_commits_before (checkpoints) ─► close
+    open ─► stage / try_stage (pin a pass's keys) ─► admit (which new keys get rows)
+        ─► lookup / apply_gradients (a pass trains) ─► record_seen (count it) ─► unpin
+        ─► flush / commit / compact / drop_commits_before (checkpoints) ─► close
+
+    pending[t]  the counts of table t's keys not admitted yet (daskhps.table.admission),
+                committed with the shard's store and changed only by record_seen
 
 The client calls every verb on all ranks at once through
 :meth:`daskhps.distributed.RunGroup.on_shards` (``group.on_shards(WorkerShards.commit, name)``):
@@ -35,6 +39,7 @@ from daskhps.distributed.sizing import TierSizing
 from daskhps.errors import CapacityError
 from daskhps.monitor import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
+from daskhps.table.admission import AdmissionRule, PendingCounts, find_sorted
 from daskhps.tiers.store import StoreOptions
 
 if TYPE_CHECKING:
@@ -59,6 +64,14 @@ class StageAhead:
         return self.report is not None
 
 
+@dataclass(frozen=True)
+class _PassAdmission:
+    """What :meth:`WorkerShards.admit` decided for the pass being trained: the keys without
+    rows it held back (sorted)."""
+
+    held: np.ndarray
+
+
 class WorkerShards:
     """One :class:`EmbeddingTable` per table on one worker, with one lock per table.
 
@@ -78,6 +91,8 @@ class WorkerShards:
         How each shard's store writes (from ``table.tiers``: its ``snapshot_every``).
     mode, commit:
         Passed to :meth:`EmbeddingTable.open` (``commit``: resume from that commit point).
+    admission:
+        When a key gets a row (None: at once, in the first pass that holds it).
 
     The worker's rank and memory limit are bound by :meth:`bind` (the run host does it when
     its plugin is set up on the worker).
@@ -94,6 +109,7 @@ class WorkerShards:
         store: StoreOptions | None = None,
         mode: Literal["w", "a", "r"] = "a",
         commit: str | None = None,
+        admission: AdmissionRule | None = None,
     ) -> None:
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
@@ -110,6 +126,9 @@ class WorkerShards:
         self.memory_limit: int | None = None
         self.tables: dict[str, EmbeddingTable] = {}
         self.locks: dict[str, threading.Lock] = {}
+        self.admission = admission if admission is not None and not admission.admits_all else None
+        self.pending: dict[str, PendingCounts] = {}
+        self._admitting: dict[str, _PassAdmission] = {}  # the pass admitted, until counted
         self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
 
     def bind(self, rank: int | None, memory_limit: int | None) -> None:
@@ -118,6 +137,7 @@ class WorkerShards:
         self.memory_limit = memory_limit
         self.locks = {name: threading.Lock() for name in self.specs}
         self.tables = {}
+        self.pending, self._admitting = {}, {}
 
     def store_path(self, table: str) -> Path:
         return Path(self.stores_dir) / table / f"rank-{self._rank()}"
@@ -142,6 +162,10 @@ class WorkerShards:
                         mode=self.mode,
                         commit=self.commit_name,
                         store=self.store_options,
+                    )
+                    store = self.tables[name].store
+                    self.pending[name] = PendingCounts.from_arrays(
+                        store.attached(PendingCounts.KEYS), store.attached(PendingCounts.STATS)
                     )
             opened[name] = {"rank": self._rank(), "device_rows": rows, "host_bytes": host_bytes}
         return opened
@@ -177,15 +201,48 @@ class WorkerShards:
         except CapacityError as e:  # an answer, not a failure: Dask would log it as one
             return StageAhead(None, str(e))
 
+    def admit(self, table: str, keys: Any) -> dict[str, int]:
+        """Decide which keys of a staged pass's owner partition (columns ``key``, ``count``)
+        without a row this pass admits; the others are frozen (no update) until the pass is
+        counted. Returns how many were admitted and how many held back. Without an
+        admission rule every key is admitted and nothing is done."""
+        with stage_span("admit"), self.locked(table) as t:
+            if self.admission is None:
+                return {"admitted": 0, "held_back": 0}
+            k = keys_of(keys)
+            new = t.without_rows(k).cpu().numpy()
+            nkeys = k.cpu().numpy()[new]
+            seen = column_of(keys, "count", torch.int64).numpy()[new]
+            ok = self.admission.admitted(nkeys, self.pending[table].counts(nkeys), seen)
+            t.freeze(torch.from_numpy(nkeys[~ok]))
+            # sorted: an owner partition is in (virtual shard, key) order, not key order
+            self._admitting[table] = _PassAdmission(held=np.sort(nkeys[~ok]))
+            return {"admitted": int(ok.sum()), "held_back": int((~ok).sum())}
+
     def record_seen(self, table: str, keys: Any) -> None:
-        """Count a pass's owner partition (columns ``key``, ``count``, ``day``) in the rows'
-        statistics: its keys are pinned, so this moves no row."""
+        """Count a pass's owner partition (columns ``key``, ``count``, ``day``) once it
+        trained: the keys with rows in the rows' statistics (its keys are pinned, so this
+        moves no row), those held back by admission in the pending counts. A key admitted
+        in this pass takes its pending count into its row."""
         with stage_span("count"), self.locked(table) as t:
-            t.record_seen(
-                keys_of(keys),
-                column_of(keys, "count", torch.int64),
-                column_of(keys, "day", torch.int32),
-            )
+            k = keys_of(keys)
+            counts = column_of(keys, "count", torch.int64)
+            days = column_of(keys, "day", torch.int32)
+            pending = self.pending[table]
+            passed = self._admitting.pop(table, None)
+            if self.admission is not None and passed is None:
+                raise ClusterError(
+                    f"table {table!r} on rank {self.rank}: a pass was counted that was not "
+                    "admitted; call admit after staging it"
+                )
+            if passed is not None and len(passed.held):
+                held = torch.from_numpy(find_sorted(passed.held, k.numpy())[1])
+                pending.add(k[held].numpy(), counts[held].numpy(), days[held].numpy())
+                k, counts, days = k[~held], counts[~held], days[~held]
+            if len(pending):  # admitted now (or admission turned off): the count so far too
+                counts = counts + torch.from_numpy(pending.pop(k.numpy()))
+            t.record_seen(k, counts, days)
+            t.thaw()
 
     def unpin(self, table: str) -> None:
         with self.locked(table) as t:
@@ -216,8 +273,13 @@ class WorkerShards:
             with self.locked(table) as t:
                 with stage_span("write-back"):
                     t.flush()
+                # The pending counts only when there are any or were: a run without admission
+                # writes nothing more.
+                pending = self.pending.get(table)
+                carried = bool(t.store.attached_names) or (pending is not None and len(pending))
+                attach = pending.arrays() if pending is not None and carried else None
                 with stage_span("checkpoint"):  # the flush inside commit finds nothing dirty
-                    out[table] = t.commit(name, meta).name
+                    out[table] = t.commit(name, meta, attach).name
         return out
 
     def compact(self) -> dict[str, int]:
@@ -252,6 +314,8 @@ class WorkerShards:
         for name in self.tables:
             with self.locked(name) as t:
                 out[name] = t.stats()
+                pending = self.pending.get(name, PendingCounts())
+                out[name]["pending"] = {"keys": len(pending), "bytes": pending.nbytes}
                 if self.monitor is not None:  # the lock is held anyway: refresh for free
                     self.monitor.update(name, out[name], len(t.store))
         return {"rank": self.rank, "memory_limit": self.memory_limit, "tables": out}

@@ -30,6 +30,7 @@ STAGES = (
     "dedup",
     "shuffle",
     "stage",
+    "admit",
     "count",
     "train",
     "eval",

@@ -21,16 +21,22 @@ flag that says whether it differs from the store's copy. Rows that were only ini
 clean (the store lacks them, but re-initialising gives the same bits), so looking keys up
 never writes to disk. ``flush`` appends every dirty row to the store; ``commit`` then records
 a named commit point, the state a later ``open(..., commit=name)`` returns to.
+
+Admission (:mod:`daskhps.table.admission`) uses the same fact: a staged key whose slot is clean
+and which the store lacks has no row (:meth:`EmbeddingTable.without_rows`); one the pass does
+not admit is frozen (:meth:`EmbeddingTable.freeze`), so its row stays clean, reads its initial
+value and is never written down.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from daskhps.errors import CapacityError, DataError
@@ -82,6 +88,7 @@ class EmbeddingTable:
         self._read = ReadPath(spec, device_cache, host, store, write_back=store.upsert)
         self._sources = self._read.rows_from  # where rows came from; the read path counts too
         self._read_only = store.read_only
+        self._frozen: torch.Tensor | None = None  # per device slot: a key this pass must not train
 
     # -- construction --------------------------------------------------------------
 
@@ -219,6 +226,38 @@ class EmbeddingTable:
         """Release every pinned row (end of a pass)."""
         self.device_cache.unpin_all()
 
+    # -- admission (daskhps.table.admission) ---------------------------------------------
+
+    def without_rows(self, keys: torch.Tensor) -> torch.Tensor:
+        """Which of the staged ``keys`` have no row of the table yet: the device tier holds
+        only their initial value (clean: never changed) and the store lacks them."""
+        keys = check_keys(keys, self._where("without_rows")).to(self.device)
+        slots = self._staged_slots(keys, "without_rows")
+        out = ~self.device_cache.dirty_at(slots)
+        clean = out.nonzero().squeeze(1)
+        if len(clean):
+            out[clean] = ~self.store.contains(keys[clean].cpu()).to(self.device)
+        return out
+
+    def freeze(self, keys: torch.Tensor) -> None:
+        """Take no update for the staged ``keys`` (keys not admitted) until :meth:`thaw`:
+        :meth:`apply_gradients` drops their gradients, so they keep their initial value."""
+        keys = check_keys(keys, self._where("freeze")).to(self.device)
+        frozen = torch.zeros(self.device_cache.capacity_rows, dtype=torch.bool, device=self.device)
+        frozen[self._staged_slots(keys, "freeze")] = True
+        self._frozen = frozen if bool(frozen.any()) else None
+
+    def thaw(self) -> None:
+        """Every key takes updates again (the pass that froze some is counted)."""
+        self._frozen = None
+
+    def _staged_slots(self, keys: torch.Tensor, op: str) -> torch.Tensor:
+        slots = self.device_cache.find_slots(keys)
+        if len(slots) and int(slots.min()) < 0:
+            bad = int(keys[slots < 0][0])
+            raise DataError(f"{self._where(op)}: key {bad} is not staged; stage the pass first")
+        return slots
+
     # -- training ----------------------------------------------------------------
 
     def apply_gradients(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
@@ -251,6 +290,11 @@ class EmbeddingTable:
         else:
             summed = torch.zeros(len(ukeys), dim, dtype=torch.float32, device=self.device)
             summed.index_add_(0, inv, grads)
+        if self._frozen is not None:  # keys not admitted: no update
+            slots = self.device_cache.find_slots(ukeys)
+            keep = (slots < 0) | ~self._frozen[slots.clamp(min=0)]
+            if not bool(keep.all()):
+                ukeys, summed = ukeys[keep], summed[keep]
         self._update_resident(
             ukeys, "apply_gradients", lambda b: apply_update(self.spec.optimizer, b, summed, dim)
         )
@@ -337,10 +381,16 @@ class EmbeddingTable:
         self.store.flush()
         return len(dirty)
 
-    def commit(self, name: str, meta: dict[str, Any] | None = None) -> CommitInfo:
-        """Flush, then record a named commit point in the store."""
+    def commit(
+        self,
+        name: str,
+        meta: dict[str, Any] | None = None,
+        attach: Mapping[str, np.ndarray] | None = None,
+    ) -> CommitInfo:
+        """Flush, then record a named commit point in the store (carrying ``attach``: see
+        :meth:`PersistentStore.commit`)."""
         self.flush()
-        return self.store.commit(name, meta)
+        return self.store.commit(name, meta, attach)
 
     def commits(self) -> list[CommitInfo]:
         return self.store.commits()

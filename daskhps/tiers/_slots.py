@@ -299,6 +299,9 @@ class SlotCache(Cache):
     def pinned_at(self, slots: torch.Tensor) -> torch.Tensor:
         return self._pinned[slots]
 
+    def dirty_at(self, slots: torch.Tensor) -> torch.Tensor:
+        return self._dirty[slots]
+
     def pin_slots(self, slots: torch.Tensor) -> None:
         self._pinned[slots] = True
 

@@ -305,6 +305,10 @@ class Cache(Tier):
         """Whether each of ``slots`` is pinned."""
 
     @abstractmethod
+    def dirty_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """Whether each of ``slots`` holds a row changed since it was last written down."""
+
+    @abstractmethod
     def pin_slots(self, slots: torch.Tensor) -> None:
         """Protect the rows in ``slots`` (occupied slots) from eviction until they are
         unpinned."""

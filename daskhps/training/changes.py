@@ -63,6 +63,13 @@ POLICY: tuple[Rule, ...] = (
     Rule("table.optimizer.kind", False, False, "what the stored optimizer state means"),
     Rule("table.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
     Rule("table.optimizer.lr", True, True, "a learning rate may be tuned"),
+    Rule(
+        "table.admission",
+        False,
+        True,
+        "which keys get rows in the passes a resume replays; a warm start admits by the new "
+        "rule from its first pass, the pending counts carried on",
+    ),
     Rule("table.tiers", True, True, _SPEED),
     Rule("model", False, False, _MODEL),
     Rule("dense_optimizer.kind", False, False, "what the stored optimizer state means"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError, DaskHPSError
+from daskhps.table.admission import PendingCounts
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
@@ -33,12 +34,15 @@ __all__ = ["describe", "describe_checkpoint", "render"]
 _DAMAGE = ("unreadable", "damaged")
 
 
-def _store_rows(ckpt: Checkpoint, rank: int) -> int | None:
+def _store_rows(ckpt: Checkpoint, rank: int) -> tuple[int | None, int | None]:
+    """Rows of rank ``rank``'s store at the checkpoint, and its keys waiting for admission
+    (None for a store without pending counts)."""
     try:
         with ckpt.open_store(rank) as store:
-            return len(store)
+            pending = store.attached(PendingCounts.KEYS)
+            return len(store), None if pending is None else len(pending)
     except (DaskHPSError, OSError):
-        return None  # stores moved, deleted or damaged: the manifest still says what was there
+        return None, None  # moved, deleted or damaged: the manifest still says what was there
 
 
 def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -> dict[str, Any]:
@@ -49,11 +53,13 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
     for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]:
         rank = int(s["rank"])
         found = checker.check(ckpt.store_path(rank), ckpt.commit)
+        # A damaged store is not opened: the damage says more than the error would.
+        rows, pending = _store_rows(ckpt, rank) if found.ok else (None, None)
         shards.append(
             {
                 **s,
-                # A damaged store is not opened: the damage says more than the error would.
-                "store_rows": _store_rows(ckpt, rank) if found.ok else None,
+                "store_rows": rows,
+                "pending_keys": pending,
                 "segments": found.segments,
                 "snapshots": found.snapshots,
                 "without_checksum": found.without_checksum,
@@ -89,6 +95,11 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
         "seconds": ckpt.seconds,
         "shards": shards,
         "rows": sum(s["store_rows"] or 0 for s in shards),
+        "pending_keys": (
+            None
+            if all(s["pending_keys"] is None for s in shards)
+            else sum(s["pending_keys"] or 0 for s in shards)
+        ),
         "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),
         "segments": sum(s["segments"] for s in shards),
         "snapshots": sum(s["snapshots"] for s in shards),
@@ -193,6 +204,8 @@ def render(info: dict[str, Any]) -> str:
         added = c.get("store_bytes_added")
         unread = any(s["store_rows"] is None for s in c["shards"])
         rows = "rows unknown" if unread else f"{c['rows']:,} rows"
+        if c.get("pending_keys") is not None:
+            rows += f" ({c['pending_keys']:,} more keys seen, not admitted yet)"
         lines.append(
             f"  stores {c['stores_dir']} at commit {c['commit']}: {rows}, "
             f"{_size(c['store_bytes'])} on disk"

@@ -6,7 +6,8 @@
     -------------------------                 -----------
     prepare(k+1): read the pass's partitions, activate(k): pin k's keys if staging ahead
       owner keys (with their counts and days)   did not (rows evicted since come back)
-      and examples placed on their workers    train(k) on every rank
+      and examples placed on their workers    admit(k): which new keys get rows (admission)
+                                              train(k) on every rank
     stage ahead(k+1): pin beside k's pins,    record_seen(k): count k's keys in their rows
       when both fit the device tier           release(k): unpin k, then pin k+1 again (what
                                                 was staged ahead is pinned once k is gone)
@@ -84,6 +85,20 @@ class PreparedPass:
         else:
             self.reports, self.staged = reports, True
         self.seconds["stage"] = self.seconds.get("stage", 0.0) + time.perf_counter() - t
+
+    def admit(self, ctx: PassContext) -> dict[str, int]:
+        """Decide which of the pass's keys without rows get one (``table.admission``) on
+        every rank, once the pass before it is counted: the pending counts it reads are
+        that pass's. Returns the keys admitted and held back, summed over ranks."""
+        t = time.perf_counter()
+        got: list[dict[str, int]] = ctx.group.on_shards(
+            WorkerShards.admit,
+            ctx.table,
+            rank_args=[(k,) for k in self.keys],
+            what="admit keys",
+        )
+        self.seconds["admit"] = time.perf_counter() - t
+        return {k: sum(g[k] for g in got) for k in ("admitted", "held_back")}
 
     def record_seen(self, ctx: PassContext) -> float:
         """Count the pass's keys in their rows' statistics (occurrences and last day, from

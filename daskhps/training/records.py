@@ -62,6 +62,7 @@ class PassRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     epoch: int = 0
     bad_rows_skipped: dict[str, Any] = field(default_factory=dict)
+    admission: dict[str, int] = field(default_factory=dict)  # with table.admission only
 
     @classmethod
     def of_ranks(
@@ -118,4 +119,6 @@ class PassRecord:
             epoch=self.epoch,
             bad_rows_skipped=self.bad_rows_skipped,
         )
+        if self.admission:
+            out["admission"] = self.admission
         return out

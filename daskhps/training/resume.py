@@ -22,6 +22,7 @@ from daskhps.config import RunConfig
 from daskhps.errors import ResumeError, StoreLockedError
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
+from daskhps.table.admission import PendingCounts
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.changes import check_changes
 from daskhps.training.checkpoint import Checkpoint
@@ -54,7 +55,8 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
 
     Every old rank store is read read-only at the checkpoint's commit, in blocks of rows;
     each row goes to the new owner of its virtual shard (``ShardMap(num_shards,
-    num_workers)``). The old stores are not touched.
+    num_workers)``), and so does each pending count of a key not admitted yet (the arrays
+    the commit carries). The old stores are not touched.
     """
     spec = ckpt.table_spec
     new_map = ShardMap(ckpt.num_shards, num_workers)
@@ -72,9 +74,19 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
         for r in range(num_workers)
     ]
     moved = 0
+    pending: list[list[PendingCounts]] = [[] for _ in range(num_workers)]
+    carried = False
     try:
         for r in range(ckpt.num_workers):
             with ckpt.open_store(r) as src:
+                carried |= bool(src.attached_names)
+                counts = PendingCounts.from_arrays(
+                    src.attached(PendingCounts.KEYS), src.attached(PendingCounts.STATS)
+                )
+                owner_of_pending = new_map.worker(counts.keys)
+                for w in range(num_workers):
+                    sel = owner_of_pending == w
+                    pending[w].append(PendingCounts(counts.keys[sel], counts.stats[sel]))
                 keys = src.keys()
                 for a in range(0, int(keys.shape[0]), _ROWS_PER_READ):
                     part = keys[a : a + _ROWS_PER_READ]
@@ -85,8 +97,10 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
                         if bool(sel.any()):
                             dst[w].upsert(part[sel], rows[sel])
                     moved += int(part.shape[0])
-        for d in dst:
-            d.commit(ckpt.commit, {"checkpoint": ckpt.commit, "resharded_from": ckpt.num_workers})
+        for d, parts in zip(dst, pending, strict=True):
+            attach = PendingCounts.merged(parts).arrays() if carried else None
+            meta = {"checkpoint": ckpt.commit, "resharded_from": ckpt.num_workers}
+            d.commit(ckpt.commit, meta, attach)
     finally:
         for d in dst:
             d.close()

@@ -198,6 +198,7 @@ class Trainer:
             store=cfg.table.tiers.store,
             mode="a",
             commit=self._ckpt.commit if self._ckpt is not None else None,
+            admission=cfg.table.admission_rule,
         )
 
     def _train_setup(self) -> worker.TrainSetup:
@@ -582,11 +583,14 @@ class Trainer:
         )
         specs = [spec for _, spec in begun.schedule]
         step = begun.step
+        admits = not cfg.table.admission_rule.admits_all
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
                 progress.start_pass(active.position + 1)
                 epoch = begun.schedule[active.position][0]
+                admitted = active.admit(ctx) if admits else None
                 rec = self._train_pass(ctx, active, step, begun.total_steps)
+                rec.admission = admitted or {}
                 rec.seconds["count"] = active.record_seen(ctx)
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
@@ -739,6 +743,10 @@ class Trainer:
             rec.seconds["eval"] = time.perf_counter() - t
         stats = ctx.group.on_shards(WorkerShards.stats, what="shard stats")
         rec.tiers = _tier_summary(stats, ctx.table)
+        if rec.admission:  # the keys waiting for admission after this pass, and their bytes
+            pending = [s["tables"][ctx.table]["pending"] for s in stats]
+            rec.admission["pending_keys"] = sum(p["keys"] for p in pending)
+            rec.admission["pending_bytes"] = sum(p["bytes"] for p in pending)
         rec.epoch = epoch + 1
         rec.bad_rows_skipped = begun.bad_by_pass.get(spec.index, {}) if epoch == 0 else {}
 

@@ -61,6 +61,10 @@ CASES = [
     (MINIMAL + "table:\n  tiers:\n    device: {fraction: 1.2}\n", "table.tiers.device.fraction",
      5, "< 1"),
     (MINIMAL + "table:\n  tiers:\n    policy: fifo\n", "table.tiers.policy", 5, "'lfu'"),
+    (MINIMAL + "table:\n  admission:\n    min_count: 0\n", "table.admission.min_count", 5,
+     ">= 1, got 0"),
+    (MINIMAL + "table:\n  admission:\n    probability: 1.5\n", "table.admission.probability",
+     5, "(0, 1]"),
     (MINIMAL + "table:\n  tiers:\n    device: {fraction: 0.5}\n    host: {fraction: 0.3}\n",
      "table.tiers", 4, "Dask pauses a worker at 80%"),
     (MINIMAL + "cluster: {memory_limit: 1GiB}\n"

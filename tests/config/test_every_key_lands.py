@@ -62,6 +62,7 @@ SECTIONS = {
     "data.bad_rows": "data.bad_rows.action",
     "data.holdout": "data.holdout.day",
     "table.optimizer": "table.optimizer.kind",
+    "table.admission": "table.admission.min_count",
     "table.tiers": "table.tiers.policy",
     "table.tiers.device": "table.tiers.device.rows",
     "table.tiers.host": "table.tiers.host.fraction",
@@ -292,6 +293,19 @@ def sparse_updates(b: Built) -> tuple[float, ...]:
     b.host.apply_gradients(name, keys, g)
     b.host.apply_gradients(name, keys, 0.1 - g.flip(1))
     return _rounded(b.host.lookup(name, keys) - before)
+
+
+def admitted_keys(b: Built) -> list[int]:
+    """Which of 400 staged keys without rows, seen 1-4 times, the shard admits."""
+    import pandas as pd
+
+    name = next(iter(b.host.tables))
+    keys = torch.arange(400)
+    b.host.stage(name, keys)
+    part = pd.DataFrame({"key": keys.numpy(), "count": keys.numpy() % 4 + 1})
+    b.host.admit(name, part)
+    held = b.host._admitting.get(name)
+    return sorted(set(range(400)) - set(held.held.tolist() if held else []))[::40]
 
 
 def device_rows(b: Built) -> int:
@@ -554,6 +568,12 @@ LANDINGS: dict[str, Landing] = {
     "table.seed": L(f"{DEV}: the initial rows", initial_rows, "table.seed=3"),
     "table.init_scale": L(
         f"{DEV}: the initial rows", initial_bound, "table.init_scale=0.01", expect=0.01
+    ),
+    "table.admission.min_count": L(
+        f"{DEV}: which keys get rows", admitted_keys, "table.admission.min_count=3"
+    ),
+    "table.admission.probability": L(
+        f"{DEV}: which keys get rows", admitted_keys, "table.admission.probability=0.5"
     ),
     "table.tiers.device.rows": L(
         f"{DEV}: its device tier", device_rows, "table.tiers.device.rows=500", expect=500

@@ -101,6 +101,8 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "run.name": (True, True),
     "run.quiet": (True, True),
     "run.seed": (False, True),
+    "table.admission.min_count": (False, True),
+    "table.admission.probability": (False, True),
     "table.dim": (False, False),
     "table.expected_keys": (False, True),
     "table.init_scale": (False, False),
