@@ -362,6 +362,11 @@ class PersistentStore(Tier):
         """Write the rows of unique ``keys`` (a new row for a key replaces its old one)."""
 
     @abstractmethod
+    def delete(self, keys: torch.Tensor) -> int:
+        """Remove the rows of unique ``keys`` (absent ones are ignored); returns how many
+        were removed. Like a write, it is in no commit until the next one."""
+
+    @abstractmethod
     def flush(self) -> None:
         """Make every write so far durable on disk (still in no commit)."""
 

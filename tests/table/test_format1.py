@@ -19,7 +19,7 @@ from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.table.stats import STATS_WIDTH, row_stats
 from daskhps.tiers.store import StoreOptions
 from daskhps.tiers.store.check import StoreChecker
-from daskhps.tiers.store.layout import layout_of_today
+from daskhps.tiers.store.layout import FORMAT, layout_of_today
 
 from .helpers import bits
 
@@ -65,7 +65,7 @@ def test_read_only_it_reads_every_row_as_written_with_zero_statistics(store: Pat
 def test_a_writer_upgrades_the_root_and_both_widths_read_back(store: Path) -> None:
     with EmbeddingTable.open(SPEC, store, device_rows=64, store=StoreOptions()) as table:
         root = _root(store)
-        assert root["format"] == 2 and root["width"] == SPEC.width
+        assert root["format"] == FORMAT and root["width"] == SPEC.width
         assert root["narrow_width"] == SPEC.width - STATS_WIDTH
         assert root["layout"] == SPEC.layout()
         table.stage(KEYS[:10])

@@ -172,3 +172,25 @@ def test_attached_arrays_are_checked_and_named(tmp_path: Path) -> None:
     assert any("is missing" in d for d in StoreChecker().check(path).damage)
     with store(path) as s, pytest.raises(StoreCorruptedError, match=r"attached array .* missing"):
         s.attached("counts")
+
+
+def test_deletion_records_are_checked_and_replayed(tmp_path: Path) -> None:
+    """A delete writes a record of keys only: the checker checks it, reopening replays it,
+    and its root is of today's format (older daskhps would take it for damage)."""
+    path = tmp_path / "shard-0"
+    with store(path, mode="w", snapshot_every=100) as s:
+        s.upsert(torch.arange(6), rows_of(torch.arange(6)))
+        assert s.delete(torch.tensor([1, 4, 99])) == 2
+        with pytest.raises(Exception, match="duplicates"):
+            s.delete(torch.tensor([2, 2]))
+        s.commit("c0")
+    assert StoreChecker(verify=True).check(path).ok
+    with store(path, mode="r") as s:
+        assert s.lookup(torch.arange(6)).found.tolist() == [True, False, True, True, False, True]
+        assert len(s) == 4
+    root = json.loads((path / "zarr.json").read_text())["attributes"]["daskhps"]
+    assert root["format"] == 3
+    record = next(p for p in (path / "segments").iterdir() if (p / "rows").exists() is False)
+    chunk = record / "keys" / "c" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-1])
+    assert any(str(chunk) in d for d in StoreChecker().check(path).damage)

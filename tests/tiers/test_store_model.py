@@ -2,8 +2,9 @@
 (names reused), writer reopens at the latest or a kept commit, compactions, ``drop_commits``,
 and a reader that ``advance``s from one kept commit to another, on a real store with tiny
 chunks and write buffer, so segments, the open segment and snapshots are all exercised.
-Commits attach arrays (or keep the ones the state carries), and every state reads back the
-arrays of the commit it descends from; no folder of arrays outlives every commit using it.
+Deletes remove rows (deletion records, replayed in order with the rows around them). Commits
+attach arrays (or keep the ones the state carries), and every state reads back the arrays of
+the commit it descends from; no folder of arrays outlives every commit using it.
 
 The model is ``commit name -> {key: row bits}`` plus the writer's uncommitted state. Each
 commit also records its lineage (the commits its state descends from): advancing a reader to
@@ -54,6 +55,7 @@ class Commit:
     lineage: tuple[int, ...]  # events its state descends from, itself included
     rows: dict[int, bytes]
     attached: dict[str, bytes]  # the arrays the commit carries, by name
+    erasures: int = 0  # compactions after deletes before it (they drop deletion records)
 
 
 # What a commit attaches: None keeps the state's arrays, {} drops them.
@@ -78,6 +80,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.lineage: tuple[int, ...] = ()  # commits the writer's state descends from
         self.commits: dict[str, Commit] = {}  # kept commits, oldest first
         self.events = 0
+        self.deleted = False  # a delete since the last compaction
+        self.erasures = 0
         self.reader: StoreReader | None = None
         self.reader_at: Commit | None = None  # the commit whose state the reader holds
 
@@ -117,6 +121,15 @@ class StoreMachine(RuleBasedStateMachine):
         self.writer.upsert(keys, rows)
         self.live.update(zip(keys.tolist(), row_bits(rows), strict=True))
 
+    @rule(ix=batches)
+    def delete(self, ix: list[int]) -> None:
+        keys = UNIVERSE[torch.tensor(ix)]
+        present = [k for k in keys.tolist() if k in self.live]
+        assert self.writer.delete(keys) == len(present)
+        for k in present:
+            del self.live[k]
+        self.deleted |= bool(present)
+
     @rule(name=st.sampled_from(NAMES), attach=attachments)
     def commit(self, name: str, attach: dict[str, list[int]] | None = None) -> None:
         arrays = None
@@ -128,7 +141,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.lineage = (*self.lineage, self.events)
         self.commits.pop(name, None)  # committing a name again replaces that commit
         self.commits[name] = Commit(
-            name, self.events, self.lineage, dict(self.live), dict(self.attached)
+            name, self.events, self.lineage, dict(self.live), dict(self.attached), self.erasures
         )
         assert (info.name, info.rows, info.meta) == (name, len(self.live), {"event": self.events})
         self._forget_reader_if_gone()
@@ -155,6 +168,8 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(min_stale=st.sampled_from([0.1, 0.5, 1.0]), merge_below=st.sampled_from([0, 3, 16]))
     def compact(self, min_stale: float, merge_below: int) -> None:
         self.writer.compact(min_stale, merge_below)  # changes no state, drops no commit
+        self.erasures += self.deleted  # the deletion records leave the state
+        self.deleted = False
         self.no_attached_folder_outlives_its_commits()
 
     @rule(keep=st.integers(1, len(NAMES)))
@@ -198,7 +213,11 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             changed = self.reader.advance(target.name)
         except StoreMismatchError:
-            assert before.event not in target.lineage, "refused a commit that extends its own"
+            # A commit that extends the reader's is refused only when a compaction between
+            # them dropped the deletion records that say which of its keys are gone.
+            assert before.event not in target.lineage or target.erasures > before.erasures, (
+                "refused a commit that extends its own"
+            )
         else:
             self.reader_at = target
             differ = {

@@ -21,6 +21,7 @@ from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.table import EmbeddingTable
 from daskhps.table.stats import STATS_WIDTH, row_stats
+from daskhps.tiers.store.layout import FORMAT
 from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from tests._runs import cli
 
@@ -97,7 +98,7 @@ def test_resuming_it_upgrades_its_stores_and_counts_from_then_on(old_run: Path) 
     run = old_run / "run"
     root = _root(run)
     old_width = root["narrow_width"]
-    assert root["format"] == 2 and root["width"] == old_width + STATS_WIDTH  # type: ignore[operator]
+    assert root["format"] == FORMAT and root["width"] == old_width + STATS_WIDTH  # type: ignore[operator]
 
     last = latest_checkpoint(run)
     assert last is not None and last.passes_done == 6

@@ -2,7 +2,8 @@
 commits and files are kept.
 
 A commit's key -> location index is its latest full snapshot, then the key arrays of the
-segments written since, replayed in id order (later segments win). With ``snapshot_every=3``::
+segments written since, replayed in id order (later segments win; a deletion record removes
+its keys). With ``snapshot_every=3``::
 
     commit (seq)    1          2             3              4
     snapshot        -          -             index/3        index/3
@@ -94,10 +95,16 @@ class Chain:
 
 
 def write_snapshot(
-    folder: StoreFolder, seq: int, index: KeyIndex, attached: Attached | None = None
+    folder: StoreFolder,
+    seq: int,
+    index: KeyIndex,
+    attached: Attached | None = None,
+    deletions: set[int] | frozenset[int] = frozenset(),
 ) -> Chain:
     """Write ``index`` as commit ``seq``'s snapshot, durably; the chain that starts there
-    (carrying ``attached``)."""
+    (carrying ``attached``). The snapshot needs no deletion record, but the state keeps
+    referring to ``deletions`` (until a compaction): a reader at an earlier commit moving
+    to a later one learns from them which of its keys were deleted."""
     keys, locs = index.items()
     keys_np, locs_np = keys.cpu().numpy(), locs.cpu().numpy()
     refs = {int(s) for s in np.unique(segment_of(locs_np))}
@@ -107,7 +114,7 @@ def write_snapshot(
     write_array(path / "locs", locs_np, _SNAPSHOT_CHUNK_ROWS)
     fsync_tree(path)
     fsync_dir(path.parent)
-    return Chain(snapshot=seq, refs=refs, attached=attached)
+    return Chain(snapshot=seq, refs=refs | set(deletions), attached=attached)
 
 
 def write_attached(folder: StoreFolder, seq: int, arrays: Mapping[str, np.ndarray]) -> Attached:
@@ -164,7 +171,10 @@ def rebuild_index(folder: StoreFolder, m: Manifest, segments: Mapping[int, Segme
         index.put(torch.from_numpy(snap_keys), torch.from_numpy(snap_locs))
     for sid in m.replay:
         seg = segments[sid]
-        index.put(torch.from_numpy(seg.keys.read_all()), locations(sid, 0, seg.n))
+        if seg.deletes:
+            index.delete(torch.from_numpy(seg.keys.read_all()))
+        else:
+            index.put(torch.from_numpy(seg.keys.read_all()), locations(sid, 0, seg.n))
     if len(index) != m.rows:
         raise StoreCorruptedError(
             f"manifest {m.path} records {m.rows} keys but its segments hold {len(index)}"

@@ -27,6 +27,7 @@ from daskhps.errors import StoreCorruptedError
 from daskhps.tiers.store.arrays import RawArray
 from daskhps.tiers.store.layout import RootCheck, segment_dir, snapshot_dir
 from daskhps.tiers.store.manifest import Attached, Manifest, scan_manifests
+from daskhps.tiers.store.segments import is_deletion
 
 __all__ = ["StoreCheck", "StoreChecker"]
 
@@ -118,6 +119,14 @@ class StoreChecker:
             out.damage.extend(self._check_attached(p, m.attached))
         return out
 
+    def _check_deletion(self, folder: Path) -> _Part:
+        try:
+            keys = RawArray.load(folder / "keys", np.int64)
+        except StoreCorruptedError as e:
+            return _Part((str(e),), True)
+        damage = keys.size_problems() + (keys.digest_problems() if self.verify else [])
+        return _Part(tuple(damage), keys.sha256 is not None)
+
     def _check_attached(self, p: Path, attached: Attached) -> list[str]:
         """Problems of the arrays a commit carries (``commit(..., attach=...)``)."""
         folder = p / "attached" / f"{attached.seq:010d}"
@@ -185,6 +194,13 @@ class StoreChecker:
     def _check_part(self, folder: Path, kind: str, widths: tuple[int, ...]) -> _Part:
         if not folder.is_dir():
             return _Part((f"{kind} folder {folder} is missing",), True)
+        if kind == "segment":
+            try:
+                deletion = is_deletion(folder)
+            except StoreCorruptedError as e:
+                return _Part((str(e),), True)
+            if deletion:
+                return self._check_deletion(folder)
         names = ("keys", "rows") if kind == "segment" else ("keys", "locs")
         dtypes = (np.int64, np.float32) if kind == "segment" else (np.int64, np.int64)
         damage: list[str] = []

@@ -10,6 +10,8 @@ On disk (``<id>`` and ``<seq>`` are 10-digit, zero-padded)::
       segments/<id>/               one per upsert (zarr group; attributes {"rows": n})
           keys/   int64[n]         zarr arrays, ``bytes`` codec only: chunk files are raw
           rows/   float32[n, width]  little-endian rows
+                                   (or keys only, attributes {"deleted": true}: a deletion
+                                   record, one per delete)
       index/<seq>/keys, locs       full index snapshot written by commit <seq>
       attached/<seq>/<name>/       arrays commit <seq> carries beside the rows (zarr arrays;
                                    the table's counts of keys not admitted yet)
@@ -62,7 +64,9 @@ __all__ = [
 
 # 2: rows end with their statistics (daskhps.table.stats). A store of format 1 still opens: its
 # rows read with zero statistics, and a writer upgrades its root (see StoreFolder.check_root).
-FORMAT = 2
+# 3: segments may be deletion records (segments.py), which older daskhps would take for damaged
+# segments; a store of format 2 holds none, so it opens as it is and a writer upgrades it.
+FORMAT = 3
 _STATS = "row_stats"  # the layout field of the statistics columns that format 2 appended
 
 _SHIFT = 32

@@ -222,7 +222,8 @@ class StoreReader(PersistentStore):
 
     def advance(self, commit: str) -> torch.Tensor:
         """Move to a later ``commit`` through its delta; returns the (unique) keys whose row
-        may differ: those of the segments ``commit`` adds.
+        may differ: those of the segments ``commit`` adds (deletion records included: a
+        deleted key reads as absent after).
 
         Only the key arrays of the added segments (and of those it no longer uses) are
         read, and the added ones replayed over the index in memory, instead of loading the
@@ -245,20 +246,29 @@ class StoreReader(PersistentStore):
         segments = {sid: load_segment(self.folder, sid, self._widths) for sid in added}
         new_keys = [segments[sid].keys.read_all() for sid in added]
         fresh = np.unique(np.concatenate([np.empty(0, np.int64), *new_keys]))
-        unseen = int((~self._index.get(torch.from_numpy(fresh))[1]).sum())
+        # Which of them the state holds after the added segments replay (a deletion record
+        # removes its keys), to check the row count the commit records.
+        held_before = self._index.get(torch.from_numpy(fresh))[1].numpy()
+        held_after = held_before.copy()
+        for sid, keys in zip(added, new_keys, strict=True):
+            held_after[np.searchsorted(fresh, keys)] = not segments[sid].deletes
+        rows_after = len(self) + int(held_after.sum()) - int(held_before.sum())
         # Keys whose row sits in a dropped segment must be rewritten in an added one.
         dropped = np.concatenate(
             [np.empty(0, np.int64), *(self._segments[sid].keys.read_all() for sid in gone)]
         )
         locs, _ = self._index.get(torch.from_numpy(np.setdiff1d(dropped, fresh)))
         orphaned = bool(np.isin(segment_of(locs).numpy(), np.asarray(gone, np.int64)).any())
-        if (added and old and added[0] < max(old)) or orphaned or len(self) + unseen != m.rows:
+        if (added and old and added[0] < max(old)) or orphaned or rows_after != m.rows:
             raise StoreMismatchError(
                 f"{self.name}: commit {commit!r} of {self.path} does not extend the open "
                 f"state; open the store at that commit instead"
             )
         for sid, keys in zip(added, new_keys, strict=True):  # id order: later segments win
-            self._index.put(torch.from_numpy(keys), locations(sid, 0, len(keys)))
+            if segments[sid].deletes:
+                self._index.delete(torch.from_numpy(keys))
+            else:
+                self._index.put(torch.from_numpy(keys), locations(sid, 0, len(keys)))
         for sid in gone:
             self._forget_segment(sid)
         self._segments.update(segments)
@@ -278,6 +288,9 @@ class StoreReader(PersistentStore):
 
     def upsert(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
         self._refuse("upsert")
+
+    def delete(self, keys: torch.Tensor) -> int:
+        self._refuse("delete")
 
     def flush(self) -> None:
         """Nothing to make durable: a reader writes nothing."""

@@ -5,6 +5,7 @@ Everything a reader does, plus::
     upsert        small ──► write buffer (the open segment, buffer.py)
                   large ──► a segment of its own (the open segment is sealed first)
     flush         seal the open segment; fsync every segment written since
+    delete        a deletion record: a segment of keys only (segments.py)
     commit        flush; the arrays it attaches, if new; an index snapshot or the segments
                   to replay (chain.py); the manifest last, by atomic rename
     compact       live rows of wasteful segments into new ones (compaction.py); garbage deleted
@@ -46,7 +47,7 @@ from daskhps.tiers.store.layout import (
 )
 from daskhps.tiers.store.manifest import Manifest, manifest_path
 from daskhps.tiers.store.reader import StoreReader
-from daskhps.tiers.store.segments import write_segment
+from daskhps.tiers.store.segments import write_deletion, write_segment
 
 __all__ = ["StoreWriter"]
 
@@ -172,6 +173,30 @@ class StoreWriter(StoreReader):
         self._stats.inserts += n - int(existed.sum())
         self._stats.rows_written += n
 
+    def delete(self, keys: torch.Tensor) -> int:
+        """Remove the rows of unique ``keys`` (absent ones are ignored): a deletion record
+        (a segment of keys only) replayed after every earlier segment. Returns how many
+        rows were removed."""
+        where = f"{self.name}: delete"
+        self._check_writable("delete")
+        keys = check_keys(keys, where).cpu().contiguous()
+        if int(torch.unique(keys).numel()) != int(keys.shape[0]):
+            raise DataError(f"{where}: keys contain duplicates; delete each key once per call")
+        present = keys[self._index.get(keys)[1]]
+        n = int(present.shape[0])
+        if n == 0:
+            return 0
+        if n > OFFSET_MASK:
+            raise DataError(f"{where}: delete at most {OFFSET_MASK} keys per call, got {n}")
+        self._seal()  # rows buffered before must replay before the record, later ones after
+        sid = self._new_segment_id()
+        self._segments[sid] = write_deletion(self.folder, sid, present, self._chunk_rows)
+        self._chain.add(sid)
+        self._unsynced.add(sid)
+        self._index.delete(present)
+        self._stats.extra["rows_deleted"] = self._stats.extra.get("rows_deleted", 0) + n
+        return n
+
     def _write_buffered(self, keys: torch.Tensor, rows: torch.Tensor, locs: torch.Tensor) -> None:
         """Put rows into the open segment, sealing it first if they would not fit."""
         keys, rows = self._buffer.overwrite(keys, rows, locs)
@@ -270,7 +295,10 @@ class StoreWriter(StoreReader):
         replay_rows = sum(self._segments[s].n for s in self._chain.replay if s in self._segments)
         snapshot = self._chain.wants_snapshot(self._snapshot_every, replay_rows, len(self._index))
         if snapshot:
-            self._chain = write_snapshot(self.folder, seq, self._index, self._chain.attached)
+            deletions = {sid for sid in self._chain.refs if self._segments[sid].deletes}
+            self._chain = write_snapshot(
+                self.folder, seq, self._index, self._chain.attached, deletions
+            )
         else:
             self._chain.since_snapshot += 1
         chain = self._chain
