@@ -14,6 +14,7 @@ from daskhps.config.run import RunSection
 from daskhps.config.table import (
     AdmissionConfig,
     DeviceTierConfig,
+    ExpiryConfig,
     HostTierConfig,
     TableConfig,
     TiersConfig,
@@ -79,6 +80,7 @@ def key_tree() -> dict[str, Any]:
             TableConfig.key_names(),
             optimizer=_node(OptimizerSpec.key_names()),
             admission=_node(AdmissionConfig.key_names()),
+            expiry=_node(ExpiryConfig.key_names()),
             tiers=_node(
                 TiersConfig.key_names(),
                 device=_node(DeviceTierConfig.key_names()),

@@ -17,10 +17,18 @@ from pydantic.fields import FieldInfo
 from daskhps.config._context import Ctx
 from daskhps.config._options import Int, Options, Problem, shown, validate
 from daskhps.table.admission import AdmissionRule
+from daskhps.table.expiry import ExpiryRule
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.tiers.store.options import StoreOptions
 
-__all__ = ["AdmissionConfig", "DeviceTierConfig", "HostTierConfig", "TableConfig", "TiersConfig"]
+__all__ = [
+    "AdmissionConfig",
+    "DeviceTierConfig",
+    "ExpiryConfig",
+    "HostTierConfig",
+    "TableConfig",
+    "TiersConfig",
+]
 
 
 def _as_in(options: type[Options], name: str) -> Any:  # a FieldInfo, typed as its value
@@ -120,6 +128,22 @@ class AdmissionConfig(Options):
         return AdmissionRule(self.min_count, self.probability, seed)
 
 
+class ExpiryConfig(Options):
+    """When rows leave the table, at each day boundary (the end of the last pass holding a
+    day's rows, and the end of the run): rows not seen for ``ttl_days`` log days, and rows
+    beyond ``max_rows`` by ``score``. An expired key reads its initial value again."""
+
+    ttl_days: Int | None = Field(None, ge=1)
+    """Log days a row stays unseen before it expires; null: never."""
+    max_rows: Int | None = Field(None, ge=1)
+    """Rows the table keeps (each virtual shard its share); null: any."""
+    score: Literal["lfu", "lru"] = "lfu"
+    """Which rows `max_rows` keeps: most occurrences, or most recent day."""
+
+    def rule(self, num_shards: int) -> ExpiryRule:
+        return ExpiryRule(self.ttl_days, self.max_rows, self.score, num_shards)
+
+
 class TableConfig(Options):
     """The embedding table: ``dim`` is the embedding width the model sees; the row width is
     the model's ``sparse_dim(dim)`` (one more column for DeepFM and Wide&Deep) plus optimizer
@@ -142,8 +166,10 @@ class TableConfig(Options):
     """Distinct keys expected; sizes the run (`daskhps plan`, `train`'s early check)."""
     admission: AdmissionConfig = AdmissionConfig()
     """When a key gets a row (`min_count`, `probability`)."""
+    expiry: ExpiryConfig = ExpiryConfig()
+    """When rows leave the table (`ttl_days`, `max_rows`, `score`)."""
 
-    NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("admission",)
+    NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("admission", "expiry")
 
     @property
     def admission_rule(self) -> AdmissionRule:

@@ -9,7 +9,8 @@
                       and training the current one (another) share the table
 
     open ─► stage / try_stage (pin a pass's keys) ─► admit (which new keys get rows)
-        ─► lookup / apply_gradients (a pass trains) ─► record_seen (count it) ─► unpin
+        ─► lookup / apply_gradients (a pass trains) ─► record_seen (count it)
+        ─► expire (at a day boundary) ─► unpin
         ─► flush / commit / compact / drop_commits_before (checkpoints) ─► close
 
     pending[t]  the counts of table t's keys not admitted yet (daskhps.table.admission),
@@ -40,6 +41,7 @@ from daskhps.errors import CapacityError
 from daskhps.monitor import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
 from daskhps.table.admission import AdmissionRule, PendingCounts, find_sorted
+from daskhps.table.expiry import ExpiryRule
 from daskhps.tiers.store import StoreOptions
 
 if TYPE_CHECKING:
@@ -93,6 +95,8 @@ class WorkerShards:
         Passed to :meth:`EmbeddingTable.open` (``commit``: resume from that commit point).
     admission:
         When a key gets a row (None: at once, in the first pass that holds it).
+    expiry:
+        When rows leave the table (:meth:`expire`; None: never).
 
     The worker's rank and memory limit are bound by :meth:`bind` (the run host does it when
     its plugin is set up on the worker).
@@ -110,6 +114,7 @@ class WorkerShards:
         mode: Literal["w", "a", "r"] = "a",
         commit: str | None = None,
         admission: AdmissionRule | None = None,
+        expiry: ExpiryRule | None = None,
     ) -> None:
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
@@ -127,6 +132,7 @@ class WorkerShards:
         self.tables: dict[str, EmbeddingTable] = {}
         self.locks: dict[str, threading.Lock] = {}
         self.admission = admission if admission is not None and not admission.admits_all else None
+        self.expiry = expiry if expiry is not None and expiry.expires else None
         self.pending: dict[str, PendingCounts] = {}
         self._admitting: dict[str, _PassAdmission] = {}  # the pass admitted, until counted
         self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
@@ -243,6 +249,21 @@ class WorkerShards:
                 counts = counts + torch.from_numpy(pending.pop(k.numpy()))
             t.record_seen(k, counts, days)
             t.thaw()
+
+    def expire(self, table: str, today: int) -> dict[str, int]:
+        """The day boundary of log day ``today`` (a ``last_day`` number; the pass that ends it
+        is counted): remove the rows the expiry rule expires from every tier, and drop the
+        pending counts of keys not seen for ``ttl_days``. Returns how many of each."""
+        with stage_span("expire"), self.locked(table) as t:
+            if self.expiry is None:
+                return {"expired": 0, "pending_expired": 0}
+            keys, counts, days = t.row_statistics()
+            gone = self.expiry.expired(keys.numpy(), counts.numpy(), days.numpy(), today)
+            removed = t.remove(keys[torch.from_numpy(gone)])
+            pending = self.pending[table]
+            stale = self.expiry.stale(pending.stats[:, 1], today)
+            pending.pop(pending.keys[stale])
+            return {"expired": removed, "pending_expired": int(stale.sum())}
 
     def unpin(self, table: str) -> None:
         with self.locked(table) as t:

@@ -32,6 +32,7 @@ STAGES = (
     "stage",
     "admit",
     "count",
+    "expire",
     "train",
     "eval",
     "holdout",

@@ -18,7 +18,9 @@ examples.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +33,7 @@ from daskhps.errors import CapacityError, ConfigError
 from daskhps.passes.config import PassConfig
 from daskhps.passes.keys import pass_keys
 
-__all__ = ["PassPlan", "PassSpec", "build_plan", "split_batch"]
+__all__ = ["PassPlan", "PassSpec", "build_plan", "day_ends", "split_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,25 @@ class PassPlan:
         last = np.searchsorted(starts, ends, side="left")  # passes starting before end
         return np.where(lengths > 0, np.maximum(last - first, 0), 0)
 
+    def pass_days(self) -> list[tuple[int, int] | None]:
+        """The first and last log day (``date.toordinal()``) of each pass's rows, from the
+        ``day=YYYY-MM-DD`` folders of the files it reads; None for a pass with a file outside
+        any such folder."""
+        file_day = [_day_number(f) for f in self.files]
+        ends = np.cumsum(np.asarray(self.partition_lengths, dtype=np.int64))
+        begins = ends - np.asarray(self.partition_lengths, dtype=np.int64)
+        out: list[tuple[int, int] | None] = []
+        for p in self.passes:
+            # partitions holding at least one row of [start, stop)
+            parts = np.flatnonzero((begins < p.stop) & (ends > p.start))
+            days = [file_day[i] for i in parts]
+            if not days or any(d is None for d in days):
+                out.append(None)
+            else:
+                known = [d for d in days if d is not None]
+                out.append((min(known), max(known)))
+        return out
+
     def summary(self) -> dict[str, Any]:
         return {
             "examples": self.num_examples,
@@ -141,6 +162,32 @@ class PassPlan:
             "global_batch_size": self.config.global_batch_size,
             "pass_sizes": [p.num_examples for p in self.passes],
         }
+
+
+_DAY = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
+
+
+def _day_number(path: str) -> int | None:
+    m = _DAY.search(path)
+    return dt.date.fromisoformat(m.group(1)).toordinal() if m else None
+
+
+def day_ends(days: Sequence[tuple[int, int] | None]) -> dict[int, int]:
+    """The log days that end after each pass of a schedule, ``{position: day}``, given each
+    scheduled pass's first and last day (:meth:`PassPlan.pass_days`, over every epoch): a day
+    ends after the last pass holding its rows before a pass of a later day (or the end of the
+    schedule), once, and only if it is later than every day that ended before (a second epoch
+    goes over old days again)."""
+    out: dict[int, int] = {}
+    latest = None
+    for i, span in enumerate(days):
+        if span is None:
+            continue
+        nxt = days[i + 1] if i + 1 < len(days) else None
+        last = span[1]
+        if (nxt is None or nxt[0] > last or nxt[1] < last) and (latest is None or last > latest):
+            out[i] = latest = last
+    return out
 
 
 def _pass_seed(seed: int, index: int) -> int:

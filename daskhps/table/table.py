@@ -41,9 +41,9 @@ import torch
 
 from daskhps.errors import CapacityError, DataError
 from daskhps.table.optimizers import apply_update
-from daskhps.table.read_path import ReadPath
+from daskhps.table.read_path import ReadPath, initial_rows
 from daskhps.table.spec import TableSpec
-from daskhps.table.stats import record
+from daskhps.table.stats import record, row_stats
 from daskhps.tiers.base import Cache, CommitInfo, Evicted, PersistentStore, check_keys
 from daskhps.tiers.device import DeviceCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
@@ -52,6 +52,8 @@ from daskhps.tiers.store import StoreOptions, StoreReader, open_store
 __all__ = ["EmbeddingTable", "StageReport", "open_shard_store"]
 
 log = logging.getLogger(__name__)
+
+_ROWS_PER_SCAN = 1 << 20  # store rows read at once by row_statistics
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,70 @@ class EmbeddingTable:
     def thaw(self) -> None:
         """Every key takes updates again (the pass that froze some is counted)."""
         self._frozen = None
+
+    # -- expiry (daskhps.table.expiry) ----------------------------------------------------
+
+    def row_statistics(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(keys, count, last_day)`` of every row of the shard, each from its freshest copy
+        (device, then host, then store; the store is read in blocks of rows). A resident key
+        that is only initialised (clean, and not in the store) has no row and is left out."""
+        width, at = self.spec.width, self.spec.stats_at
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        resident = [torch.empty(0, dtype=torch.int64)]
+        for tier in [self.device_cache, self.host]:
+            if tier is not None and len(tier):
+                keys = tier.keys()  # read through slots: a scan must not count as a use
+                slots = tier.find_slots(keys)
+                resident.append(keys.cpu())
+                real = (tier.dirty_at(slots).cpu() | self.store.contains(keys.cpu())).to(
+                    slots.device
+                )
+                keys, slots = keys[real], slots[real]
+                parts.append((keys.cpu(), tier.rows.index_select(0, slots).cpu()))
+        stored = self.store.keys()
+        held = torch.cat(resident)
+        if len(held) and len(stored):
+            stored = stored[~torch.isin(stored, held)]
+        for a in range(0, len(stored), _ROWS_PER_SCAN):
+            block = stored[a : a + _ROWS_PER_SCAN]
+            parts.append((block, self.store.lookup(block).rows))
+        keys = torch.cat([torch.empty(0, dtype=torch.int64), *(k for k, _ in parts)])
+        rows = torch.cat([torch.empty(0, width), *(r for _, r in parts)])
+        count, last = row_stats(rows, at)
+        return keys, count.clone(), last.clone()
+
+    def remove(self, keys: torch.Tensor) -> int:
+        """Remove the rows of unique ``keys`` from every tier, as if never written (a deletion
+        record in the store). A key staged for a pass keeps its slot, reset to its initial
+        value and clean: it has no row, as a key never seen. Returns the rows removed."""
+        self._check_writable("remove")
+        keys = check_keys(keys, self._where("remove")).cpu()
+        if not len(keys):
+            return 0
+        gone = torch.zeros(len(keys), dtype=torch.bool)
+        dev = self.device_cache
+        slots = dev.find_slots(keys.to(self.device)).cpu()
+        on_device = slots >= 0
+        if bool(on_device.any()):
+            pinned = torch.zeros_like(on_device)
+            pinned[on_device] = dev.pinned_at(slots[on_device].to(self.device)).cpu()
+            dev.evict(keys=keys[on_device & ~pinned].to(self.device))
+            staged = keys[pinned]
+            if len(staged):
+                dev.upsert(
+                    staged.to(self.device),
+                    initial_rows(self.spec, staged).to(self.device),
+                    dirty=False,
+                )
+            gone |= on_device
+        if self.host is not None:
+            found = self.host.find_slots(keys) >= 0
+            if bool(found.any()):
+                self.host.evict(keys=keys[found])
+                gone |= found
+        in_store = self.store.contains(keys)
+        self.store.delete(keys[in_store])
+        return int((gone | in_store).sum())
 
     def _staged_slots(self, keys: torch.Tensor, op: str) -> torch.Tensor:
         slots = self.device_cache.find_slots(keys)

@@ -70,6 +70,13 @@ POLICY: tuple[Rule, ...] = (
         "which keys get rows in the passes a resume replays; a warm start admits by the new "
         "rule from its first pass, the pending counts carried on",
     ),
+    Rule(
+        "table.expiry",
+        False,
+        True,
+        "which rows leave the table in the passes a resume replays; a warm start expires by "
+        "the new rule from its first day boundary",
+    ),
     Rule("table.tiers", True, True, _SPEED),
     Rule("model", False, False, _MODEL),
     Rule("dense_optimizer.kind", False, False, "what the stored optimizer state means"),

@@ -9,7 +9,8 @@
       and examples placed on their workers    admit(k): which new keys get rows (admission)
                                               train(k) on every rank
     stage ahead(k+1): pin beside k's pins,    record_seen(k): count k's keys in their rows
-      when both fit the device tier           release(k): unpin k, then pin k+1 again (what
+      when both fit the device tier           expire(k): rows leave, if k ends a log day
+                                              release(k): unpin k, then pin k+1 again (what
                                                 was staged ahead is pinned once k is gone)
 
 Pass k+1 is read, hashed, deduplicated, shuffled and staged on the driver thread while pass k
@@ -36,6 +37,7 @@ from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
+from daskhps.table.stats import day_of
 from daskhps.training.examples import route_examples
 from daskhps.training.killpoints import kill_point
 
@@ -112,6 +114,19 @@ class PreparedPass:
             what="count keys",
         )
         return time.perf_counter() - t
+
+    def expire(self, ctx: PassContext, day: int) -> dict[str, Any]:
+        """The day boundary of log day ``day`` (this pass, counted, ends it): every rank
+        removes the rows that expire (``table.expiry``). Returns the rows and pending counts
+        expired, summed over ranks, and the day."""
+        t = time.perf_counter()
+        got: list[dict[str, int]] = ctx.group.on_shards(
+            WorkerShards.expire, ctx.table, day, what="expire rows"
+        )
+        self.seconds["expire"] = time.perf_counter() - t
+        out: dict[str, Any] = {k: sum(g[k] for g in got) for k in ("expired", "pending_expired")}
+        out["day"] = day_of(day)
+        return out
 
     def staged_from(self) -> dict[str, int]:
         """Where the staged rows came from (re-pinning counts only rows fetched again)."""

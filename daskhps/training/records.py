@@ -63,6 +63,7 @@ class PassRecord:
     epoch: int = 0
     bad_rows_skipped: dict[str, Any] = field(default_factory=dict)
     admission: dict[str, int] = field(default_factory=dict)  # with table.admission only
+    expiry: dict[str, Any] = field(default_factory=dict)  # passes that end a day, with expiry
 
     @classmethod
     def of_ranks(
@@ -121,4 +122,6 @@ class PassRecord:
         )
         if self.admission:
             out["admission"] = self.admission
+        if self.expiry:
+            out["expiry"] = self.expiry
         return out

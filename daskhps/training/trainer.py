@@ -46,9 +46,11 @@ from daskhps.errors import (
 )
 from daskhps.monitor.progress import PassProgress
 from daskhps.passes import PassPlan, PassSpec, build_plan
+from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
 from daskhps.sharding import ShardMap
 from daskhps.table import TableSpec
+from daskhps.table.stats import NO_DAY
 from daskhps.training import resume as resuming
 from daskhps.training import rundir, worker
 from daskhps.training.checkpoint import (
@@ -118,6 +120,7 @@ class _Begun:
     fingerprint: dict[str, Any]
     days: list[str]
     metrics_path: Path
+    day_ends: dict[int, int]  # schedule position -> the log day that ends after it (expiry)
 
 
 class Trainer:
@@ -199,6 +202,7 @@ class Trainer:
             mode="a",
             commit=self._ckpt.commit if self._ckpt is not None else None,
             admission=cfg.table.admission_rule,
+            expiry=cfg.table.expiry.rule(cfg.passes.plan.num_shards),
         )
 
     def _train_setup(self) -> worker.TrainSetup:
@@ -339,7 +343,19 @@ class Trainer:
         start.logs = read_train_and_holdout(
             cfg.data.source, cfg.data.holdout, cfg.data.backend, cfg.data.block_size
         )
+        self._check_expiry_days(start.logs[0])
         return start
+
+    def _check_expiry_days(self, train_log: ClickLog) -> None:
+        """Expiry by log days needs logs in ``day=YYYY-MM-DD`` folders: refused otherwise."""
+        ttl = self.config.table.expiry.ttl_days
+        dayless = [f for f in train_log.files if not _DAY.search(f)]
+        if ttl is not None and dayless:
+            raise ConfigError(
+                f"{self.config.source}: table.expiry.ttl_days: {ttl} needs log days, but "
+                f"{dayless[0]} is in no day=YYYY-MM-DD folder; put the logs in day partitions, "
+                "or bound the table with table.expiry.max_rows instead"
+            )
 
     def _check_gpu(self) -> None:
         c = self.config.cluster
@@ -592,6 +608,8 @@ class Trainer:
                 rec = self._train_pass(ctx, active, step, begun.total_steps)
                 rec.admission = admitted or {}
                 rec.seconds["count"] = active.record_seen(ctx)
+                if active.position in begun.day_ends:  # a log day ends: rows expire
+                    rec.expiry = active.expire(ctx, begun.day_ends[active.position])
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
                 step += active.spec.num_batches
@@ -673,7 +691,18 @@ class Trainer:
             fingerprint=fingerprint,
             days=sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))}),
             metrics_path=metrics_path,
+            day_ends=self._day_ends(plan, schedule),
         )
+
+    def _day_ends(self, plan: PassPlan, schedule: list[tuple[int, PassSpec]]) -> dict[int, int]:
+        """Where the passes end a log day, for expiry (``ttl_days`` on logs without days was
+        refused before the cluster started). Without days, ``max_rows`` applies at the end."""
+        expiry = self.config.table.expiry
+        if expiry.ttl_days is None and expiry.max_rows is None:
+            return {}
+        per_pass = plan.pass_days()
+        ends = day_ends([per_pass[spec.index] for _, spec in schedule])
+        return ends if ends else {len(schedule) - 1: NO_DAY}
 
     def _end(self, group: RunGroup, holdout: HoldoutStream | None, result: RunResult) -> None:
         """Commit the final rows (without checkpoints), evaluate at the end (without

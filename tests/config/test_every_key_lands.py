@@ -63,6 +63,7 @@ SECTIONS = {
     "data.holdout": "data.holdout.day",
     "table.optimizer": "table.optimizer.kind",
     "table.admission": "table.admission.min_count",
+    "table.expiry": "table.expiry.ttl_days",
     "table.tiers": "table.tiers.policy",
     "table.tiers.device": "table.tiers.device.rows",
     "table.tiers.host": "table.tiers.host.fraction",
@@ -306,6 +307,25 @@ def admitted_keys(b: Built) -> list[int]:
     b.host.admit(name, part)
     held = b.host._admitting.get(name)
     return sorted(set(range(400)) - set(held.held.tolist() if held else []))[::40]
+
+
+def expired_keys(b: Built) -> list[int]:
+    """Which of 300 rows (key k seen k % 7 + 1 times, last on day 700 + k % 5) the shard
+    expires at the end of day 704."""
+    import pandas as pd
+
+    name = next(iter(b.host.tables))
+    keys = torch.arange(300)
+    b.host.stage(name, keys)
+    part = pd.DataFrame(
+        {"key": keys.numpy(), "count": keys.numpy() % 7 + 1, "day": 700 + keys.numpy() % 5}
+    )
+    b.host.admit(name, part)
+    b.host.record_seen(name, part)
+    before = set(b.table.store.keys().tolist()) | set(b.table.device_cache.keys().tolist())
+    b.host.expire(name, 704)
+    after = set(b.table.row_statistics()[0].tolist())
+    return sorted(before - after)[::15]
 
 
 def device_rows(b: Built) -> int:
@@ -574,6 +594,18 @@ LANDINGS: dict[str, Landing] = {
     ),
     "table.admission.probability": L(
         f"{DEV}: which keys get rows", admitted_keys, "table.admission.probability=0.5"
+    ),
+    "table.expiry.ttl_days": L(
+        f"{DEV}: which rows leave the table", expired_keys, "table.expiry.ttl_days=2"
+    ),
+    "table.expiry.max_rows": L(
+        f"{DEV}: which rows leave the table", expired_keys, "table.expiry.max_rows=100"
+    ),
+    "table.expiry.score": L(
+        f"{DEV}: which rows leave the table",
+        expired_keys,
+        "table.expiry.score=lru",
+        base=("table.expiry.max_rows=100",),
     ),
     "table.tiers.device.rows": L(
         f"{DEV}: its device tier", device_rows, "table.tiers.device.rows=500", expect=500
