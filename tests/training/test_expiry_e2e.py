@@ -21,6 +21,7 @@ from daskhps.table import EmbeddingTable
 from daskhps.table.read_path import initial_rows
 from daskhps.tiers.store.check import StoreChecker
 from tests._clusters import SharedClusters
+from tests._runs import cli_here
 from tests.training.test_admission_e2e import _pending
 from tests.training.test_train_e2e import _config, _rows, _run
 
@@ -153,3 +154,34 @@ def test_max_rows_keeps_each_shards_most_frequent_rows(
     want = _model(logs, ttl=None, min_count=1, max_rows=300, shards=cfg.passes.plan.num_shards)
     assert want[2] > 0 and len(want[0]) <= 300 + cfg.passes.plan.num_shards
     _check(cfg, 1, result, want)
+
+
+def test_ttl_days_on_logs_without_days_is_one_line_and_changes_nothing(
+    tmp_path: Path,
+    logs: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Logs outside day=YYYY-MM-DD folders: a ttl_days run stops before any cluster starts,
+    in one line naming the key and the file, and an earlier run in its folder is untouched."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, part in enumerate(sorted(logs.glob("day=*/*.tsv"))[:2]):
+        (flat / f"part-{i}.tsv").write_bytes(part.read_bytes())
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"pass": 1}\n')
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    cfg = tmp_path / "ttl.yaml"
+    cfg.write_text(
+        f"run: {{name: ttl, dir: {run}}}\n"
+        f"data: {{train: {{paths: [{flat}]}}}}\n"
+        "table: {expiry: {ttl_days: 3}}\n"
+        "cluster: {n_workers: 1, gpu: false, dashboard_address: null}\n"
+    )
+    res = cli_here(capfd, caplog, "train", str(cfg), "--overwrite")
+    assert res.returncode == 1, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "table.expiry.ttl_days" in line and "part-0.tsv" in line and "max_rows" in line
+    assert "Traceback" not in res.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
