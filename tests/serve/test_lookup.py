@@ -344,3 +344,36 @@ def test_a_prepared_refresh_replaces_what_was_cached_meanwhile(stores: Path) -> 
     other = TableSpec("emb", 8, OptimizerSpec(kind="adagrad", lr=0.1), seed=7)
     with ServingLookup(v1, device_rows=10) as lk, pytest.raises(StoreMismatchError, match="layout"):
         lk.prepare(version(stores, "v2", spec=other))
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["replay", "after-compaction"])
+def test_refresh_to_a_version_that_removed_rows_serves_them_as_unseen(
+    tmp_path: Path, compact: bool
+) -> None:
+    """Rows removed by expiry between two versions (deletion records in the stores): after a
+    refresh, cached or not, they read their initial value; the rest read the new version's
+    rows. Across a compaction the delta cannot be replayed: the lookup diffs the versions."""
+    from daskhps.sharding import ShardMap
+    from tests.serve.helpers import SHARDS
+
+    keys = torch.arange(1000, 1400, dtype=torch.int64)
+    train_commit(tmp_path, keys, "v1", seed=1)
+    removed = keys[::3]
+    owner = ShardMap(SHARDS, 2).worker(removed)
+    for r in range(2):
+        path = tmp_path / SPEC.name / f"rank-{r}"
+        with EmbeddingTable.open(SPEC, path, device_rows=100_000) as t:
+            assert t.remove(removed[owner == r]) == int((owner == r).sum())
+            if compact:
+                t.store.compact(min_stale=0.01)
+            t.commit("v2")
+    v1, v2 = version(tmp_path, "v1"), version(tmp_path, "v2")
+    with ServingLookup(v1, device_rows=2000, full_rows=True) as lk:
+        lk.lookup(keys)  # every row cached, the removed ones too
+        report = lk.refresh(v2)
+        # across the compaction the deletion records are gone: the segment sets are diffed
+        assert report.how == ("diff" if compact else "replay")
+        after = lk.lookup(keys)
+    assert np.array_equal(bits(after), bits(reference_rows(v2, keys)))
+    assert np.array_equal(bits(after[::3]), bits(initial_rows(SPEC, removed)))
+    assert not np.array_equal(bits(reference_rows(v1, removed)), bits(initial_rows(SPEC, removed)))
