@@ -104,6 +104,8 @@ def _day(out: Path, name: str) -> dict[str, Any]:
     assert current is not None
     ckpt = load_checkpoint(out / name / "versions" / current.name)
     info = describe_checkpoint(ckpt)
+    if any(s["store_rows"] is None for s in info["shards"]):
+        raise SystemExit(f"{name}: the stores of {current.name} did not open: {info['damage']}")
     attempt = sorted((out / name / "attempts").iterdir())[-1]
     lines = [json.loads(x) for x in (attempt / "metrics.jsonl").read_text().splitlines()]
     passes = [x for x in lines if "pass" in x]

@@ -1,4 +1,5 @@
-"""The ``retrain`` section: the guard a candidate must pass to be published."""
+"""The ``retrain`` section: the guard a candidate must pass to be published, and how many
+published versions stay."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from daskhps.config._context import Ctx
-from daskhps.config._options import Options, validate
+from daskhps.config._options import Int, Options, validate
 
 __all__ = ["RetrainConfig"]
 
@@ -24,6 +25,8 @@ class RetrainConfig(Options):
     """... and logloss rises at most this much (null: no check)."""
     min_auc: float | None = Field(None, ge=0.0, le=1.0)
     """... and AUC is at least this (null: no check)."""
+    keep_versions: Int | None = Field(None, ge=1)
+    """Published versions kept after a publish (and CURRENT, and any served); null: all."""
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> RetrainConfig:

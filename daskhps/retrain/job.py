@@ -30,6 +30,7 @@ from daskhps.retrain.errors import VersionNotFoundError
 from daskhps.retrain.guard import judge
 from daskhps.retrain.lock import RetrainLock
 from daskhps.retrain.publish import freeze_version
+from daskhps.retrain.retention import after_publish
 from daskhps.retrain.versions import Attempt, Registry, Version
 
 __all__ = ["Outcome", "describe_versions", "registry_of", "retrain", "rollback"]
@@ -177,10 +178,17 @@ def retrain(
             created=time.time(),
         )
         registry.publish(version, dataclasses.replace(attempt, version=version.name))
+        removed = after_publish(registry, config.retrain.keep_versions)
+        gone = (
+            f" Removed {', '.join(removed)} (retrain.keep_versions: "
+            f"{config.retrain.keep_versions})."
+            if removed
+            else ""
+        )
         return Outcome(
             ExitCode.PUBLISHED,
             f"published {version.name} ({verdict.explain()}). Scores {scores}. "
-            f"Checkpoint {version.checkpoint}",
+            f"Checkpoint {version.checkpoint}.{gone}",
             version,
             plan,
         )
@@ -209,6 +217,11 @@ def rollback(config: RunConfig, name: str) -> Outcome:
     with RetrainLock(Path(config.run.dir)):
         registry = registry_of(config)
         target = registry.get(name)
+        if registry.removed(name):
+            raise VersionNotFoundError(
+                f"version {name} was removed by retrain.keep_versions (its folder and its "
+                "commit are gone); choose a version `--versions` lists"
+            )
         _check_restorable(target)
         previous, now = registry.rollback(name)
         was = previous.name if previous else "none"
@@ -227,6 +240,8 @@ def describe_versions(config: RunConfig) -> str:
     current = registry.current()
     lines = ["   version  parent   trained through  scored on   auc      logloss  created"]
     for v in registry.versions():
+        if registry.removed(v.name):
+            continue  # keep_versions removed it: nothing of it is left to serve
         mark = "*" if current and v.name == current.name else " "
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created))
         lines.append(

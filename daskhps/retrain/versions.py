@@ -215,6 +215,16 @@ class Registry:
         self._write(data)
         self._set_current(version.name)
 
+    def mark_removed(self, name: str) -> None:
+        """Record that version ``name``'s folder and commit are gone (``keep_versions``)."""
+        data = self._read()
+        data["events"].append({"time": time.time(), "action": "remove", "version": name})
+        self._write(data)
+
+    def removed(self, name: str) -> bool:
+        """Whether version ``name`` was removed by the retention rule."""
+        return any(e.get("action") == "remove" and e.get("version") == name for e in self.events())
+
     def rollback(self, name: str) -> tuple[Version | None, Version]:
         """Make the published version ``name`` current again; returns (previous, now)."""
         target = self.get(name)

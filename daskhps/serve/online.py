@@ -37,6 +37,7 @@ import torch
 
 from daskhps.data.schema import Schema
 from daskhps.errors import DaskHPSError
+from daskhps.retrain.retention import ServingLease
 from daskhps.retrain.versions import Registry, registry_folder
 from daskhps.serve.lookup import PreparedRefresh
 from daskhps.serve.score import CacheSizes, Scorer
@@ -81,6 +82,13 @@ class ModelSource:
             )
         return Published(version.name, Path(version.checkpoint))
 
+    def lease(self, published: Published) -> ServingLease | None:
+        """Hold ``published`` against retention (``retrain.keep_versions``) while it is loaded
+        and served; None for a fixed checkpoint."""
+        if self.registry is None:
+            return None
+        return ServingLease(self.registry.folder, published.version)
+
     def load(self, published: Published) -> Servable:
         servable = load_servable(published.checkpoint or self.path)
         check_stores(servable.table, str(self.path))
@@ -97,6 +105,7 @@ class Prepared:
     refresh: PreparedRefresh | None  # the same table: its stores opened beside, the delta
     scorer: Scorer | None  # a whole new view: the table or the model is another
     seconds: float
+    lease: ServingLease | None = None  # held from before it was loaded
 
 
 @dataclass(frozen=True)
@@ -124,8 +133,14 @@ class OnlineModel:
         self.sizes = sizes
         self.batch_size = batch_size
         self.published = source.current()
-        servable = source.load(self.published)
-        self.scorer = Scorer(servable, sizes, batch_size)
+        self._lease = source.lease(self.published)  # before loading: retention waits for it
+        try:
+            servable = source.load(self.published)
+            self.scorer = Scorer(servable, sizes, batch_size)
+        except BaseException:
+            if self._lease is not None:
+                self._lease.release()
+            raise
         self.version = _label(self.published, servable)
 
     @property
@@ -146,6 +161,15 @@ class OnlineModel:
     def prepare(self, published: Published) -> Prepared:
         """Load ``published`` beside the served view (nothing served changes)."""
         t = time.perf_counter()
+        lease = self.source.lease(published)
+        try:
+            return self._prepare(published, lease, t)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+
+    def _prepare(self, published: Published, lease: ServingLease | None, t: float) -> Prepared:
         servable = self.source.load(published)
         old = self.scorer.servable
         same = (
@@ -161,7 +185,7 @@ class OnlineModel:
         else:
             scorer = Scorer(servable, self.sizes, self.batch_size)
             model = scorer.model
-        return Prepared(published, servable, model, refresh, scorer, time.perf_counter() - t)
+        return Prepared(published, servable, model, refresh, scorer, time.perf_counter() - t, lease)
 
     def swap(self, prepared: Prepared) -> Swap:
         """Serve ``prepared`` from the next request on (call between two requests)."""
@@ -180,6 +204,9 @@ class OnlineModel:
             how, changed = report.how, report.changed_keys
         self.published = prepared.published
         self.version = _label(prepared.published, prepared.servable)
+        if self._lease is not None:  # the old version may go now
+            self._lease.release()
+        self._lease = prepared.lease
         pause = time.perf_counter() - t
         log.info(
             "now serving %s (was %s): %s, %s changed keys, prepared in %.2f s, requests held "
@@ -195,3 +222,5 @@ class OnlineModel:
 
     def close(self) -> None:
         self.scorer.close()
+        if self._lease is not None:
+            self._lease.release()

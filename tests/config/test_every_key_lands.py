@@ -328,6 +328,19 @@ def expired_keys(b: Built) -> list[int]:
     return sorted(before - after)[::15]
 
 
+def versions_removed(b: Built) -> list[str]:
+    """Which of four published versions (v000004 current) the retention step removes."""
+    from daskhps.retrain.retention import after_publish
+    from daskhps.retrain.versions import Attempt, Registry, Version
+
+    reg = Registry(b.tmp / "versions")
+    for i in range(1, 5):
+        name = f"v{i:06d}"
+        v = Version(name, str(b.tmp / name), f"version-{name}", str(b.tmp), None, (), "d", "d")
+        reg.publish(v, Attempt(name, None, (), "d", "published", version=name))
+    return after_publish(reg, b.cfg.retrain.keep_versions)
+
+
 def device_rows(b: Built) -> int:
     return int(b.table.device_cache.capacity_rows)
 
@@ -775,6 +788,12 @@ LANDINGS: dict[str, Landing] = {
     "retrain.max_auc_drop": L("the publish guard", guard, "retrain.max_auc_drop=0.05"),
     "retrain.max_logloss_rise": L("the publish guard", guard, "retrain.max_logloss_rise=0.01"),
     "retrain.min_auc": L("the publish guard", guard, "retrain.min_auc=0.8"),
+    "retrain.keep_versions": L(
+        "the retention step after a publish",
+        versions_removed,
+        "retrain.keep_versions=2",
+        expect=["v000001", "v000002"],
+    ),
 }
 
 

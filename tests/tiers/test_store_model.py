@@ -182,6 +182,15 @@ class StoreMachine(RuleBasedStateMachine):
         self._forget_reader_if_gone()
         self.no_attached_folder_outlives_its_commits()
 
+    @rule(name=st.sampled_from(NAMES))
+    def drop_named(self, name: str) -> None:
+        """A retention rule drops one commit by name, old or new; the others stay."""
+        dropped = self.writer.drop_named([name])
+        assert [c.name for c in dropped] == ([name] if name in self.commits else [])
+        self.commits.pop(name, None)
+        self._forget_reader_if_gone()
+        self.no_attached_folder_outlives_its_commits()
+
     # -- a reader that moves to a later commit -------------------------------------------
 
     def _forget_reader_if_gone(self) -> None:

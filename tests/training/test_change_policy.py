@@ -97,6 +97,7 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "retrain.max_auc_drop": (False, True),
     "retrain.max_logloss_rise": (False, True),
     "retrain.min_auc": (False, True),
+    "retrain.keep_versions": (False, True),
     "run.dir": (True, True),
     "run.name": (True, True),
     "run.quiet": (True, True),

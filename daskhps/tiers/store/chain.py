@@ -308,6 +308,17 @@ class CommitLog:
         self.manifests = [m for m in self.manifests if m.seq in kept]
         return dropped
 
+    def forget(self, names: set[str]) -> list[Manifest]:
+        """Delete the manifests of the commits called ``names`` (any age); returns them. Their
+        files stay: see :meth:`garbage`."""
+        dropped = [m for m in self.manifests if m.name in names]
+        for m in dropped:
+            m.path.unlink(missing_ok=True)
+        if dropped:
+            fsync_dir(self.folder.commits)
+        self.manifests = [m for m in self.manifests if m.name not in names]
+        return dropped
+
     def garbage(self, live: Chain) -> Garbage:
         """Segments and snapshots on disk that no kept commit and no live row uses."""
         # The live state needs only refs: after a compaction the replay list is stale, and the

@@ -10,6 +10,7 @@ Everything a reader does, plus::
                   to replay (chain.py); the manifest last, by atomic rename
     compact       live rows of wasteful segments into new ones (compaction.py); garbage deleted
     drop_commits  keep the newest commits (chain.py); garbage deleted
+    drop_named    delete the commits of some names, whatever their age; garbage deleted
 
 Nothing on disk is modified in place: every write appends a segment, so any earlier commit can
 be reopened and a crash never damages committed state. Writes since the last :meth:`commit`
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -323,6 +324,16 @@ class StoreWriter(StoreReader):
         self._check_writable("drop_commits")
         self._seal()
         dropped = self._log.drop(keep)
+        self._collect_garbage()
+        return [m.info for m in dropped]
+
+    def drop_named(self, names: Sequence[str]) -> list[CommitInfo]:
+        """Delete the commits called ``names`` wherever they are in the history (a retention
+        rule's old versions), then the files no kept commit and no live row uses. The open
+        state is not a commit and stays; names not there are ignored."""
+        self._check_writable("drop_named")
+        self._seal()
+        dropped = self._log.forget(set(names))
         self._collect_garbage()
         return [m.info for m in dropped]
 
