@@ -2,7 +2,8 @@
 same retraining without them, day by day.
 
     python scripts/bench_lifecycle.py [--json] [--days 14] [--rows-per-day 40000]
-        [--drift 0.1] [--one-off 0.3] [--min-count 2] [--ttl-days 3] [--out DIR]
+        [--drift 0.1] [--one-off 0.3] [--min-count 2] [--ttl-days 3] [--keep-versions 2]
+        [--out DIR]
 
 Generates ``days + 1`` days of drifting synthetic logs once (``daskhps generate --drift RATE
 --one-off SHARE``: each day a share of every slot's popular keys is replaced by new ones, and a
@@ -10,7 +11,8 @@ share of the values are keys that occur once), then runs ``daskhps retrain`` onc
 for two configurations on the same logs, each in its own run folder:
 
 - ``unbounded``: every key gets a row and keeps it;
-- ``bounded``: ``table.admission.min_count`` and ``table.expiry.ttl_days``.
+- ``bounded``: ``table.admission.min_count``, ``table.expiry.ttl_days`` and
+  ``retrain.keep_versions``.
 
 Every retraining run trains on the newest day from the published version and scores the
 candidate on the day after (progressive validation); the guard is opened wide
@@ -75,6 +77,7 @@ def _settings(args: argparse.Namespace, out: Path, name: str) -> list[str]:
     if name == "bounded":
         common["table.admission.min_count"] = str(args.min_count)
         common["table.expiry.ttl_days"] = str(args.ttl_days)
+        common["retrain.keep_versions"] = str(args.keep_versions)
     return [f"--set={k}={v}" for k, v in common.items()]
 
 
@@ -181,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--one-off", type=float, default=0.3, help="data.generate.one_off")
     ap.add_argument("--min-count", type=int, default=2, help="table.admission.min_count")
     ap.add_argument("--ttl-days", type=int, default=3, help="table.expiry.ttl_days")
+    ap.add_argument("--keep-versions", type=int, default=2, help="retrain.keep_versions")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=None, help="working folder (default: a temporary one)")
     args = ap.parse_args(argv)
