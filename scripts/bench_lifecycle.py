@@ -149,7 +149,7 @@ def plot(days: dict[str, list[dict[str, Any]]], path: Path) -> None:
             return ox + pad + j / max(n - 1, 1) * (w - pad - 10)
 
         def sy(y: float, lo: float = lo, hi: float = hi) -> float:
-            return h - pad + 20 - (y - lo) / (hi - lo) * (h - pad - 10)
+            return 20 + (h - pad - 10) * (1 - (y - lo) / (hi - lo))  # inside the frame
 
         out.append(f'<text x="{ox + pad}" y="14">{title}</text>')
         out.append(

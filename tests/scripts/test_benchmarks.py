@@ -235,3 +235,17 @@ def test_bench_gpu_refuses_a_device_it_cannot_use_in_one_line(device: str, says:
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], res.stdout + res.stderr
     assert not res.stderr.strip()  # no traceback
+
+
+@pytest.mark.slow
+def test_bench_lifecycle_quick(tmp_path: Path) -> None:
+    """One retraining day of each configuration: the figures and the plot are there, and the
+    bounded table is the smaller one."""
+    sizes = ["--days", "1", "--rows-per-day", "2000", "--workers", "1"]
+    recs = run_script("bench_lifecycle.py", "--out", str(tmp_path), *sizes, timeout=600)
+    by_name = {r["name"].split(",")[0]: r for r in recs}
+    assert 0 < by_name["last-day table rows"]["ratio"] < 1
+    assert abs(by_name["last-day AUC"]["value"]) < 0.5
+    assert (tmp_path / "lifecycle.svg").read_text().count("<polyline") == 6
+    days = json.loads((tmp_path / "lifecycle.json").read_text())["days"]
+    assert days["bounded"][0]["pending_keys"] > 0 == days["unbounded"][0]["pending_keys"]
