@@ -223,7 +223,10 @@ class WorkerShards:
             t.freeze(torch.from_numpy(nkeys[~ok]))
             # sorted: an owner partition is in (virtual shard, key) order, not key order
             self._admitting[table] = _PassAdmission(held=np.sort(nkeys[~ok]))
-            return {"admitted": int(ok.sum()), "held_back": int((~ok).sum())}
+            out = {"admitted": int(ok.sum()), "held_back": int((~ok).sum())}
+        if self.monitor is not None:
+            self.monitor.note_admitted(table, out["admitted"])
+        return out
 
     def record_seen(self, table: str, keys: Any) -> None:
         """Count a pass's owner partition (columns ``key``, ``count``, ``day``) once it
@@ -249,6 +252,8 @@ class WorkerShards:
                 counts = counts + torch.from_numpy(pending.pop(k.numpy()))
             t.record_seen(k, counts, days)
             t.thaw()
+        if self.monitor is not None:
+            self.monitor.note_pending(table, len(pending))
 
     def expire(self, table: str, today: int) -> dict[str, int]:
         """The day boundary of log day ``today`` (a ``last_day`` number; the pass that ends it
@@ -263,7 +268,9 @@ class WorkerShards:
             pending = self.pending[table]
             stale = self.expiry.stale(pending.stats[:, 1], today)
             pending.pop(pending.keys[stale])
-            return {"expired": removed, "pending_expired": int(stale.sum())}
+        if self.monitor is not None:
+            self.monitor.note_expired(table, removed, len(pending))
+        return {"expired": removed, "pending_expired": int(stale.sum())}
 
     def unpin(self, table: str) -> None:
         with self.locked(table) as t:

@@ -7,6 +7,8 @@
                   worker.metrics["daskhps_<table>_<figure>"] = callback   (Workers table)
                   the process's prometheus collector lists this worker    (/metrics)
       stage ──► note_staged(table, report)     unpin ──► note_unpinned(table)
+      admit ──► note_admitted(table, n)        count ──► note_pending(table, n)
+      expire ──► note_expired(table, n, pending)
       stats ──► update(table, stats, store_rows)    (full stats, under the lock it holds)
       teardown ──► unregister(worker)
 
@@ -50,6 +52,9 @@ class TableFigures:
     store_written_per_s: float = 0.0
     pinned_rows: int = 0
     rows_staged: int = 0  # cumulative, every stage() call
+    rows_admitted: int = 0  # cumulative: keys admission gave a row (table.admission)
+    rows_expired: int = 0  # cumulative: rows expiry removed (table.expiry)
+    pending_keys: int = 0  # keys seen and not admitted yet, now
 
     @property
     def hit_rate(self) -> dict[str, float]:
@@ -70,6 +75,9 @@ class TableFigures:
         out["store_rows_written_per_s"] = round(self.store_written_per_s, 1)
         out["rows_staged"] = self.rows_staged
         out["pinned_rows"] = self.pinned_rows
+        out["rows_admitted"] = self.rows_admitted
+        out["rows_expired"] = self.rows_expired
+        out["pending_keys"] = self.pending_keys
         return out
 
 
@@ -136,6 +144,23 @@ class ShardMetrics:
         with self._lock:
             self._figures[table].pinned_rows = 0
 
+    def note_admitted(self, table: str, admitted: int) -> None:
+        """Count the keys a pass admitted."""
+        with self._lock:
+            self._figures[table].rows_admitted += int(admitted)
+
+    def note_pending(self, table: str, pending: int) -> None:
+        """The keys waiting for admission now (a pass was counted)."""
+        with self._lock:
+            self._figures[table].pending_keys = int(pending)
+
+    def note_expired(self, table: str, expired: int, pending: int) -> None:
+        """Count the rows a day boundary removed; ``pending``: keys waiting after it."""
+        with self._lock:
+            f = self._figures[table]
+            f.rows_expired += int(expired)
+            f.pending_keys = int(pending)
+
     def update(self, table: str, stats: dict[str, Any], store_rows: int) -> None:
         """Take ``EmbeddingTable.stats()`` of ``table`` (read by a caller holding its lock)."""
         sizes = {
@@ -144,6 +169,9 @@ class ShardMetrics:
             for s in [stats.get(t, {})]
         }
         store = stats.get("store", {})
+        if "pending" in stats:
+            with self._lock:
+                self._figures[table].pending_keys = int(stats["pending"]["keys"])
         self._put(table, sizes, store_rows, store)
 
     def _put(
@@ -341,7 +369,22 @@ class _Collector:
             "pass": GaugeMetricFamily(
                 "daskhps_pass", "Index of the pass training now (-1: none yet)", labels=["worker"]
             ),
+            "pending": GaugeMetricFamily(
+                "daskhps_pending_keys",
+                "Keys seen and not admitted yet (table.admission)",
+                labels=["worker", "table"],
+            ),
         }
+        admitted = CounterMetricFamily(
+            "daskhps_rows_admitted",
+            "Keys admission gave a row (table.admission)",
+            labels=["worker", "table"],
+        )
+        expired = CounterMetricFamily(
+            "daskhps_rows_expired",
+            "Rows expiry removed at day boundaries (table.expiry)",
+            labels=["worker", "table"],
+        )
         staged = CounterMetricFamily(
             "daskhps_rows_staged", "Rows staged into the device tier", labels=["worker", "table"]
         )
@@ -366,11 +409,16 @@ class _Collector:
                 g["read"].add_metric([w, table], f.store_read_per_s)
                 g["written"].add_metric([w, table], f.store_written_per_s)
                 g["pinned"].add_metric([w, table], f.pinned_rows)
+                g["pending"].add_metric([w, table], f.pending_keys)
                 staged.add_metric([w, table], f.rows_staged)
+                admitted.add_metric([w, table], f.rows_admitted)
+                expired.add_metric([w, table], f.rows_expired)
             for (_, stage), s in sorted(stage_seconds(w).items()):
                 seconds.add_metric([w, stage], s)
         yield from g.values()
         yield staged
+        yield admitted
+        yield expired
         yield rows_from
         yield seconds
 

@@ -149,3 +149,39 @@ def test_prometheus_lists_the_worker_then_forgets_it(tmp_path):
     h2.teardown(w)
     assert not [k for k in w.metrics if k.startswith("daskhps_")]
     assert ADDRESS not in generate_latest(REGISTRY).decode()
+
+
+def test_admitted_and_expired_rows_and_pending_keys_are_counted(tmp_path):
+    """A shard with admission (min_count 2) and expiry (ttl 1 day): the Workers table and
+    /metrics count the keys admitted, the rows expired and the keys waiting."""
+    import pandas as pd
+
+    from daskhps.table.admission import AdmissionRule
+    from daskhps.table.expiry import ExpiryRule
+
+    shards = WorkerShards(
+        [SPEC],
+        tmp_path,
+        TierSizing(device_rows=500, host_bytes=0),
+        admission=AdmissionRule(min_count=2),
+        expiry=ExpiryRule(ttl_days=1),
+    )
+    h = RunHost("t", [ADDRESS], shards)
+    w = _worker()
+    h.setup(w)
+    assert h.shards is not None
+    h.shards.open()
+    keys = torch.arange(100)
+    day1 = pd.DataFrame({"key": keys.numpy(), "count": keys.numpy() % 2 + 1, "day": 700})
+    h.shards.stage("clicks", keys)
+    h.shards.admit("clicks", day1)  # the 50 odd keys occurred twice
+    h.shards.record_seen("clicks", day1)
+    h.shards.unpin("clicks")
+    assert _value(w, "rows_admitted") == 50 and _value(w, "pending_keys") == 50
+    h.shards.expire("clicks", 701)  # a day later, none seen on day 701
+    assert _value(w, "rows_expired") == 50 and _value(w, "pending_keys") == 0
+    text = generate_latest(REGISTRY).decode()
+    assert f'daskhps_rows_admitted_total{{table="clicks",worker="{ADDRESS}"}} 50.0' in text
+    assert f'daskhps_rows_expired_total{{table="clicks",worker="{ADDRESS}"}} 50.0' in text
+    assert f'daskhps_pending_keys{{table="clicks",worker="{ADDRESS}"}} 0.0' in text
+    h.teardown(w)
