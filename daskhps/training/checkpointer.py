@@ -81,6 +81,7 @@ class Checkpointer:
         self.days = list(days or [])
         self.plan = plan  # identifies the plan's input; a resume checks it
         self.replica = replica
+        self.lifecycle: dict[str, dict[str, int]] = {}  # the trainer's, per log day
 
     def due(self, pos: Position) -> bool:
         return self.config.checkpoint.due(pos.passes_done, pos.passes_done == pos.total_passes)
@@ -209,6 +210,7 @@ class Checkpointer:
             "days": self.days,
             "plan": self.plan,
             "shards": shards,
+            "lifecycle": self.lifecycle,
         }
 
     def prune(self) -> list[str]:

@@ -95,6 +95,7 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
         "seconds": ckpt.seconds,
         "shards": shards,
         "rows": sum(s["store_rows"] or 0 for s in shards),
+        "lifecycle": dict(ckpt.lifecycle),
         "pending_keys": (
             None
             if all(s["pending_keys"] is None for s in shards)
@@ -211,6 +212,14 @@ def render(info: dict[str, Any]) -> str:
             f"{_size(c['store_bytes'])} on disk"
             + (f" ({_size(added)} added)" if added is not None else "")
         )
+        if c.get("lifecycle"):
+            lines.append(
+                "  keys admitted / rows expired per day: "
+                + ", ".join(
+                    f"{day} +{v['admitted']:,} / -{v['expired']:,}"
+                    for day, v in sorted(c["lifecycle"].items())
+                )
+            )
         for s in c["shards"]:
             if s["store_rows"] is not None:
                 store = f"{s['store_rows']:,} rows"

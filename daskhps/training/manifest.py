@@ -56,6 +56,8 @@ class CheckpointManifest:
     plan: dict[str, Any] | None = None  # identifies the plan's input; a resume checks it
     shards: list[dict[str, Any]] = field(default_factory=list)  # per rank: tier rows, bytes
     seconds: float | None = None  # to write it, all but the manifest
+    # per log day of the run so far: keys admitted and rows expired (table.admission, .expiry)
+    lifecycle: dict[str, dict[str, int]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

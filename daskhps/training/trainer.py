@@ -50,7 +50,7 @@ from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
 from daskhps.sharding import ShardMap
 from daskhps.table import TableSpec
-from daskhps.table.stats import NO_DAY
+from daskhps.table.stats import NO_DAY, day_of
 from daskhps.training import resume as resuming
 from daskhps.training import rundir, worker
 from daskhps.training.checkpoint import (
@@ -588,6 +588,9 @@ class Trainer:
             and not checkpointer.replica.has_checkpoint(ckpt.name)
         ):
             checkpointer.replicate(ckpt)  # a copy that failed or began with this resume
+        if ckpt is not None and self.warm_start is None:  # a resume: the days so far
+            checkpointer.lifecycle = {d: dict(v) for d, v in ckpt.lifecycle.items()}
+        last_day = [span[1] if span else None for span in begun.plan.pass_days()]
         progress = PassProgress(
             client,
             self.run_id,
@@ -610,6 +613,7 @@ class Trainer:
                 rec.seconds["count"] = active.record_seen(ctx)
                 if active.position in begun.day_ends:  # a log day ends: rows expire
                     rec.expiry = active.expire(ctx, begun.day_ends[active.position])
+                _note_lifecycle(checkpointer.lifecycle, rec, last_day[active.spec.index])
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
                 step += active.spec.num_batches
@@ -805,6 +809,17 @@ class Trainer:
             ),
             "restarts": result.restarts,
         }
+
+
+def _note_lifecycle(lifecycle: dict[str, dict[str, int]], rec: PassRecord, day: int | None) -> None:
+    """Add a pass's admitted keys (to the last log day of its rows) and expired rows (to the
+    day that ended) to the run's figures per day (checkpoints and ``inspect`` show them)."""
+    if rec.admission and day is not None:
+        per = lifecycle.setdefault(day_of(day) or "", {"admitted": 0, "expired": 0})
+        per["admitted"] += int(rec.admission["admitted"])
+    if rec.expiry and rec.expiry.get("day"):
+        per = lifecycle.setdefault(rec.expiry["day"], {"admitted": 0, "expired": 0})
+        per["expired"] += int(rec.expiry["expired"])
 
 
 def _refuse_damaged_stores(ckpt: Checkpoint) -> None:

@@ -20,6 +20,7 @@ from daskhps.sharding import shard_of
 from daskhps.table import EmbeddingTable
 from daskhps.table.read_path import initial_rows
 from daskhps.tiers.store.check import StoreChecker
+from daskhps.training.inspection import describe, render
 from tests._clusters import SharedClusters
 from tests._runs import cli_here
 from tests.training.test_admission_e2e import _pending
@@ -58,23 +59,26 @@ def _day_counts(logs: Path) -> list[pd.Series]:
 
 def _model(
     logs: Path, *, ttl: int | None, min_count: int, max_rows: int | None, shards: int
-) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]], int]:
-    """Rows and pending counts (key -> (count, last day)) after every day, day by day, and
-    the rows expired in all."""
+) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]], int, dict[str, tuple[int, int]]]:
+    """Rows and pending counts (key -> (count, last day)) after every day, day by day, the
+    rows expired in all, and the keys admitted and rows expired on each day."""
     rows: dict[int, tuple[int, int]] = {}
     pending: dict[int, tuple[int, int]] = {}
     expired = 0
+    per_day: dict[str, tuple[int, int]] = {}  # day -> (keys admitted, rows expired)
     days = [
         date.fromisoformat(p.name.removeprefix("day=")).toordinal()
         for p in sorted(logs.glob("day=*"))
     ]
     for d, counts in zip(days, _day_counts(logs), strict=True):
+        admitted = 0
         for k, c in counts.items():
             if k in rows:
                 rows[k] = (rows[k][0] + c, d)
             else:
                 total = pending.pop(k, (0, 0))[0] + c
                 (rows if total >= min_count else pending)[k] = (total, d)
+                admitted += total >= min_count
         gone = {k for k, (_, last) in rows.items() if ttl is not None and last <= d - ttl}
         if max_rows is not None:
             share = -(-max_rows // shards)
@@ -86,15 +90,16 @@ def _model(
                 ks.sort(key=lambda k: (rows[k][0], rows[k][1], k), reverse=True)
                 gone.update(ks[share:])
         expired += len(gone)
+        per_day[date.fromordinal(d).isoformat()] = (admitted, len(gone))
         for k in gone:
             del rows[k]
         for k in [k for k, (_, last) in pending.items() if ttl is not None and last <= d - ttl]:
             del pending[k]
-    return rows, pending, expired
+    return rows, pending, expired, per_day
 
 
-def _check(cfg: Any, workers: int, result: Any, want: tuple[dict, dict, int]) -> None:
-    rows, pending, expired = want
+def _check(cfg: Any, workers: int, result: Any, want: tuple[dict, dict, int, dict]) -> None:
+    rows, pending, expired, per_day = want
     spec = cfg.table_spec()
     got = _rows(cfg, workers)
     assert sorted(got) == sorted(rows)
@@ -111,6 +116,13 @@ def _check(cfg: Any, workers: int, result: Any, want: tuple[dict, dict, int]) ->
     assert sum(e["expired"] for e in ends) == expired
     for path in stores:
         assert StoreChecker(verify=True).check(path).ok
+    # inspect: keys admitted and rows expired per day, from the last checkpoint
+    info = describe(cfg.run.dir)["checkpoints"][-1]
+    admits = cfg.table.admission.min_count > 1
+    per_day = {day: (a if admits else 0, e) for day, (a, e) in per_day.items()}
+    got_days = {day: (v["admitted"], v["expired"]) for day, v in info["lifecycle"].items()}
+    assert got_days == per_day
+    assert "keys admitted / rows expired per day" in render(describe(cfg.run.dir))
 
 
 def test_rows_unseen_for_ttl_days_leave_the_table(
