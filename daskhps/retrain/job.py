@@ -239,8 +239,9 @@ def describe_versions(config: RunConfig) -> str:
     registry = registry_of(config)
     current = registry.current()
     lines = ["   version  parent   trained through  scored on   auc      logloss  created"]
+    removed = registry.removed_names()
     for v in registry.versions():
-        if registry.removed(v.name):
+        if v.name in removed:
             continue  # keep_versions removed it: nothing of it is left to serve
         mark = "*" if current and v.name == current.name else " "
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created))
@@ -251,6 +252,8 @@ def describe_versions(config: RunConfig) -> str:
         )
     if len(lines) == 1:
         lines.append("   (none published)")
+    if removed:
+        lines.append(f"   removed by retrain.keep_versions: {', '.join(sorted(removed))}")
     rejected = [a for a in registry.attempts() if a.outcome != "published"][-5:]
     if rejected:
         lines.append("recent attempts not published:")

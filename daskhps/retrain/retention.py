@@ -105,7 +105,8 @@ def prune_versions(registry: Registry, keep: int) -> list[str]:
     """Remove every published version but the newest ``keep``, ``CURRENT`` and those being
     served (see the module docstring); returns the names removed, oldest first."""
     current = registry.current()
-    live = [v for v in registry.versions() if not registry.removed(v.name)]
+    gone = registry.removed_names()
+    live = [v for v in registry.versions() if v.name not in gone]
     kept = {v.name for v in live[-keep:]} | ({current.name} if current else set())
     removed: list[str] = []
     for v in live:

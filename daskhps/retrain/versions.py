@@ -221,9 +221,13 @@ class Registry:
         data["events"].append({"time": time.time(), "action": "remove", "version": name})
         self._write(data)
 
+    def removed_names(self) -> set[str]:
+        """The versions the retention rule removed."""
+        return {str(e.get("version")) for e in self.events() if e.get("action") == "remove"}
+
     def removed(self, name: str) -> bool:
         """Whether version ``name`` was removed by the retention rule."""
-        return any(e.get("action") == "remove" and e.get("version") == name for e in self.events())
+        return name in self.removed_names()
 
     def rollback(self, name: str) -> tuple[Version | None, Version]:
         """Make the published version ``name`` current again; returns (previous, now)."""
