@@ -232,7 +232,7 @@ def main() -> None:
     args = ap.parse_args()
     rep = Reporter(args.json)
     rows_a_day = args.rows or (20_000 if args.quick else 200_000)
-    seconds = 1.0 if args.quick else 8.0
+    seconds = 0.5 if args.quick else 8.0
     count = 20 if args.quick else 400
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or tmp)

@@ -16,6 +16,8 @@ import torch
 
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.serve import load_servable
+from daskhps.serve.export import KEYS, export_model
 from daskhps.sharding import shard_of
 from daskhps.table import EmbeddingTable
 from daskhps.table.read_path import initial_rows
@@ -151,6 +153,9 @@ def test_rows_unseen_for_ttl_days_leave_the_table(
     with EmbeddingTable.open(spec, path, device_rows=64, mode="r") as t:
         keys = torch.tensor(gone)
         assert torch.equal(t.peek(keys), initial_rows(spec, keys))
+    # an export holds exactly the rows that stayed: expired keys are absent, as unseen ones
+    export_model(load_servable(cfg.run.dir), tmp_path / "export")
+    assert sorted(np.load(tmp_path / "export" / KEYS).tolist()) == sorted(want[0])
 
 
 def test_max_rows_keeps_each_shards_most_frequent_rows(
