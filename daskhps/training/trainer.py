@@ -613,6 +613,7 @@ class Trainer:
                 rec.seconds["count"] = active.record_seen(ctx)
                 if active.position in begun.day_ends:  # a log day ends: rows expire
                     rec.expiry = active.expire(ctx, begun.day_ends[active.position])
+                    rec.seconds["expire"] = active.seconds["expire"]  # after train copied them
                 _note_lifecycle(checkpointer.lifecycle, rec, last_day[active.spec.index])
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)

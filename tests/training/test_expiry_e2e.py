@@ -112,6 +112,8 @@ def _check(cfg: Any, workers: int, result: Any, want: tuple[dict, dict, int, dic
     assert left.keys.tolist() == sorted(pending)
     assert [tuple(s) for s in left.stats.tolist()] == [pending[k] for k in sorted(pending)]
     ends = [line["expiry"] for line in result.passes if "expiry" in line]
+    # the stage's seconds reach the pass's record, as count's do
+    assert all("expire" in line["seconds"] for line in result.passes if "expiry" in line)
     assert [e["day"] for e in ends] == [
         p.name[4:] for p in sorted(Path(cfg.data.train.paths[0]).glob("day=*"))
     ]
