@@ -234,11 +234,16 @@ class EmbeddingTable:
         """Which of the staged ``keys`` have no row of the table yet: the device tier holds
         only their initial value (clean: never changed) and the store lacks them."""
         keys = check_keys(keys, self._where("without_rows")).to(self.device)
-        slots = self._staged_slots(keys, "without_rows")
-        out = ~self.device_cache.dirty_at(slots)
-        clean = out.nonzero().squeeze(1)
+        return ~self._has_row(self.device_cache, keys, self._staged_slots(keys, "without_rows"))
+
+    def _has_row(self, tier: Cache, keys: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Whether each key resident in ``tier`` (at ``slots``) holds a row of the table: one
+        changed since it was written down, or one the store has (a clean slot the store lacks
+        holds only an initial value). The store is asked about the clean ones only."""
+        out = tier.dirty_at(slots).clone()
+        clean = (~out).nonzero().squeeze(1)
         if len(clean):
-            out[clean] = ~self.store.contains(keys[clean].cpu()).to(self.device)
+            out[clean] = self.store.contains(keys[clean].cpu()).to(out.device)
         return out
 
     def freeze(self, keys: torch.Tensor) -> None:
@@ -267,9 +272,7 @@ class EmbeddingTable:
                 keys = tier.keys()  # read through slots: a scan must not count as a use
                 slots = tier.find_slots(keys)
                 resident.append(keys.cpu())
-                real = (tier.dirty_at(slots).cpu() | self.store.contains(keys.cpu())).to(
-                    slots.device
-                )
+                real = self._has_row(tier, keys, slots)
                 keys, slots = keys[real], slots[real]
                 parts.append((keys.cpu(), tier.rows.index_select(0, slots).cpu()))
         stored = self.store.keys()
