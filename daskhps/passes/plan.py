@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ import dask
 import numpy as np
 
 from daskhps.data.readers import ClickLog
+from daskhps.data.source import day_of
 from daskhps.errors import CapacityError, ConfigError
 from daskhps.passes.config import PassConfig
 from daskhps.passes.keys import pass_keys
@@ -164,12 +164,10 @@ class PassPlan:
         }
 
 
-_DAY = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
-
-
 def _day_number(path: str) -> int | None:
-    m = _DAY.search(path)
-    return dt.date.fromisoformat(m.group(1)).toordinal() if m else None
+    """The ``date.toordinal()`` of the ``day=`` folder of ``path``, or None."""
+    day = day_of(path)
+    return dt.date.fromisoformat(day).toordinal() if day else None
 
 
 def day_ends(days: Sequence[tuple[int, int] | None]) -> dict[int, int]:
