@@ -58,6 +58,21 @@ class FileLock:
         self._fd = fd
         return self
 
+    def check_free(self) -> None:
+        """Raise :meth:`refused`'s error when another process holds the lock; otherwise
+        return, having written nothing (a reader that must not change a folder it reads,
+        such as another run's stores)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # never locked
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise self.refused(_read_holder(fd)) from e
+        finally:
+            os.close(fd)  # drops the shared lock too
+
     def release(self) -> None:
         """Release the lock (idempotent). The file stays: deleting it would race with a
         caller that has opened it but not yet locked it."""

@@ -71,6 +71,9 @@ def run(
 ) -> int:
     """Run the job; returns the process exit code."""
     result = train(config, resume=resume, overwrite=overwrite, checkpoint=checkpoint)
+    if result.complete is not None:  # nothing trained: nothing to report or rewrite
+        print(result.complete, file=sys.stderr)
+        return 0
     final = result.final_eval
     ceiling = _ceiling(config)
     report = _report(result, ceiling)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -41,8 +42,14 @@ class RealCluster:
         nanny: bool = True,
         timeout_s: float = 60.0,
         tls: Any = None,
+        cwd: Path | None = None,
+        hide: Path | None = None,
     ) -> None:
         self.folder = Path(folder)
+        self.cwd = cwd  # the folder the workers start in (default: this process's)
+        # a folder the workers do not see: an empty tmpfs over it in a mount namespace of
+        # their own, as on a host without the driver's disk
+        self.hide = hide
         self.folder.mkdir(parents=True, exist_ok=True)
         self.threads, self.memory_limit, self.nanny = threads, memory_limit, nanny
         self.timeout_s = timeout_s
@@ -70,11 +77,18 @@ class RealCluster:
             self.close()
             raise
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 -- open while it runs
         self._logs.append(log)
         return subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env,
+            start_new_session=True,
+            cwd=cwd,
         )
 
     def _wait_scheduler(self) -> str:
@@ -95,7 +109,10 @@ class RealCluster:
                 "--nthreads", str(self.threads), "--memory-limit", self.memory_limit,
                 "--no-dashboard", "--local-directory", str(self.folder / f"worker-{i}"),
                 "--nanny" if self.nanny else "--no-nanny", *self._tls_args()]  # fmt: skip
-        self.workers.append(self._spawn(f"worker-{i}", argv))
+        if self.hide is not None:
+            mount = f'mount -t tmpfs none {shlex.quote(str(self.hide))} && exec "$@"'
+            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
+        self.workers.append(self._spawn(f"worker-{i}", argv, self.cwd))
         if wait:
             self.wait_for_workers(self.alive())
 

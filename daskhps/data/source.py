@@ -139,7 +139,9 @@ def resolve_files(
     days: tuple[str, str] | None = None,
     require_complete: bool = False,
 ) -> list[str]:
-    """Every data file under ``paths`` (files, directories or globs), sorted.
+    """Every data file under ``paths`` (files, directories or globs), sorted, as absolute
+    paths: a relative path means the same on the process that resolves it (the driver) and
+    on every worker, whatever folder a worker was started in.
 
     Raises :class:`DataError` when nothing matches, naming the paths and the filters.
     """
@@ -156,7 +158,7 @@ def resolve_files(
             matches = [p]
         else:
             matches = []
-        found.update(m for m in matches if os.path.isfile(m) and _is_data(m))
+        found.update(os.path.abspath(m) for m in matches if os.path.isfile(m) and _is_data(m))
     files = sorted(found)
     why = ""
     if days is not None:

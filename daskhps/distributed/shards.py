@@ -295,7 +295,10 @@ class WorkerShards:
                 out[name] = t.flush()
         return out
 
-    def commit(self, name: str, meta: dict[str, Any] | None = None) -> dict[str, str]:
+    def commit(self, name: str, meta: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+        """Commit every table's store as ``name``; per table, what identifies that commit
+        (``name``, ``seq``, ``time``, ``rows``): a checkpoint records it, so a commit of the
+        same name written later (by another run sharing the stores) is told apart."""
         out = {}
         for table in self.tables:
             with self.locked(table) as t:
@@ -307,7 +310,13 @@ class WorkerShards:
                 carried = bool(t.store.attached_names) or (pending is not None and len(pending))
                 attach = pending.arrays() if pending is not None and carried else None
                 with stage_span("checkpoint"):  # the flush inside commit finds nothing dirty
-                    out[table] = t.commit(name, meta, attach).name
+                    info = t.commit(name, meta, attach)
+                out[table] = {
+                    "name": info.name,
+                    "seq": info.seq,
+                    "time": info.time,
+                    "rows": info.rows,
+                }
         return out
 
     def compact(self) -> dict[str, int]:

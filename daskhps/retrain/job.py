@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daskhps.config import RunConfig
+from daskhps.errors import ConfigError
 from daskhps.retrain.codes import ExitCode
 from daskhps.retrain.days import Day, DayPlan, plan_days, scan_days
 from daskhps.retrain.errors import VersionNotFoundError
@@ -76,6 +77,22 @@ def _days(config: RunConfig, dry_run: bool, progress: bool) -> list[Day]:
     return [d for d in scan_days([gen.out]) if d.day in wanted]
 
 
+def refuse_training_run(run_dir: Path, source: str) -> None:
+    """:class:`ConfigError` when ``run_dir`` holds a training run (``daskhps train`` made it):
+    publishing versions there would hide its own checkpoints from ``predict`` and ``serve``
+    and stop its ``--resume``."""
+    from daskhps.retrain.versions import registry_folder
+    from daskhps.training.rundir import training_run_files
+
+    found = training_run_files(run_dir)
+    if found and registry_folder(run_dir) is None:
+        raise ConfigError(
+            f"{source}: run.dir {run_dir} holds a training run ({', '.join(found)}), made by "
+            "daskhps train; daskhps retrain never writes there: continue it with `daskhps "
+            f"train {source} --resume`, or give retraining a folder of its own (set run.dir)"
+        )
+
+
 def retrain(
     config: RunConfig,
     *,
@@ -93,9 +110,15 @@ def retrain(
 
     say = echo or (lambda message: log.info("%s", message))
     run_dir = Path(config.run.dir)
+    refuse_training_run(run_dir, config.source)
     with RetrainLock(run_dir):
         registry = registry_of(config)
         current = registry.current()
+        if current is not None:  # a refused config: before any day is generated or recorded
+            from daskhps.retrain.candidate import check_warm_start
+            from daskhps.training.checkpoint import load_checkpoint
+
+            check_warm_start(load_checkpoint(current.checkpoint), config)
         shown = (not config.run.quiet) if progress is None else progress
         days = _days(config, dry_run, shown)
         plan = plan_days(

@@ -35,7 +35,7 @@ from daskhps._version import __version__
 from daskhps.errors import CheckpointError
 from daskhps.table.table import open_shard_store
 from daskhps.tiers.store import StoreReader
-from daskhps.tiers.store.check import StoreChecker
+from daskhps.tiers.store.check import CommitId, StoreChecker
 from daskhps.tiers.store.durable import file_sha256, fsync_dir
 from daskhps.tiers.store.layout import layout_of_today
 from daskhps.training.manifest import FORMAT, CheckpointManifest, ManifestError
@@ -54,11 +54,13 @@ __all__ = [
     "check_checkpoint",
     "checkpoint_name",
     "checkpoints_dir",
+    "commit_record",
     "find_checkpoint",
     "finish_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "recorded_stores_dir",
     "remove_checkpoint",
     "scan_checkpoints",
     "start_checkpoint",
@@ -72,6 +74,46 @@ MANIFEST = "MANIFEST.json"
 DENSE = "dense.pt"
 STATE = "state.json"
 _NAME = re.compile(r"^pass-(\d{6,})$")
+
+
+def recorded_stores_dir(stores_dir: Path, run_dir: Path) -> str:
+    """``stores_dir`` as a checkpoint of ``run_dir`` records it: relative to the checkpoint's
+    folder when the stores lie inside the run folder (``../../stores``), so a copied or moved
+    run folder reads its own stores; absolute otherwise (stores on a disk of their own)."""
+    stores, run = Path(os.path.abspath(stores_dir)), Path(os.path.abspath(run_dir))
+    if stores.is_relative_to(run):
+        return os.path.relpath(stores, checkpoints_dir(run) / "pass-0")
+    return str(stores)
+
+
+def _stores_of(folder: Path, recorded: Path, run_config: dict[str, Any]) -> Path:
+    """The stores a checkpoint in ``folder`` reads, as an absolute path (a worker in another
+    folder reads the same): a relative record is beside the checkpoint, wherever it lies now.
+
+    An absolute record inside the folder of the run that wrote it (checkpoints made before
+    records were relative) is read in the run folder the checkpoint lies in now, when that
+    is another one (copied or moved) and holds those stores: the copy's, never the
+    original's. The folder that wrote it is the config's ``run.dir``, or (the default
+    layout, ``<run.dir>/stores``) the folder holding the stores."""
+    folder = Path(os.path.abspath(folder))
+    if not recorded.is_absolute():
+        return Path(os.path.normpath(folder / recorded))
+    run_now = folder.parent.parent
+    if folder.parent.name != "checkpoints" or recorded.is_relative_to(run_now):
+        return recorded
+    was = (run_config.get("run") or {}).get("dir") if isinstance(run_config, dict) else None
+    writers = [Path(os.path.abspath(was))] if isinstance(was, str) else []
+    for run_then in [*writers, recorded.parent]:
+        if run_then != run_now and recorded.is_relative_to(run_then):
+            here = run_now / recorded.relative_to(run_then)
+            if here.is_dir():
+                return here
+    return recorded
+
+
+def commit_record(info: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint notes of one rank store's commit (``WorkerShards.commit``'s answer)."""
+    return CommitId(int(info["seq"]), float(info["time"]), int(info["rows"])).to_json()
 
 
 def checkpoint_name(passes_done: int) -> str:
@@ -100,9 +142,14 @@ class Checkpoint(CheckpointManifest):
         """The checkpoint in ``path`` whose manifest reads ``manifest`` (raises
         :class:`~daskhps.training.manifest.ManifestError` when it lacks fields)."""
         fields = cls.json_fields(manifest)
-        if not fields["stores_dir"].is_absolute():  # a copy's: beside it, wherever it lies
-            fields["stores_dir"] = Path(os.path.normpath(Path(path) / fields["stores_dir"]))
+        fields["stores_dir"] = _stores_of(Path(path), fields["stores_dir"], fields["run_config"])
         return cls(path=Path(path), **fields)
+
+    def recorded_commits(self) -> list[CommitId | None]:
+        """Per rank, the store commit this checkpoint was taken as (None where the manifest
+        predates such records)."""
+        by_rank = {int(s["rank"]): CommitId.from_json(s) for s in self.shards if "rank" in s}
+        return [by_rank.get(r) for r in range(self.num_workers)]
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -356,7 +403,7 @@ def store_damage(ckpt: Checkpoint, *, verify: bool = False) -> list[str]:
     recorded for each chunk file (reads every byte). For callers about to open the stores
     (a resume, a scoring job) that want to stop early with the checkpoint named."""
     ranks = [ckpt.store_path(r) for r in range(ckpt.num_workers)]
-    return StoreChecker(verify=verify).rank_damage(ranks, ckpt.commit)
+    return StoreChecker(verify=verify).rank_damage(ranks, ckpt.commit, ckpt.recorded_commits())
 
 
 # -- writing (the trainer's side; crash-safe order: payload, store commits, manifest) ------

@@ -32,8 +32,10 @@ from daskhps.training import worker
 from daskhps.training.checkpoint import (
     Checkpoint,
     checkpoint_name,
+    commit_record,
     finish_checkpoint,
     list_checkpoints,
+    recorded_stores_dir,
     remove_checkpoint,
     start_checkpoint,
     write_payload,
@@ -120,7 +122,7 @@ class Checkpointer:
             try:
                 if kind == "base":
                     self.group.on_shards(WorkerShards.compact, what="compact shards")
-                self.group.on_shards(
+                commits = self.group.on_shards(
                     WorkerShards.commit, name, {"checkpoint": name}, what="commit shards"
                 )
             except RECOVERABLE:
@@ -132,7 +134,7 @@ class Checkpointer:
                 ) from e
             kill_point("checkpoint_commit", at)
             stats = self.group.on_shards(WorkerShards.stats, what="shard stats")
-            fields = self._fields(pos, kind, record, stats)
+            fields = self._fields(pos, kind, record, stats, commits)
             fields["seconds"] = time.perf_counter() - t0  # to write it, all but the manifest
             ckpt = finish_checkpoint(folder, files, fields)
         except BaseException:
@@ -142,6 +144,17 @@ class Checkpointer:
         self.prune()
         self.replicate(ckpt)
         return ckpt
+
+    def _own_stores(self, stores: Path) -> bool:
+        """Stores this run made: inside its folder, or the config's (and the re-sharded ones
+        beside them)."""
+        s = stores.resolve()
+        mine = Path(self.config.table.tiers.store_dir).resolve()
+        return (
+            s.is_relative_to(self.run_dir.resolve())
+            or s == mine
+            or (s.parent == mine.parent and s.name.startswith(f"{mine.name}-resharded-"))
+        )
 
     def replicate(self, ckpt: Checkpoint) -> Copied | None:
         """Copy ``ckpt`` (complete, and the newest) and its stores to ``checkpoint.replicate_to``
@@ -177,12 +190,17 @@ class Checkpointer:
         return out
 
     def _fields(
-        self, pos: Position, kind: str, record: PassRecord, stats: list[dict[str, Any]]
+        self,
+        pos: Position,
+        kind: str,
+        record: PassRecord,
+        stats: list[dict[str, Any]],
+        commits: list[dict[str, dict[str, Any]]],
     ) -> dict[str, Any]:
         cfg = self.config
         table = cfg.table.name
         shards = []
-        for s in stats:
+        for s, c in zip(stats, commits, strict=True):
             t = s["tables"][table]
             shards.append(
                 {
@@ -190,6 +208,8 @@ class Checkpointer:
                     "device_rows": int(t["device"].get("rows", 0)),
                     "host_rows": int(t.get("host", {}).get("rows", 0)),
                     "store_bytes": int(t["store"].get("bytes_on_disk", 0)),
+                    # which commit of that name: a later one (another run) is damage
+                    **commit_record(c[table]),
                 }
             )
         return {
@@ -200,7 +220,7 @@ class Checkpointer:
             "pass_in_epoch": pos.pass_index,
             "step": pos.step,
             "commit": checkpoint_name(pos.passes_done),
-            "stores_dir": str(self.stores_dir.resolve()),
+            "stores_dir": recorded_stores_dir(self.stores_dir, self.run_dir),
             "num_workers": self.group.world_size,
             "num_shards": cfg.passes.plan.num_shards,
             "table": cfg.table_spec().layout(),
@@ -231,6 +251,8 @@ class Checkpointer:
             )
         used = {c.stores_dir.resolve() for c in kept} | {live}
         for c in extra:
+            if not self._own_stores(c.stores_dir):
+                continue  # another run's (a resume copied its rows): never this run's to remove
             if c.stores_dir.resolve() not in used and c.stores_dir.exists():
                 log.info("removing stores %s: no kept checkpoint uses them", c.stores_dir)
                 shutil.rmtree(c.stores_dir, ignore_errors=True)

@@ -50,9 +50,12 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
     ``checker`` (default: sizes only) finds in the stores it reads."""
     checker = checker or StoreChecker()
     shards = []
+    recorded = ckpt.recorded_commits()
     for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]:
         rank = int(s["rank"])
-        found = checker.check(ckpt.store_path(rank), ckpt.commit)
+        found = checker.check(
+            ckpt.store_path(rank), ckpt.commit, recorded[rank] if rank < len(recorded) else None
+        )
         # A damaged store is not opened: the damage says more than the error would.
         rows, pending = _store_rows(ckpt, rank) if found.ok else (None, None)
         shards.append(

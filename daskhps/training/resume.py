@@ -114,6 +114,70 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
 # -- the trainer's resume steps ------------------------------------------------------------
 
 
+def scheduled_passes(ckpt: Checkpoint, config: RunConfig) -> int | None:
+    """Passes ``config`` schedules on the plan ``ckpt`` was taken in (its passes per epoch
+    times ``passes.epochs``); None for a checkpoint that predates plan records."""
+    per_epoch = (ckpt.plan or {}).get("passes")
+    return None if per_epoch is None else int(per_epoch) * config.passes.epochs
+
+
+def check_epochs(ckpt: Checkpoint, config: RunConfig) -> None:
+    """:class:`ResumeError`, before any cluster starts, when ``config`` schedules fewer passes
+    than ``ckpt`` has done (``passes.epochs`` lowered)."""
+    total = scheduled_passes(ckpt, config)
+    if total is not None and ckpt.passes_done > total:
+        raise ResumeError(
+            f"cannot resume from {ckpt.path}: it is {ckpt.passes_done} passes in, but the "
+            f"config schedules {total}; keep passes.epochs >= {ckpt.config.passes.epochs}"
+        )
+
+
+def complete_line(ckpt: Checkpoint, config: RunConfig, run_dir: Path) -> str | None:
+    """The line that says the run is complete, when ``ckpt`` (the latest) ends the schedule of
+    ``config``; None when passes are left to train."""
+    total = scheduled_passes(ckpt, config)
+    if total is None or ckpt.passes_done != total:
+        return None
+    epochs = config.passes.epochs
+    return (
+        f"{run_dir} is complete: {ckpt.name} ends its {total} passes ({epochs} epoch"
+        f"{'s' if epochs != 1 else ''}); nothing to resume. To train more epochs: daskhps "
+        f"train {config.source} --resume --set passes.epochs={epochs + 1}"
+    )
+
+
+def finished_result(run_dir: Path, ckpt: Checkpoint | None, line: str) -> Any:
+    """What a finished run holds, read back without changing anything (a resume of a
+    complete run)."""
+    from daskhps.training.trainer import RunResult
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    passes = [rec for line in lines if "restart" not in (rec := json.loads(line))]
+    return RunResult(
+        run_dir,
+        passes=passes,
+        final_eval=dict(ckpt.metrics) if ckpt is not None else {},
+        complete=line,
+    )
+
+
+def stores_owner(ckpt: Checkpoint, run_dir: Path) -> Path | None:
+    """The folder of another run whose stores ``ckpt`` (a checkpoint in ``run_dir``) reads:
+    stores outside ``run_dir`` written by the run in another folder that still holds a
+    run (``run_dir`` is a copy of it). None when the stores are this run's own."""
+    run = Path(os.path.abspath(run_dir))
+    if ckpt.stores_dir.is_relative_to(run):
+        return None
+    was = (ckpt.run_config.get("run") or {}).get("dir")
+    candidates = [Path(os.path.abspath(was))] if isinstance(was, str) else []
+    candidates.append(ckpt.stores_dir.parent)  # the default layout: <run.dir>/stores
+    for other in candidates:
+        if other != run and (other / "checkpoints").is_dir():
+            return other
+    return None
+
+
 def resharded_dir(store_dir: str | Path, ckpt: Checkpoint, num_workers: int) -> Path:
     """Where a resume with another worker count writes its stores (beside ``store_dir``)."""
     return Path(f"{store_dir}-resharded-{ckpt.name}-w{num_workers}")
@@ -137,7 +201,7 @@ def wait_for_stores(ckpt: Checkpoint, timeout_s: float = 30.0) -> None:
 def _wait_unlocked(path: Path, what: str, deadline: float, timeout_s: float) -> None:
     while True:
         try:
-            WriterLock(path, what).acquire().release()
+            WriterLock(path, what).check_free()  # writes nothing: the stores may be another run's
             return
         except StoreLockedError as e:
             if time.monotonic() > deadline:
@@ -181,10 +245,13 @@ def plan_fingerprint(files: Sequence[str], lengths: Sequence[int], passes: int) 
     }
 
 
-def check_plan(ckpt: Checkpoint, fingerprint: dict) -> None:
-    """:class:`ResumeError` when the input under the plan changed since the checkpoint."""
+def check_plan(ckpt: Checkpoint, fingerprint: dict, spelled: dict | None = None) -> None:
+    """:class:`ResumeError` when the input under the plan changed since the checkpoint.
+
+    ``spelled``: the fingerprint of the same files relative to this folder, as checkpoints
+    recorded relative input paths before files were resolved to absolute ones."""
     old = ckpt.plan
-    if old is not None and old != fingerprint:
+    if old is not None and old != fingerprint and old != spelled:
         raise ResumeError(
             f"cannot resume from {ckpt.path}: the training input changed since it was taken "
             f"(plan then: {old}; now: {fingerprint}); a resume replays the same plan: restore "

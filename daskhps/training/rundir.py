@@ -122,6 +122,15 @@ def find_earlier_run(run_dir: str | Path, store_dir: str | Path) -> EarlierRun |
     return EarlierRun(run_dir, names, complete, files, stores)
 
 
+def training_run_files(run_dir: str | Path) -> list[str]:
+    """The entries of ``run_dir`` that only ``daskhps train`` makes (its checkpoints, its
+    metrics and summary): what tells a training run from a retraining folder, whose
+    checkpoints live in ``attempts/`` and ``versions/``."""
+    run_dir = Path(run_dir)
+    found = ["checkpoints/"] if _non_empty(checkpoints_dir(run_dir)) else []
+    return found + [f for f in ("metrics.jsonl", "summary.json") if _non_empty(run_dir / f)]
+
+
 def published_commits(store_dir: str | Path) -> list[str]:
     """Names of the published-version commits in any rank store under ``store_dir``."""
     from daskhps.retrain.publish import VERSION_PREFIX  # retrain builds on training: no cycle
@@ -143,8 +152,9 @@ def refuse_published(run_dir: str | Path, store_dir: str | Path, source: str) ->
     if registry is not None:
         raise RunExistsError(
             f"{source}: {run_dir} is a retraining folder ({registry / 'registry.json'} lists "
-            "its published versions); daskhps train never writes there: run `daskhps retrain "
-            f"{source}` to train and publish, or set run.dir to another folder"
+            "its published versions); daskhps train never writes there: run daskhps retrain "
+            "with that folder's retraining config to train and publish, or set run.dir to "
+            "another folder"
         )
     versions = published_commits(store_dir)
     if versions:
@@ -260,6 +270,43 @@ def settle_interrupted(run_dir: str | Path) -> None:
             "the run it replaced"
         )
         moved.restore()
+
+
+def non_empty_stores(store_dir: str | Path) -> bool:
+    """Whether ``store_dir`` holds any table's rank store."""
+    return any(Path(store_dir).glob("*/rank-*"))
+
+
+@dataclass(frozen=True)
+class FreshRun:
+    """What a new run's folders held before it started, so that a run that fails before its
+    first checkpoint can leave them as it found them (the same command then simply runs
+    again, instead of finding "a run" in the folder)."""
+
+    run_dir: Path
+    store_dir: Path
+    run_entries: frozenset[str] | None  # None: run.dir did not exist
+    store_entries: frozenset[str] | None
+
+    @classmethod
+    def before(cls, run_dir: str | Path, store_dir: str | Path) -> FreshRun:
+        def entries(p: Path) -> frozenset[str] | None:
+            return frozenset(os.listdir(p)) if p.is_dir() else None
+
+        r, s = Path(run_dir), Path(store_dir)
+        return cls(r, s, entries(r), entries(s))
+
+    def undo(self) -> None:
+        """Remove what the run added to both folders (and the folders it created)."""
+        for folder, had in ((self.store_dir, self.store_entries), (self.run_dir, self.run_entries)):
+            if not folder.is_dir():
+                continue
+            if had is None:
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            for name in set(os.listdir(folder)) - had:
+                _remove(folder / name)
+        log.info("the run failed before its first checkpoint: %s is as it was", self.run_dir)
 
 
 def ensure_no_run_dir_clash(run_dir: Path, store_dir: Path) -> None:

@@ -40,6 +40,7 @@ from daskhps.errors import (
     CapacityError,
     ConfigError,
     DaskHPSError,
+    DataError,
     ResumeError,
     RunExistsError,
     first_line,
@@ -88,6 +89,8 @@ class RunResult:
     dense_state: dict[str, Any] = field(default_factory=dict)
     initial_eval: dict[str, float] = field(default_factory=dict)  # with eval_before
     restarts: list[dict[str, Any]] = field(default_factory=list)  # automatic, after lost workers
+    # a resume found the run finished (nothing trained, nothing written): the line saying so
+    complete: str | None = None
 
     @property
     def pass_losses(self) -> list[float]:
@@ -104,6 +107,8 @@ class _Start:
     replace: bool = False
     discard: list[str] = field(default_factory=list)
     logs: tuple[ClickLog, ClickLog | None] = None  # type: ignore[assignment]
+    complete: str | None = None  # a resume of a finished run: the line that says so
+    settled: bool = False  # the discards done and config.yaml written
 
 
 @dataclass(frozen=True)
@@ -150,8 +155,10 @@ class Trainer:
         self._ckpt: Checkpoint | None = None  # the checkpoint a resume starts from
         self.warm_start = warm_start
         self.eval_before = eval_before
-        self._stores = Path(config.table.tiers.store_dir)  # the stores trained in
+        self._stores = Path(os.path.abspath(config.table.tiers.store_dir))  # trained in
         self._aside: rundir.MovedAside | None = None  # an earlier run --overwrite replaces
+        self._start: _Start | None = None  # what the preflight found, once it passed
+        self._copy_stores_from: Path | None = None  # another run's stores a resume copies
 
     # -- setup -------------------------------------------------------------------
 
@@ -259,18 +266,18 @@ class Trainer:
         Everything that can be checked is checked before any file is written or removed."""
         cfg = self.config
         start = self._preflight(resume, overwrite, checkpoint)
+        if start.complete is not None:
+            return resuming.finished_result(self.run_dir, self._ckpt, start.complete)
         logs = start.logs
         # -- from here on files change; an earlier run replaced by --overwrite stays aside
-        # until the new run's first checkpoint, and comes back if the run fails before it.
+        # until the new run's first checkpoint, and comes back if the run fails before it. A
+        # new run that fails before its first checkpoint leaves the folders as it found them.
+        self._start = start
+        fresh = rundir.FreshRun.before(self.run_dir, cfg.table.tiers.store_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if start.replace and start.earlier is not None:
             self._aside = rundir.move_aside(start.earlier, start.need, cfg.source)
         try:
-            for name in start.discard:
-                # a warning, quiet or not: it removes a checkpoint the user may look for
-                log.warning("discarding checkpoint %s: the run resumes from an earlier one", name)
-                remove_checkpoint(checkpoints_dir(self.run_dir) / name)
-            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
             if self._ckpt is not None:
                 resuming.wait_for_stores(self._ckpt)  # the killed run's workers may still exit
             result = self._run_on_cluster(logs)
@@ -278,9 +285,24 @@ class Trainer:
         except BaseException:
             if self._aside is not None:
                 self._aside.restore()
+            elif self._ckpt is None and not list_checkpoints(self.run_dir):
+                fresh.undo()
             raise
         self._first_checkpoint_done()  # checkpoints off: the finished run replaces the old
         return result
+
+    def _settle_start(self) -> None:
+        """The checks that needed the cluster passed: discard the checkpoints a resume from an
+        earlier one replaces, and record the config (once per run, not per restart)."""
+        start = self._start
+        if start is None or start.settled:
+            return
+        for name in start.discard:
+            # a warning, quiet or not: it removes a checkpoint the user may look for
+            log.warning("discarding checkpoint %s: the run resumes from an earlier one", name)
+            remove_checkpoint(checkpoints_dir(self.run_dir) / name)
+        (self.run_dir / "config.yaml").write_text(self.config.to_yaml())
+        start.settled = True
 
     def _preflight(self, resume: bool, overwrite: bool, checkpoint: str | None) -> _Start:
         """Every check that needs no worker, in an order that touches nothing but generated
@@ -288,6 +310,13 @@ class Trainer:
         cfg = self.config
         from daskhps.capacity import check_fits
 
+        if resume and checkpoint is None and self.warm_start is None:
+            # A finished run: say so before sizing or starting anything
+            done = latest_checkpoint(self.run_dir)
+            line = None if done is None else resuming.complete_line(done, cfg, self.run_dir)
+            if line is not None:
+                self._ckpt = done
+                return _Start(earlier=None, need=None, complete=line)
         # Folders that cannot be written: named now, not as an errno on a worker (and before
         # check_fits, which would find no free space there).
         check_writable_dir(self.run_dir, "the run", "set run.dir to a writable folder")
@@ -318,6 +347,7 @@ class Trainer:
         if resume:
             self._ckpt = ckpt = self._resume_point(checkpoint)
             later = [c for c in list_checkpoints(self.run_dir) if c.passes_done > ckpt.passes_done]
+            self._check_stores_owner(ckpt)
             start.discard = [c.name for c in later]
             if start.discard and not overwrite:
                 raise RunExistsError(
@@ -497,6 +527,7 @@ class Trainer:
                 )
             ckpt = found
         changes = resuming.check_resume(ckpt, self.config)
+        resuming.check_epochs(ckpt, self.config)
         self._restore_from_copy(ckpt)
         _refuse_damaged_stores(ckpt)
         accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
@@ -505,6 +536,31 @@ class Trainer:
             + (f"; changed: {accepted}" if accepted else "")
         )
         return ckpt
+
+    def _check_stores_owner(self, ckpt: Checkpoint) -> None:
+        """A resume never writes the stores of another run: stores outside this run's folder
+        that the run in another folder trains in (this one a copy of it) are copied into the
+        config's ``table.tiers.store_dir`` first, or refused when that is the same folder."""
+        owner = resuming.stores_owner(ckpt, self.run_dir)
+        if owner is None:
+            return
+        target = Path(os.path.abspath(self.config.table.tiers.store_dir))
+        where = f"{ckpt.name} of {self.run_dir}"
+        if target == ckpt.stores_dir or target.is_relative_to(ckpt.stores_dir):
+            raise ResumeError(
+                f"{self.config.source}: cannot resume {where}: its stores {ckpt.stores_dir} "
+                f"belong to the run in {owner}, and resuming here would change that run; set "
+                "table.tiers.store_dir to a folder of this run's own (the resume copies the "
+                "checkpoint's rows there first)"
+            )
+        if rundir.non_empty_stores(target):
+            raise ResumeError(
+                f"{self.config.source}: cannot resume {where}: its stores {ckpt.stores_dir} "
+                f"belong to the run in {owner}, so the resume copies them into "
+                f"table.tiers.store_dir {target}, which holds stores already; empty it or set "
+                "table.tiers.store_dir to a new folder"
+            )
+        self._copy_stores_from = owner
 
     def _check_cluster_fits(self, client: Any, workers: int) -> None:
         """Refuse, in one line, a run that cannot fit the memory of the workers behind
@@ -554,7 +610,16 @@ class Trainer:
         re-sharded from the checkpoint's when the number of workers changed."""
         ckpt = self._ckpt
         if ckpt is None:
-            return Path(self.config.table.tiers.store_dir)
+            return Path(os.path.abspath(self.config.table.tiers.store_dir))
+        if self._copy_stores_from is not None:  # another run's stores: never written here
+            out = Path(os.path.abspath(self.config.table.tiers.store_dir))
+            self.echo(
+                f"copying the rows of {ckpt.name} from {ckpt.stores_dir} into {out}: those "
+                f"stores belong to the run in {self._copy_stores_from}, which this resume "
+                "must not change"
+            )
+            self._copy_stores_from = None
+            return resuming.reshard(ckpt, num_workers, out)
         if ckpt.num_workers == num_workers:
             return ckpt.stores_dir
         out = resuming.resharded_dir(self.config.table.tiers.store_dir, ckpt, num_workers)
@@ -644,6 +709,7 @@ class Trainer:
         spill = self._stores / HOLDOUT_SPILL
         client.run(remove_spill, spill)  # a killed run's
         scan = scan_log(train_log, holdout_log, spill if holdout_log is not None else None)
+        self._refuse_empty(scan, train_log)
         plan = build_plan(
             train_log,
             cfg.passes.plan,
@@ -659,7 +725,9 @@ class Trainer:
         resumed = ckpt is not None and self.warm_start is None  # else a new plan from pass 0
         if resumed:
             assert ckpt is not None
-            resuming.check_plan(ckpt, fingerprint)
+            relative = [os.path.relpath(f) for f in plan.files]
+            spelled = resuming.plan_fingerprint(relative, plan.partition_lengths, len(plan.passes))
+            resuming.check_plan(ckpt, fingerprint, spelled)
         scan.report.log_summary(log)
         holdout = self._holdout(client, scan, addresses) if holdout_log is not None else None
         group.run(worker.setup_trainer, self._train_setup(), what="build dense replicas")
@@ -679,6 +747,7 @@ class Trainer:
                 ckpt.rng_states(),
                 what="restore dense replicas",
             )
+        self._settle_start()  # every refusal is behind: the run's files may change now
         if resumed:
             result.passes.extend(resuming.restore_metrics(metrics_path, done))
         else:
@@ -697,6 +766,24 @@ class Trainer:
             days=sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))}),
             metrics_path=metrics_path,
             day_ends=self._day_ends(plan, schedule),
+        )
+
+    def _refuse_empty(self, scan: LogScan, train_log: ClickLog) -> None:
+        """A run whose training files gave no row trains nothing: a failure, in one line
+        naming the first file that could not be read and where it was read."""
+        if sum(scan.lengths):
+            return
+        by_file = scan.report.by_shard()
+        unreadable = [f for f, reasons in by_file.items() if "unreadable_shard" in reasons]
+        address = self.config.cluster.address
+        where = f"the workers at cluster.address {address}" if address else "the workers"
+        first = unreadable[0] if unreadable else (sorted(by_file) or train_log.files)[0]
+        why = "could not be read" if unreadable else "held no good row"
+        raise DataError(
+            f"{self.config.source}: none of the {len(train_log.files)} training files gave a "
+            f"row: {first} {why} on {where} (paths are resolved on the driver, in "
+            f"{os.getcwd()}); every worker must see the same files: put the logs on a disk "
+            "all workers share, or start the workers where they can read them"
         )
 
     def _day_ends(self, plan: PassPlan, schedule: list[tuple[int, PassSpec]]) -> dict[int, int]:

@@ -13,6 +13,7 @@ from daskhps.cli import main
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, RetrainLock
 from tests._runs import cli_here
+from tests.training.test_rundir import tree_digest
 
 
 def _day(root: Path, day: str, complete: bool = True) -> None:
@@ -135,3 +136,30 @@ def test_damaged_registry_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFi
     assert "registry.json is unreadable" in err and "restore it from a backup" in err
     assert registry.read_text() == '{"format": 1, "versions": ['  # left as it was
     assert not (tmp_path / "run" / "attempts").exists()
+
+
+def test_a_training_run_is_refused_and_left_as_it_was(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``retrain`` pointed at a folder that ``train`` made: one line naming ``train
+    --resume``, exit 2, before any day is generated or any attempt recorded."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "pass-000001").mkdir(parents=True)
+    (run / "checkpoints" / "pass-000001" / "MANIFEST.json").write_text("{}")
+    (run / "metrics.jsonl").write_text('{"pass": 1}\n')
+    cfg = tmp_path / "train.yaml"  # a training config: generated logs, no retrain section
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"name": "rt", "dir": str(run), "quiet": True},
+                "data": {"generate": {"out": str(tmp_path / "gen"), "days": 2}},
+            }
+        )
+    )
+    before = tree_digest(tmp_path)
+    done = cli_here(capfd, caplog, "retrain", str(cfg))
+    assert done.returncode == ExitCode.BAD_CONFIG == 2
+    line = done.stderr.strip().splitlines()[-1]
+    assert "holds a training run" in line and "daskhps train" in line and "--resume" in line
+    assert tree_digest(tmp_path) == before
+    assert not (tmp_path / "gen").exists()

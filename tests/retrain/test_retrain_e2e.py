@@ -39,6 +39,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.training.checkpoint import load_checkpoint
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
+from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 
@@ -149,8 +150,13 @@ def test_a_few_days_of_retraining(
     assert len(registry.attempts()) == attempts == 1
     assert len(list((tmp_path / "run" / "attempts").iterdir())) == 2  # the killed one's too
 
-    # 3. the third day completes; a guard no candidate can pass
+    # 3. the third day completes; a config a warm start refuses changes nothing
     (logs / f"day={DAYS[2]}" / SUCCESS).write_text("")
+    before = tree_digest(tmp_path / "run")
+    assert main(["retrain", str(cfg), "--set", "table.dim=8"]) == ExitCode.BAD_CONFIG
+    assert "table.dim" in capsys.readouterr().err
+    assert tree_digest(tmp_path / "run") == before  # no attempt recorded, no folder made
+    # ... and a guard no candidate can pass
     code = main(["retrain", str(cfg), "--set", "retrain.min_auc=1.0"])
     out = capsys.readouterr().out
     assert code == ExitCode.REJECTED

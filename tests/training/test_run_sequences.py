@@ -143,6 +143,7 @@ class RunFolders:
         self.expected: dict[str, np.ndarray] = {}  # T's checkpoints: name -> probabilities
         self.versions: dict[str, np.ndarray] = {}  # R's published versions
         self.arrived = 0
+        self.copies: dict[Path, dict[str, np.ndarray]] = {}  # copies of T: what each predicts
         # T starts with a trained run: most rules are about not losing it
         self._train_ok()
 
@@ -183,6 +184,15 @@ class RunFolders:
     def check(self) -> None:
         self.training_checkpoints_predict_the_same()
         self.published_versions_predict_the_same()
+        self.copies_predict_the_same()
+
+    def copies_predict_the_same(self) -> None:
+        for folder, expected in self.copies.items():
+            found = {c.name: c for c in list_checkpoints(folder)}
+            assert sorted(found) == sorted(expected), folder
+            for name, probs in expected.items():
+                got = _predict(Servable.from_checkpoint(found[name]), self.frame)
+                assert np.array_equal(got, probs), (folder, name)
 
     def training_checkpoints_predict_the_same(self) -> None:
         found = {c.name: c for c in list_checkpoints(self.dir / "T")}
@@ -224,13 +234,7 @@ class RunFolders:
         command = self.here  # refused before any cluster starts
         if args[-1] == "BADROWS":  # fails on the cluster: a run of its own
             command = _cli
-            broken = self.dir / "broken-logs"
-            if not broken.exists():
-                shutil.copytree(self.logs, broken)
-                part = sorted((broken / f"day={DAYS[0]}").glob("part-*"))[0]
-                with part.open("a") as f:
-                    f.write("not\ta\trow\n")
-            args[-1] = f"data.train.paths=[{broken}]"
+            args[-1] = f"data.train.paths=[{self._broken_logs()}]"
         before = tree_digest(self.dir / "T")
         run = command("train", str(self.train_cfg), *self._same_run(), *args)
         assert run.returncode != 0, run.stderr[-2000:]
@@ -247,6 +251,71 @@ class RunFolders:
         else:  # nothing there yet: it trains like any new run; keep R for retraining
             assert run.returncode == 0, run.stderr[-2000:]
             shutil.rmtree(self.dir / "R")
+
+    def copy_and_resume_the_copy(self) -> None:
+        """``cp -a T C``, then C resumes from its oldest checkpoint with another learning
+        rate: T must not change (check() compares it), and C trains in its own stores."""
+        copy = self.dir / f"C{len(self.copies)}"
+        shutil.copytree(self.dir / "T", copy, symlinks=True)
+        oldest = list_checkpoints(copy)[0].name
+        run = _cli(
+            "train", str(self.train_cfg), *self._same_run(), "--set", f"run.dir={copy}",
+            "--resume", "--checkpoint", oldest, "--overwrite",
+            "--set", "table.optimizer.lr=0.2",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        found = list_checkpoints(copy)
+        assert all(c.stores_dir == (copy / "stores").absolute() for c in found)
+        self.copies[copy] = {
+            c.name: _predict(Servable.from_checkpoint(c), self.frame) for c in found
+        }
+
+    def retrain_on_the_training_run_is_refused(self) -> None:
+        before = tree_digest(self.dir / "T")
+        run = self.here("retrain", str(self.train_cfg), *self._same_run())
+        assert run.returncode == ExitCode.BAD_CONFIG, run.stderr[-2000:]
+        assert "holds a training run" in run.stderr, run.stderr[-2000:]
+        assert tree_digest(self.dir / "T") == before
+
+    def a_refused_resume_changes_nothing(self) -> None:
+        before = tree_digest(self.dir / "T")
+        if self.epochs > 1:  # fewer epochs than the checkpoint has done
+            args = ["--set", f"passes.epochs={self.epochs - 1}", "--resume"]
+            run = self.here("train", str(self.train_cfg), "--set", f"run.seed={self.seed}", *args)
+        else:  # an earlier checkpoint without --overwrite
+            oldest = list_checkpoints(self.dir / "T")[0].name
+            args = ["--resume", "--checkpoint", oldest]
+            run = self.here("train", str(self.train_cfg), *self._same_run(), *args)
+        assert run.returncode != 0, run.stderr[-2000:]
+        assert tree_digest(self.dir / "T") == before
+
+    def resume_of_the_finished_run_says_so(self) -> None:
+        before = tree_digest(self.dir / "T")
+        run = self.here("train", str(self.train_cfg), *self._same_run(), "--resume")
+        assert run.returncode == 0 and "is complete" in run.stderr, run.stderr[-2000:]
+        assert tree_digest(self.dir / "T") == before
+
+    def a_failed_first_attempt_then_the_same_command(self) -> None:
+        """A new run that fails on a malformed row leaves no folder; the same command then
+        fails the same way, not on "a run" it left."""
+        broken = self._broken_logs()
+        folder = self.dir / "F"
+        config = self._write("first.yaml", _base(folder, broken))
+        for _ in range(2):
+            run = _cli("train", str(config))
+            assert run.returncode != 0
+            assert "already holds a run" not in run.stderr, run.stderr[-2000:]
+            assert "bad-row policy is 'fail'" in run.stderr.strip().splitlines()[-1]
+            assert not folder.exists()
+
+    def _broken_logs(self) -> Path:
+        broken = self.dir / "broken-logs"
+        if not broken.exists():
+            shutil.copytree(self.logs, broken)
+            part = sorted((broken / f"day={DAYS[0]}").glob("part-*"))[0]
+            with part.open("a") as f:
+                f.write("not\ta\trow\n")
+        return broken
 
     def a_new_day_arrives(self) -> None:
         if self.arrived == len(DAYS):
@@ -297,6 +366,11 @@ def _sequence(rng: random.Random, folders: RunFolders) -> list[tuple[str, Callab
         ("a new day arrives", f.a_new_day_arrives),
         ("retrain", f.retrain),
         ("predict", f.predict_the_latest),
+        ("copy and resume the copy", f.copy_and_resume_the_copy),
+        ("retrain on the training run", f.retrain_on_the_training_run_is_refused),
+        ("a refused resume", f.a_refused_resume_changes_nothing),
+        ("resume of the finished run", f.resume_of_the_finished_run_says_so),
+        ("a failed first attempt, twice", f.a_failed_first_attempt_then_the_same_command),
     ]
     bad = [
         (f"bad train {b[-1]}", (lambda b=b: f.a_bad_train_changes_nothing(b))) for b in BAD_INPUTS

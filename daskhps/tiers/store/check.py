@@ -16,6 +16,7 @@ this lists all of them, and never writes or locks anything.
 from __future__ import annotations
 
 import json
+import time as _time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,40 @@ from daskhps.tiers.store.layout import RootCheck, segment_dir, snapshot_dir
 from daskhps.tiers.store.manifest import Attached, Manifest, scan_manifests
 from daskhps.tiers.store.segments import is_deletion
 
-__all__ = ["StoreCheck", "StoreChecker"]
+__all__ = ["CommitId", "StoreCheck", "StoreChecker"]
+
+
+@dataclass(frozen=True)
+class CommitId:
+    """What tells one commit of a name from another of the same name: committing a name again
+    (another run in the same stores) gives it a new ``seq`` and ``time``."""
+
+    seq: int
+    time: float
+    rows: int
+
+    @classmethod
+    def of(cls, m: Manifest) -> CommitId:
+        return cls(m.seq, m.time, m.rows)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CommitId | None:
+        """From a checkpoint's shard record (``commit_seq``, ``commit_time``, ``commit_rows``);
+        None for a record made before checkpoints noted them."""
+        try:
+            return cls(int(d["commit_seq"]), float(d["commit_time"]), int(d["commit_rows"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit_seq": self.seq, "commit_time": self.time, "commit_rows": self.rows}
+
+    def matches(self, m: Manifest) -> bool:
+        return (m.seq, m.time, m.rows) == (self.seq, self.time, self.rows)
+
+    def __str__(self) -> str:
+        when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(self.time))
+        return f"seq {self.seq}, {self.rows:,} rows, {when}"
 
 
 @dataclass
@@ -94,8 +128,12 @@ class StoreChecker:
         self.verify = verify
         self._parts: dict[Path, _Part] = {}
 
-    def check(self, path: str | Path, commit: str | None = None) -> StoreCheck:
-        """Check ``commit`` (default: the latest) of the store at ``path``."""
+    def check(
+        self, path: str | Path, commit: str | None = None, recorded: CommitId | None = None
+    ) -> StoreCheck:
+        """Check ``commit`` (default: the latest) of the store at ``path``; with ``recorded``
+        (what a checkpoint noted of that commit when it was made), that the commit of that
+        name is still the same one, not one written later under the same name."""
         p = Path(path)
         out = StoreCheck(p, commit, verified=self.verify)
         widths = self._root(p, out)
@@ -104,6 +142,11 @@ class StoreChecker:
         m = self._manifest(p, commit, out)
         if m is None:
             return out
+        if recorded is not None and not recorded.matches(m):
+            out.damage.append(
+                f"commit {m.name!r} of store {p} is not the one recorded ({recorded}; the store "
+                f"holds {CommitId.of(m)}): another run wrote these stores since"
+            )
         out.segments = len(m.segments)
         parts = [(segment_dir(p, sid), "segment") for sid in m.segments]
         if m.snapshot is not None:
@@ -147,10 +190,21 @@ class StoreChecker:
                 damage += array.digest_problems()
         return damage
 
-    def rank_damage(self, paths: Sequence[Path], commit: str | None) -> list[str]:
-        """Problems of a table's rank stores (rank ``r`` at ``paths[r]``) at ``commit``, one
-        line each, prefixed by the rank: what a caller about to open them all reports."""
-        return [f"rank {r}: {d}" for r, p in enumerate(paths) for d in self.check(p, commit).damage]
+    def rank_damage(
+        self,
+        paths: Sequence[Path],
+        commit: str | None,
+        recorded: Sequence[CommitId | None] | None = None,
+    ) -> list[str]:
+        """Problems of a table's rank stores (rank ``r`` at ``paths[r]``, whose commit was
+        ``recorded[r]`` where known) at ``commit``, one line each, prefixed by the rank: what
+        a caller about to open them all reports."""
+        ids = list(recorded) if recorded is not None else [None] * len(paths)
+        return [
+            f"rank {r}: {d}"
+            for r, p in enumerate(paths)
+            for d in self.check(p, commit, ids[r]).damage
+        ]
 
     def _root(self, p: Path, out: StoreCheck) -> tuple[int, ...] | None:
         """The row widths the store's segments may have (two after a format upgrade)."""
