@@ -56,6 +56,7 @@ from daskhps.training.checkpoint import (
     checkpoint_name,
     checkpoints_dir,
     finish_checkpoint,
+    recorded_stores_dir,
     remove_checkpoint,
     write_payload,
 )
@@ -215,7 +216,7 @@ def _write_checkpoint(
             "kind": "base",
             **state,
             "commit": COMMIT,
-            "stores_dir": str(stores_dir.resolve()),
+            "stores_dir": recorded_stores_dir(stores_dir, Path(config.run.dir)),
             "num_workers": workers,
             "num_shards": config.passes.plan.num_shards,
             "table": config.table_spec().layout(),

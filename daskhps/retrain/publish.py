@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError
+from daskhps.tiers.base import CommitInfo
+from daskhps.tiers.store.check import CommitId
 from daskhps.training.checkpoint import (
     Checkpoint,
     finish_checkpoint,
+    recorded_stores_dir,
     remove_checkpoint,
 )
 
@@ -41,11 +44,20 @@ def commit_name(version: str) -> str:
     return f"{VERSION_PREFIX}{version}"
 
 
-def _commit_stores(ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> None:
-    """Commit every rank store of ``ckpt``, opened at its commit, again as ``name``."""
+def _commit_stores(ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> dict[int, CommitInfo]:
+    """Commit every rank store of ``ckpt``, opened at its commit, again as ``name``; what
+    identifies each rank's new commit."""
+    out = {}
     for rank in range(ckpt.num_workers):
         with ckpt.open_store(rank, mode="r+") as store:
-            store.commit(name, meta)
+            out[rank] = store.commit(name, meta)
+    return out
+
+
+def _by_rank(shards: list[dict[str, Any]], ranks: int) -> list[dict[str, Any]]:
+    """A checkpoint's shard records in rank order (a rank without one: only its number)."""
+    known = {int(s["rank"]): s for s in shards if "rank" in s}
+    return [known.get(r, {"rank": r}) for r in range(ranks)]
 
 
 def _copy_durably(src: Path, dst: Path) -> None:
@@ -64,7 +76,7 @@ def freeze_version(ckpt: Checkpoint, folder: Path, version: str) -> Checkpoint:
     manifest last. A folder left by an earlier, interrupted try is replaced.
     """
     name = commit_name(version)
-    _commit_stores(ckpt, name, {"version": version, "checkpoint": str(ckpt.path)})
+    commits = _commit_stores(ckpt, name, {"version": version, "checkpoint": str(ckpt.path)})
     if folder.exists():
         remove_checkpoint(folder)
     folder.mkdir(parents=True)
@@ -73,6 +85,13 @@ def freeze_version(ckpt: Checkpoint, folder: Path, version: str) -> Checkpoint:
             _copy_durably(ckpt.path / fname, folder / fname)
         fields = {k: v for k, v in ckpt.manifest.items() if k not in _FILLED_IN}
         fields.update(commit=name, version=version, trained_as=str(ckpt.path))
+        # relative to the version's folder, inside the retraining folder (<run.dir>/versions/
+        # <name>): a copied or moved retraining folder serves its own stores
+        fields["stores_dir"] = recorded_stores_dir(ckpt.stores_dir, folder.parent.parent, folder)
+        fields["shards"] = [  # the version's own commits, not the candidate's
+            {**s, **CommitId(c.seq, c.time, c.rows).to_json()}
+            for s, c in zip(_by_rank(ckpt.shards, ckpt.num_workers), commits.values(), strict=True)
+        ]
         return finish_checkpoint(folder, dict(ckpt.files), fields)
     except OSError as e:
         remove_checkpoint(folder)

@@ -17,9 +17,10 @@ current, which is harmless. Rolling back rewrites only ``CURRENT`` (and logs an 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,8 +138,39 @@ class Registry:
         return data
 
     def versions(self) -> list[Version]:
-        """Every published version, oldest first."""
-        return [Version.from_dict(v) for v in self._read()["versions"]]
+        """Every published version, oldest first, its paths absolute."""
+        return [self._absolute(Version.from_dict(v)) for v in self._read()["versions"]]
+
+    def _absolute(self, v: Version) -> Version:
+        """``v`` with its paths absolute: recorded relative to this folder (so a copied or
+        moved retraining folder reads its own versions), or absolute by registries made
+        before, which a copy reads in its own folder where it holds the same files."""
+        checkpoint, stores = Path(v.checkpoint), Path(v.stores_dir)
+        if not checkpoint.is_absolute():
+            return replace(
+                v,
+                checkpoint=os.path.normpath(self.folder.absolute() / checkpoint),
+                stores_dir=os.path.normpath(self.folder.absolute() / stores),
+            )
+        run_then, run_now = checkpoint.parent.parent, self.folder.absolute().parent
+        if run_then == run_now or not (run_now / checkpoint.relative_to(run_then)).is_dir():
+            return v
+        if stores.is_relative_to(run_then) and (run_now / stores.relative_to(run_then)).is_dir():
+            stores = run_now / stores.relative_to(run_then)
+        return replace(
+            v, checkpoint=str(run_now / checkpoint.relative_to(run_then)), stores_dir=str(stores)
+        )
+
+    def _recorded(self, v: Version) -> Version:
+        """``v`` as the registry records it: paths inside the retraining folder relative to
+        this folder."""
+        run = self.folder.absolute().parent
+
+        def rel(p: str) -> str:
+            a = Path(os.path.abspath(p))
+            return os.path.relpath(a, self.folder.absolute()) if a.is_relative_to(run) else str(a)
+
+        return replace(v, checkpoint=rel(v.checkpoint), stores_dir=rel(v.stores_dir))
 
     def attempts(self) -> list[Attempt]:
         """Every run that trained a candidate, oldest first."""
@@ -202,7 +234,7 @@ class Registry:
         if any(v["name"] == version.name for v in data["versions"]):
             raise RegistryError(f"{self.path} already holds a version {version.name!r}")
         previous = self.current()
-        data["versions"].append(version.to_dict())
+        data["versions"].append(self._recorded(version).to_dict())
         data["attempts"].append(attempt.to_dict())
         data["events"].append(
             {

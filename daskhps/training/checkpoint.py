@@ -76,14 +76,21 @@ STATE = "state.json"
 _NAME = re.compile(r"^pass-(\d{6,})$")
 
 
-def recorded_stores_dir(stores_dir: Path, run_dir: Path) -> str:
-    """``stores_dir`` as a checkpoint of ``run_dir`` records it: relative to the checkpoint's
-    folder when the stores lie inside the run folder (``../../stores``), so a copied or moved
-    run folder reads its own stores; absolute otherwise (stores on a disk of their own)."""
+def recorded_stores_dir(stores_dir: Path, run_dir: Path, folder: Path | None = None) -> str:
+    """``stores_dir`` as a checkpoint of ``run_dir`` in ``folder`` (default: one of
+    ``checkpoints/``) records it: relative to the checkpoint's folder when the stores lie
+    inside the run folder (``../../stores``), so a copied or moved run folder reads its own
+    stores; absolute otherwise (stores on a disk of their own)."""
     stores, run = Path(os.path.abspath(stores_dir)), Path(os.path.abspath(run_dir))
     if stores.is_relative_to(run):
-        return os.path.relpath(stores, checkpoints_dir(run) / "pass-0")
+        at = Path(os.path.abspath(folder)) if folder else checkpoints_dir(run) / "pass-0"
+        return os.path.relpath(stores, at)
     return str(stores)
+
+
+# The folders whose entries are checkpoints, inside a run folder: a training run's
+# checkpoints, and a retraining folder's published versions.
+_RUN_FOLDERS = ("checkpoints", "versions")
 
 
 def _stores_of(folder: Path, recorded: Path, run_config: dict[str, Any]) -> Path:
@@ -94,16 +101,17 @@ def _stores_of(folder: Path, recorded: Path, run_config: dict[str, Any]) -> Path
     records were relative) is read in the run folder the checkpoint lies in now, when that
     is another one (copied or moved) and holds those stores: the copy's, never the
     original's. The folder that wrote it is the config's ``run.dir``, or (the default
-    layout, ``<run.dir>/stores``) the folder holding the stores."""
+    layout, ``<run.dir>/stores``, or a retraining folder's ``<run.dir>/stores/<attempt>``)
+    the folder holding the stores."""
     folder = Path(os.path.abspath(folder))
     if not recorded.is_absolute():
         return Path(os.path.normpath(folder / recorded))
     run_now = folder.parent.parent
-    if folder.parent.name != "checkpoints" or recorded.is_relative_to(run_now):
+    if folder.parent.name not in _RUN_FOLDERS or recorded.is_relative_to(run_now):
         return recorded
     was = (run_config.get("run") or {}).get("dir") if isinstance(run_config, dict) else None
     writers = [Path(os.path.abspath(was))] if isinstance(was, str) else []
-    for run_then in [*writers, recorded.parent]:
+    for run_then in [*writers, recorded.parent, recorded.parent.parent]:
         if run_then != run_now and recorded.is_relative_to(run_then):
             here = run_now / recorded.relative_to(run_then)
             if here.is_dir():

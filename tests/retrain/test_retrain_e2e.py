@@ -203,6 +203,15 @@ def test_a_few_days_of_retraining(
     assert main(["retrain", str(cfg)]) == ExitCode.NOTHING_NEW
     events = json.loads((tmp_path / "run" / "versions" / "registry.json").read_text())["events"]
     assert [e["action"] for e in events] == ["publish", "publish", "rollback"]
+    # a copy of the retraining folder reads its own versions and stores, not the original's
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "run", copy, symlinks=True)
+    for v in Registry(copy / "versions").versions():
+        assert Path(v.checkpoint).is_relative_to(copy) and Path(v.stores_dir).is_relative_to(copy)
+        assert load_checkpoint(v.checkpoint).stores_dir.is_relative_to(copy)
+        assert _committed_rows(Path(v.checkpoint)) == _committed_rows(
+            tmp_path / "run" / "versions" / v.name
+        )
     # the resolved config of every attempt is a valid run config on its own
     for attempt_dir in (tmp_path / "run" / "attempts").iterdir():
         load_config(attempt_dir / "config.yaml")
