@@ -14,7 +14,7 @@ import sys
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, DaskHPSError
 from daskhps.monitor.progress import quiet_run
-from daskhps.retrain import ExitCode, RetrainLockedError
+from daskhps.retrain import ExitCode, RetrainLockedError, UnknownVersionError
 from daskhps.retrain.job import describe_versions, retrain, rollback
 
 __all__ = ["run"]
@@ -48,7 +48,7 @@ def run(
     except RetrainLockedError as e:
         _error(f"locked: {e}")
         return ExitCode.LOCKED
-    except ConfigError as e:
+    except (ConfigError, UnknownVersionError) as e:
         _error(f"error: {e}")
         return ExitCode.BAD_CONFIG
     except (DaskHPSError, OSError) as e:  # OSError: disk full, permission denied
