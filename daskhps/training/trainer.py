@@ -33,6 +33,7 @@ from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
+from daskhps.data.source import resolve_files
 from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
 from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
@@ -40,6 +41,7 @@ from daskhps.errors import (
     CapacityError,
     ConfigError,
     DaskHPSError,
+    DataError,
     ResumeError,
     RunExistsError,
     first_line,
@@ -299,6 +301,7 @@ class Trainer:
         replica = self._replica()
         if replica is not None:
             replica.check_writable(cfg.source)
+        self._check_data_paths()  # a typo'd path alone, not after warnings sizing its logs
         sizing = check_fits(cfg, resume=resume)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         if resume and self.warm_start is not None:
@@ -345,6 +348,16 @@ class Trainer:
         )
         self._check_expiry_days(start.logs[0])
         return start
+
+    def _check_data_paths(self) -> None:
+        """``data.train`` matches data files (generated logs are checked once generated)."""
+        if self.config.data.train is None:
+            return
+        src = self.config.data.source
+        try:
+            resolve_files(src.paths, src.days, src.require_complete)
+        except DataError as e:
+            raise DataError(f"{self.config.source}: data.train: {e}") from None
 
     def _check_expiry_days(self, train_log: ClickLog) -> None:
         """Expiry by log days needs logs in ``day=YYYY-MM-DD`` folders: refused otherwise."""
