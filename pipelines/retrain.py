@@ -44,7 +44,9 @@ def run(
         if rollback_to is not None:
             outcome = rollback(config, rollback_to)
         else:
-            outcome = retrain(config, echo=echo, dry_run=dry_run)
+            # no bars (carriage returns) in the log files a scheduler writes
+            progress = None if sys.stderr.isatty() else False
+            outcome = retrain(config, echo=echo, progress=progress, dry_run=dry_run)
     except RetrainLockedError as e:
         _error(f"locked: {e}")
         return ExitCode.LOCKED

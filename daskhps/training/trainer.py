@@ -344,7 +344,11 @@ class Trainer:
             cfg.data.generate.ensure(progress=self.progress)
         # Read (lazily) before anything changes: paths that match nothing fail in a second.
         start.logs = read_train_and_holdout(
-            cfg.data.source, cfg.data.holdout, cfg.data.backend, cfg.data.block_size
+            cfg.data.source,
+            cfg.data.holdout,
+            cfg.data.backend,
+            cfg.data.block_size,
+            summarised=True,  # by the planning scan, once: the passes re-read the files
         )
         self._check_expiry_days(start.logs[0])
         return start
