@@ -38,7 +38,6 @@ from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluste
 from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
 from daskhps.errors import (
-    CapacityError,
     ConfigError,
     DaskHPSError,
     DataError,
@@ -526,20 +525,15 @@ class Trainer:
     def _check_cluster_fits(self, client: Any, workers: int) -> None:
         """Refuse, in one line, a run that cannot fit the memory of the workers behind
         ``cluster.address`` (the embedded cluster's was sized by the preflight)."""
-        from daskhps.capacity.fit import size_run
+        from daskhps.capacity.fit import check_cluster_fits
 
         limits = [int(w.get("memory_limit") or 0) for w in scheduler_workers(client).values()]
-        report = size_run(
+        check_cluster_fits(
             self.config,
             workers=workers,
             memory_limit=min(limits, default=0) or None,
             resume=self._ckpt is not None and self.warm_start is None,
         )
-        if not report.fits:
-            raise CapacityError(
-                f"{report.refusal()} (on the {workers} workers at cluster.address "
-                f"{self.config.cluster.address})"
-            )
 
     def _replica(self) -> Replica | None:
         url = self.config.checkpoint.replicate_to
