@@ -14,7 +14,7 @@ import sys
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, DaskHPSError
 from daskhps.monitor.progress import quiet_run
-from daskhps.retrain import ExitCode, RetrainLockedError
+from daskhps.retrain import ExitCode, RetrainLockedError, UnknownVersionError
 from daskhps.retrain.job import describe_versions, retrain, rollback
 
 __all__ = ["run"]
@@ -44,11 +44,13 @@ def run(
         if rollback_to is not None:
             outcome = rollback(config, rollback_to)
         else:
-            outcome = retrain(config, echo=echo, dry_run=dry_run)
+            # no bars (carriage returns) in the log files a scheduler writes
+            progress = None if sys.stderr.isatty() else False
+            outcome = retrain(config, echo=echo, progress=progress, dry_run=dry_run)
     except RetrainLockedError as e:
         _error(f"locked: {e}")
         return ExitCode.LOCKED
-    except ConfigError as e:
+    except (ConfigError, UnknownVersionError) as e:
         _error(f"error: {e}")
         return ExitCode.BAD_CONFIG
     except (DaskHPSError, OSError) as e:  # OSError: disk full, permission denied

@@ -70,7 +70,11 @@ def run(
     config: RunConfig, resume: bool = False, overwrite: bool = False, checkpoint: str | None = None
 ) -> int:
     """Run the job; returns the process exit code."""
-    result = train(config, resume=resume, overwrite=overwrite, checkpoint=checkpoint)
+    # Bars redraw one line with carriage returns: in a log file that is one endless line.
+    progress = None if sys.stderr.isatty() else False
+    result = train(
+        config, progress=progress, resume=resume, overwrite=overwrite, checkpoint=checkpoint
+    )
     if result.complete is not None:  # nothing trained: nothing to report or rewrite
         print(result.complete, file=sys.stderr)
         return 0

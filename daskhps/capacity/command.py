@@ -36,8 +36,9 @@ def _cluster_shape(address: str, security: ClusterSecurity | None) -> tuple[int,
     """Workers and the smallest memory limit of a running cluster."""
     from distributed import Client
 
-    from daskhps.distributed.cluster import dask_security
+    from daskhps.distributed.cluster import dask_security, probe_scheduler
 
+    probe_scheduler(address)
     try:
         with Client(address, timeout="10s", security=dask_security(security)) as client:
             workers = scheduler_workers(client).values()

@@ -36,7 +36,7 @@ from daskhps.config.runconfig import MEMORY_BUDGET, PAUSE_FRACTION
 from daskhps.distributed.sizing import TierSizing
 from daskhps.errors import CapacityError
 
-__all__ = ["SizingReport", "WorkerMemory", "check_fits", "size_run"]
+__all__ = ["SizingReport", "WorkerMemory", "check_cluster_fits", "check_fits", "size_run"]
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +287,12 @@ def keys_holdout(cfg: RunConfig, keys: KeyStats) -> int:
     return 0
 
 
+MEMORY_UNKNOWN = (
+    "worker count and memory limit unknown (cluster.address): memory not sized; "
+    "run `daskhps plan` where the scheduler is reachable"
+)
+
+
 def size_run(
     cfg: RunConfig,
     *,
@@ -314,10 +320,7 @@ def size_run(
         memory = worker_memory(cfg, keys, memory_limit, stored)
         _check_memory(cfg, keys, memory, problems, warnings)
     else:
-        warnings.append(
-            "worker count and memory limit unknown (cluster.address): memory not sized; "
-            "run `daskhps plan` where the scheduler is reachable"
-        )
+        warnings.append(MEMORY_UNKNOWN)
     if keys.source == "unknown" or keys.distinct_keys is None:
         warnings.append(
             "distinct keys unknown: store disk not sized; pass --scan or set table.expected_keys"
@@ -469,7 +472,28 @@ def check_fits(cfg: RunConfig, *, resume: bool = False) -> SizingReport:
     """
     report = size_run(cfg, resume=resume)
     for w in report.warnings:
-        log.warning("%s", w)
+        if w != MEMORY_UNKNOWN:  # train sizes the memory once connected (check_cluster_fits)
+            log.warning("%s", w)
     if not report.fits:
         raise CapacityError(report.refusal())
+    return report
+
+
+def check_cluster_fits(
+    cfg: RunConfig, *, workers: int, memory_limit: int | None, resume: bool = False
+) -> SizingReport:
+    """:func:`check_fits` on the ``workers`` behind ``cluster.address`` and their smallest
+    ``memory_limit`` (as ``daskhps plan`` reads them), once connected: the memory warnings
+    :func:`check_fits` could not give, and the refusal naming the cluster."""
+    report = size_run(cfg, workers=workers, memory_limit=memory_limit, resume=resume)
+    if report.memory is not None:
+        said: list[str] = []  # the rest was said by check_fits, before the cluster
+        _check_memory(cfg, report.keys, report.memory, [], said)
+        for w in said:
+            log.warning("%s", w)
+    if not report.fits:
+        raise CapacityError(
+            f"{report.refusal()} (on the {workers} workers at cluster.address "
+            f"{cfg.cluster.address})"
+        )
     return report

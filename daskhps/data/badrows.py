@@ -166,10 +166,16 @@ class BadRowReport:
     def log_summary(self, logger: logging.Logger = log) -> None:
         if self.total:
             parts = ", ".join(f"{r}={n}" for r, n in self.by_reason().items())
+            cut = sorted(s for s, r in self.counts if r == Reason.TRUNCATED_FILE)
+            named = "".join(
+                f"; {s} ends early (truncated), its {self.rows.get(s, 0)} complete rows kept"
+                for s in cut[:3]
+            ) + (f" (and {len(cut) - 3} more truncated files)" if len(cut) > 3 else "")
             logger.warning(
-                "dropped %d bad rows/shards (%s) across %d shards; kept %d rows",
+                "dropped %d bad rows/shards (%s) across %d shards; kept %d rows%s",
                 self.total,
                 parts,
                 len(self.by_shard()),
                 self.rows_read,
+                named,
             )

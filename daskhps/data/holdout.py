@@ -37,15 +37,21 @@ def read_train_and_holdout(
     holdout: HoldoutConfig | None,
     backend: str = "auto",
     block_size: int | None = None,
+    summarised: bool = False,
 ) -> tuple[ClickLog, ClickLog | None]:
     """The training log and the holdout log (None without a holdout); ``block_size`` as
-    :func:`~daskhps.data.readers.read_click_log` takes it."""
+    :func:`~daskhps.data.readers.read_click_log` takes it. ``summarised``: the caller logs
+    the training log's :meth:`~daskhps.data.badrows.BadRowReport.log_summary`, which names
+    its truncated files, so reading them does not."""
     kw: dict[str, Any] = {
         "schema": source.schema,
         "bad_rows": source.bad_rows,
         "backend": backend,
         "block_size": block_size,
     }
+    # A reader that re-reads the rows (the passes re-read what the planning scan read) names
+    # a truncated file once, in the report's summary, not at every read of it.
+    kw["warn"] = not summarised
     if holdout is None:
         return read_click_log(source, **kw), None
     if holdout.day is not None:
@@ -63,7 +69,7 @@ def read_train_and_holdout(
         held = [f for f in files if day_of(f) == day]
         if not train:
             raise DataError(f"holding out {day} leaves no day to train on")
-        return read_click_log(train, **kw), read_click_log(held, **kw)
+        return read_click_log(train, **kw), read_click_log(held, **{**kw, "warn": True})
     assert holdout.fraction is not None
     log = read_click_log(source, **kw)
     meta = log.frame._meta

@@ -257,10 +257,11 @@ def parse_table(
     policy: BadRowPolicy,
     where: str | None = None,
     fix: str = _FIX,
+    warn: bool = True,
 ) -> tuple[pd.DataFrame, BadRowReport]:
     """Validate, drop or reject bad rows, then transform and hash the good ones. A rejection
     names ``path`` and the ``where`` (line, or row of parquet) of the first bad row, then
-    ``fix``."""
+    ``fix``. ``warn``: log a truncated file here (else its report's summary names it)."""
     table = raw.table
     n = table.num_rows
     reason = np.full(n, "", dtype=object)
@@ -319,7 +320,7 @@ def parse_table(
         counts[(path, Reason.TRUNCATED_FILE)] = 1  # one per file: its tail is unknown
     if (nbad or raw.truncated is not None) and policy.fail:
         raise DataError(_first_problem(raw, schema, path, reason, dense_bad_cols, where) + fix)
-    if raw.truncated is not None:
+    if raw.truncated is not None and warn:
         log.warning(
             "%s: %s; kept the %d complete lines before it", path, raw.truncated, n + len(dropped)
         )
@@ -418,6 +419,7 @@ def read_shard(
     policy: BadRowPolicy | None = None,
     labels: str = "present",
     byte_range: tuple[int, int] | None = None,
+    warn: bool = True,
 ) -> tuple[pd.DataFrame, BadRowReport]:
     """Read, validate, transform and hash one file (plain or gzip text, or parquet).
 
@@ -432,6 +434,9 @@ def read_shard(
     ``byte_range`` ``(start, stop)``: only the lines of a plain text file that start in those
     bytes (:func:`daskhps.data.textfile.read_text_bytes`); messages still give the file's own
     line numbers. A range holding no line is no rows, not an empty shard.
+
+    ``warn``: log a truncated file as it is read; a reader that reads a file more than once
+    (a pass re-reads what the planning scan read) says it once with the report's summary.
     """
     policy = policy or BadRowPolicy()
     check_label_mode(labels)
@@ -454,7 +459,7 @@ def read_shard(
         if byte_range is not None and byte_range[0] > 0:
             return empty_frame(schema), BadRowReport({}, {path: 0})
         return _shard_problem(path, schema, policy, Reason.EMPTY_SHARD, "no rows", None)
-    return parse_table(raw, schema, path, policy)
+    return parse_table(raw, schema, path, policy, warn=warn)
 
 
 def _shard_problem(

@@ -55,10 +55,10 @@ def _to_backend(frame: pd.DataFrame, backend: str) -> Any:
 
 
 def _read(
-    part: Part, schema: Schema, policy: BadRowPolicy, backend: str
+    part: Part, schema: Schema, policy: BadRowPolicy, backend: str, warn: bool = True
 ) -> tuple[Any, pd.DataFrame]:
     with stage_span("read"):  # parse and validate too; the hashing inside is "hash"
-        frame, report = read_shard(part.path, schema, policy, byte_range=part.byte_range)
+        frame, report = read_shard(part.path, schema, policy, byte_range=part.byte_range, warn=warn)
         return _to_backend(frame, backend), report.to_frame()
 
 
@@ -158,6 +158,7 @@ def read_click_log(
     bad_rows: BadRowPolicy | str | None = None,
     backend: str = "auto",
     block_size: int | None = None,
+    warn: bool = True,
 ) -> ClickLog:
     """Lazily read every file of ``source`` into a :class:`ClickLog`.
 
@@ -165,7 +166,8 @@ def read_click_log(
     ``schema`` (default Criteo) and ``bad_rows`` (default ``skip``). Paths that match nothing
     raise :class:`~daskhps.errors.DataError` right away; bad rows surface when computed.
     ``block_size``: read plain-text files larger than this many bytes in blocks (one
-    partition each); None reads every file whole.
+    partition each); None reads every file whole. ``warn`` as for
+    :func:`~daskhps.data.parse.read_shard`.
     """
     if not isinstance(source, DataSource):
         paths = (source,) if isinstance(source, str) else tuple(map(str, source))
@@ -190,7 +192,8 @@ def read_click_log(
             schema_,
             policy,
             backend,
-            dask_key_name=f"read-shard-{i}-{_token(part, schema_, policy, backend)}",
+            warn,
+            dask_key_name=f"read-shard-{i}-{_token(part, schema_, policy, backend, warn)}",
         )
         for i, part in enumerate(split)
     ]

@@ -46,6 +46,7 @@ import datetime as dt
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,7 +443,9 @@ def generate(
     if progress:
         from dask.diagnostics import ProgressBar
 
-        with ProgressBar(out=None) if not isinstance(scheduler, str) else ProgressBar():
+        # stderr, beside the other bars: stdout holds what a command prints as its result
+        bar = ProgressBar(out=sys.stderr) if isinstance(scheduler, str) else ProgressBar(out=None)
+        with bar:
             results = dask.compute(*day_tasks, **kwargs)
     else:
         results = dask.compute(*day_tasks, **kwargs)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,7 +26,7 @@ from daskhps.distributed._expected import quiet_sync_cancel_race, quiet_worker_k
 from daskhps.distributed._worker_setup import setup_workers
 from daskhps.errors import ConfigError
 
-__all__ = ["ClusterHandle", "cuda_available", "start_cluster"]
+__all__ = ["ClusterHandle", "cuda_available", "probe_scheduler", "start_cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +222,51 @@ def dask_security(security: ClusterSecurity | None) -> Any:
     )
 
 
+# A scheduler that is starting binds its port within a second or two; a port still refused
+# after this long has no scheduler behind it, and the user should hear so at once.
+REFUSED_GRACE_S = 5.0
+
+
+def probe_scheduler(address: str, grace_s: float = REFUSED_GRACE_S) -> None:
+    """Raise :class:`ClusterError` at once when nothing can listen at ``address`` (its host
+    does not resolve) or after ``grace_s`` of refused connections; return as soon as the port
+    takes a connection, or when the outcome is not certain (no answer yet: a slow network or a
+    busy scheduler), leaving the wait to the client's timeout."""
+    from distributed.comm.addressing import get_address_host_port, parse_address
+
+    if parse_address(address)[0] not in ("tcp", "tls"):
+        return
+    try:
+        host, port = get_address_host_port(address)
+    except ValueError:
+        return  # Dask's own error says what is wrong with it
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(grace_s, 2.0)).close()
+            return
+        except socket.gaierror as e:
+            raise ClusterError(
+                f"cluster.address {address}: cannot resolve {host!r} ({e.strerror}); fix the "
+                "host name"
+            ) from None
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"cluster.address {address}: no Dask scheduler there (connection refused "
+                    f"for {grace_s:g} s); start it (`dask scheduler --port {port}`) or fix the "
+                    "address"
+                ) from None
+            time.sleep(0.25)
+        except OSError:
+            return
+
+
 def _connect(
     address: str, n_workers: int | None, wait_timeout_s: float, security: ClusterSecurity | None
 ) -> ClusterHandle:
     tls = dask_security(security)
+    probe_scheduler(address)
     try:
         client = Client(address, timeout=wait_timeout_s, security=tls)
     except Exception as e:

@@ -155,9 +155,8 @@ class Comm:
                 f"rank {self.rank} of {self.world_size}: {op} failed: {e}; a peer rank was "
                 f"lost (its worker died) or stalled for more than {self.timeout_s:g} s "
                 "(cluster.dist_timeout_s: raise it where one rank's work between collectives, "
-                "such as staging from a store the page cache cannot hold, can take longer): "
-                "the run cannot continue, resume it with --resume"
-            ) from e
+                "such as staging from a store the page cache cannot hold, can take longer)"
+            ) from e  # whether the run goes on (a restart) or stops is the trainer's to say
 
     def __repr__(self) -> str:
         return f"Comm(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"

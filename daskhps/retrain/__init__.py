@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from daskhps.retrain.codes import EXIT_CODES_HELP, ExitCode
 from daskhps.retrain.days import Day, DayPlan, plan_days, scan_days
-from daskhps.retrain.errors import RegistryError, RetrainLockedError, VersionNotFoundError
+from daskhps.retrain.errors import (
+    RegistryError,
+    RetrainLockedError,
+    UnknownVersionError,
+    VersionNotFoundError,
+)
 from daskhps.retrain.guard import Verdict, judge
 from daskhps.retrain.lock import RetrainLock
 from daskhps.retrain.versions import Attempt, Registry, Version
@@ -31,6 +36,7 @@ __all__ = [
     "RegistryError",
     "RetrainLock",
     "RetrainLockedError",
+    "UnknownVersionError",
     "Verdict",
     "Version",
     "VersionNotFoundError",

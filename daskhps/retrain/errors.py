@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from daskhps.errors import DaskHPSError
 
-__all__ = ["RegistryError", "RetrainLockedError", "VersionNotFoundError"]
+__all__ = ["RegistryError", "RetrainLockedError", "UnknownVersionError", "VersionNotFoundError"]
 
 
 class RegistryError(DaskHPSError, OSError):
@@ -16,6 +16,11 @@ class VersionNotFoundError(DaskHPSError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownVersionError(VersionNotFoundError):
+    """The version a command line named was never published, or retention removed it: a bad
+    argument (exit 2), where a published version whose files are gone is damage (exit 1)."""
 
 
 class RetrainLockedError(DaskHPSError, BlockingIOError):

@@ -27,7 +27,7 @@ from daskhps.config import RunConfig
 from daskhps.errors import ConfigError
 from daskhps.retrain.codes import ExitCode
 from daskhps.retrain.days import Day, DayPlan, plan_days, scan_days
-from daskhps.retrain.errors import VersionNotFoundError
+from daskhps.retrain.errors import UnknownVersionError, VersionNotFoundError
 from daskhps.retrain.guard import judge
 from daskhps.retrain.lock import RetrainLock
 from daskhps.retrain.publish import freeze_version
@@ -241,7 +241,7 @@ def rollback(config: RunConfig, name: str) -> Outcome:
         registry = registry_of(config)
         target = registry.get(name)
         if registry.removed(name):
-            raise VersionNotFoundError(
+            raise UnknownVersionError(
                 f"version {name} was removed by retrain.keep_versions (its folder and its "
                 "commit are gone); choose a version `--versions` lists"
             )

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from daskhps.retrain._atomic import write_atomic
-from daskhps.retrain.errors import RegistryError, VersionNotFoundError
+from daskhps.retrain.errors import RegistryError, UnknownVersionError, VersionNotFoundError
 
 __all__ = ["Attempt", "Registry", "Version", "published_checkpoint", "registry_folder"]
 
@@ -185,7 +185,7 @@ class Registry:
             if v.name == name:
                 return v
         known = ", ".join(v.name for v in self.versions()) or "none"
-        raise VersionNotFoundError(
+        raise UnknownVersionError(
             f"no version {name!r} in {self.path}; published versions: {known}"
         )
 

@@ -208,7 +208,7 @@ class OnlineModel:
             self._lease.release()
         self._lease = prepared.lease
         pause = time.perf_counter() - t
-        log.info(
+        log.debug(
             "now serving %s (was %s): %s, %s changed keys, prepared in %.2f s, requests held "
             "%.1f ms",
             self.version,

@@ -112,6 +112,8 @@ class Server:
                 (r"/readyz", ReadyHandler, {"server": self}),
                 (r"/metrics", MetricsHandler, {"server": self}),
             ],
+            default_handler_class=NotFoundHandler,
+            default_handler_args={"server": self},
         )
         # The limit is the handler's (a 413 that says so); tornado's only stops a body that
         # declares no length and never ends.
@@ -178,6 +180,12 @@ class Server:
         self._poll_error = None
         self.metrics.refreshes.labels(swap.how).inc()
         self.metrics.pause.set(swap.pause_seconds)
+        # printed, as the ready line is: an operator reads which version answers from the log
+        print(
+            f"daskhps serve: now serving {swap.new} (was {swap.old}): {swap.how}, requests held "
+            f"{swap.pause_seconds * 1e3:.1f} ms (pid {os.getpid()})",
+            flush=True,
+        )
         return swap
 
     def stop(self) -> None:
@@ -229,7 +237,11 @@ class PredictHandler(_Handler):
         self._over: int | None = None  # the size of a body over the limit
         limit = self.server.options.max_body_bytes
         declared = self.request.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if declared is None:
+            # A chunked body: tornado's own limit would cut it with a bare 400, so read (and
+            # drop) up to 4x the limit here too, and refuse beyond that as it comes.
+            self.request.connection.set_max_body_size(4 * limit + (1 << 20))  # type: ignore[union-attr]
+        elif declared.isdigit() and int(declared) > limit:
             self._over = int(declared)
             if self._over <= 4 * limit:
                 # Read it (and drop it) so that a client that sends its whole body before it
@@ -250,13 +262,19 @@ class PredictHandler(_Handler):
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
-        if self._over is None and self._size > self.server.options.max_body_bytes:
+        limit = self.server.options.max_body_bytes
+        if self._over is None and self._size > limit:
             self._over, self._chunks = self._size, []  # a body without a length, too long
         if self._over is None:
             self._chunks.append(chunk)
+        elif self._size > 4 * limit and not self._finished:
+            self._over = self._size
+            self._refuse_too_large()  # then the connection closes: the rest is not read
 
     async def post(self) -> None:
         server = self.server
+        if self._finished:  # refused while the body came
+            return
         if self._over is not None:
             self._refuse_too_large()
             return
@@ -278,6 +296,17 @@ class PredictHandler(_Handler):
             return
         self.answer(200, doc)
         server.metrics.scored(len(doc["probabilities"]), time.perf_counter() - self._t)
+
+
+class NotFoundHandler(_Handler):
+    def prepare(self) -> None:
+        self.answer(
+            404,
+            {
+                "error": f"no such path: {self.request.method} {self.request.path}; this server "
+                "answers POST /predict, GET /healthz, GET /readyz and GET /metrics"
+            },
+        )
 
 
 class HealthHandler(_Handler):

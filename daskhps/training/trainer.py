@@ -33,11 +33,11 @@ from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
+from daskhps.data.source import resolve_files
 from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
 from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
 from daskhps.errors import (
-    CapacityError,
     ConfigError,
     DaskHPSError,
     DataError,
@@ -328,6 +328,7 @@ class Trainer:
         replica = self._replica()
         if replica is not None:
             replica.check_writable(cfg.source)
+        self._check_data_paths()  # a typo'd path alone, not after warnings sizing its logs
         sizing = check_fits(cfg, resume=resume)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts
         if resume and self.warm_start is not None:
@@ -371,10 +372,24 @@ class Trainer:
             cfg.data.generate.ensure(progress=self.progress)
         # Read (lazily) before anything changes: paths that match nothing fail in a second.
         start.logs = read_train_and_holdout(
-            cfg.data.source, cfg.data.holdout, cfg.data.backend, cfg.data.block_size
+            cfg.data.source,
+            cfg.data.holdout,
+            cfg.data.backend,
+            cfg.data.block_size,
+            summarised=True,  # by the planning scan, once: the passes re-read the files
         )
         self._check_expiry_days(start.logs[0])
         return start
+
+    def _check_data_paths(self) -> None:
+        """``data.train`` matches data files (generated logs are checked once generated)."""
+        if self.config.data.train is None:
+            return
+        src = self.config.data.source
+        try:
+            resolve_files(src.paths, src.days, src.require_complete)
+        except DataError as e:
+            raise DataError(f"{self.config.source}: data.train: {e}") from None
 
     def _check_expiry_days(self, train_log: ClickLog) -> None:
         """Expiry by log days needs logs in ``day=YYYY-MM-DD`` folders: refused otherwise."""
@@ -565,20 +580,15 @@ class Trainer:
     def _check_cluster_fits(self, client: Any, workers: int) -> None:
         """Refuse, in one line, a run that cannot fit the memory of the workers behind
         ``cluster.address`` (the embedded cluster's was sized by the preflight)."""
-        from daskhps.capacity.fit import size_run
+        from daskhps.capacity.fit import check_cluster_fits
 
         limits = [int(w.get("memory_limit") or 0) for w in scheduler_workers(client).values()]
-        report = size_run(
+        check_cluster_fits(
             self.config,
             workers=workers,
             memory_limit=min(limits, default=0) or None,
             resume=self._ckpt is not None and self.warm_start is None,
         )
-        if not report.fits:
-            raise CapacityError(
-                f"{report.refusal()} (on the {workers} workers at cluster.address "
-                f"{self.config.cluster.address})"
-            )
 
     def _replica(self) -> Replica | None:
         url = self.config.checkpoint.replicate_to

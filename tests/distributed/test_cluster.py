@@ -137,9 +137,12 @@ def test_worker_killed_fails_the_run_with_a_clear_error():
         # Mid-collective: rank 0's all-reduce fails as soon as rank 1's process is gone.
         group = RunGroup.start(handle.client, timeout_s=5)
         t0 = time.monotonic()
-        with pytest.raises(CommError, match=r"all_reduce failed.*a peer rank was lost"):
+        with pytest.raises(CommError, match=r"all_reduce failed.*a peer rank was lost") as ei:
             group.run(_tasks.die_in_collective)
         assert time.monotonic() - t0 < 5
+        # a run may recover from it (cluster.max_restarts): only the trainer, when it gives
+        # up, says the run stopped and how to resume
+        assert "cannot continue" not in str(ei.value) and "--resume" not in str(ei.value)
         group.close()
 
         # Outside any collective: the client notices the worker leaving and names the rank.

@@ -91,7 +91,7 @@ def test_old_versions_go_but_current_and_served_ones_stay(
     assert "v000003" in listing
     assert "removed by retrain.keep_versions: v000001, v000002" in listing
     assert not [line for line in listing.splitlines() if line.lstrip("* ").startswith("v000001")]
-    assert main(["retrain", str(cfg), "--rollback", "v000001"]) != 0
+    assert main(["retrain", str(cfg), "--rollback", "v000001"]) == ExitCode.BAD_CONFIG
     err = capsys.readouterr().err
     assert "removed by retrain.keep_versions" in err
     assert registry.current() == v3

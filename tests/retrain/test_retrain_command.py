@@ -12,7 +12,7 @@ import yaml
 from daskhps.cli import main
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, RetrainLock
-from tests._runs import cli_here
+from tests._runs import cli, cli_here
 from tests.training.test_rundir import tree_digest
 
 
@@ -75,11 +75,14 @@ def test_dry_run_names_the_days(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert not (tmp_path / "run" / "attempts").exists()
 
 
-def test_rollback_to_an_unknown_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollback_to_an_unknown_version_is_a_bad_argument(tmp_path: Path) -> None:
+    """Exit 2, as every other bad argument: a cron job's wrapper tells a typo from a failure."""
     (tmp_path / "logs").mkdir()
-    assert main(["retrain", str(_config(tmp_path)), "--rollback", "v000003"]) == ExitCode.ERROR
-    err = capsys.readouterr().err
-    assert "no version 'v000003'" in err and "published versions: none" in err
+    res = cli("retrain", str(_config(tmp_path)), "--rollback", "v000003", timeout=120)
+    assert res.returncode == ExitCode.BAD_CONFIG == 2, res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "no version 'v000003'" in lines[0] and "published versions: none" in lines[0]
 
 
 def test_versions_listing_when_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -197,7 +197,7 @@ def test_a_few_days_of_retraining(
     assert main(["retrain", str(cfg), "--rollback", "v000001"]) == ExitCode.PUBLISHED
     assert "CURRENT is now v000001 (was v000002)" in capsys.readouterr().out
     assert (tmp_path / "run" / "versions" / "CURRENT").read_text() == "v000001\n"
-    assert main(["retrain", str(cfg), "--rollback", "v000009"]) == ExitCode.ERROR
+    assert main(["retrain", str(cfg), "--rollback", "v000009"]) == ExitCode.BAD_CONFIG
     assert "no version 'v000009'" in capsys.readouterr().err
     assert registry.current() == v1
     assert main(["retrain", str(cfg)]) == ExitCode.NOTHING_NEW

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -167,6 +168,41 @@ def test_limits_health_and_metrics(served: Running, run: dict[str, Any]) -> None
     assert rows and rows[0] > 1000
 
 
+def test_an_unknown_path_is_a_json_404_naming_the_paths(served: Running) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    try:
+        conn.request("GET", "/predcit")
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 404 and resp.getheader("Content-Type") == "application/json", data
+    error = json.loads(data)["error"]
+    assert error.startswith("no such path: GET /predcit;") and "POST /predict" in error
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(served: Running) -> None:
+    """100 MB without a Content-Length (``Transfer-Encoding: chunked``), over the 64 MiB limit:
+    the same 413 as a body that declares its length, not tornado's bare 400."""
+    piece = b" " * (1 << 20)
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+    try:
+        conn.request(
+            "POST",
+            "/predict",
+            body=(piece for _ in range(100)),
+            headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+            encode_chunked=True,
+        )
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 413, (resp.status, data[:200])
+    assert "over the limit of 67108864 bytes" in json.loads(data)["error"]
+    assert served.client.predict([{"I1": 1}]).version  # and it keeps serving
+
+
 @pytest.fixture()
 def registry(run: dict[str, Any], tmp_path: Path) -> tuple[Registry, list[Any]]:
     """A retraining run's registry with v000001 = pass 1 current."""
@@ -319,3 +355,33 @@ def test_cli_refuses_a_model_it_cannot_serve(
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "holds no published version yet" in err, err
     assert tree_state(Path(run["cfg"].run.dir)) == before  # nothing of the run was touched
+
+
+def test_each_version_switch_is_one_line_saying_from_to_how_and_the_pause(
+    run: dict[str, Any], registry: tuple[Registry, list[Any]]
+) -> None:
+    reg, ckpts = registry
+    port = _free_port()
+    proc = _serve_cli(
+        ["--model", str(reg.folder.parent), "--port", str(port), "--poll-s", "0.2",
+         "--device-rows", "500", "--host-mb", "1"]
+    )  # fmt: skip
+    try:
+        with ServeClient(f"http://127.0.0.1:{port}") as c:
+            c.wait_ready(120)
+            publish_checkpoint(reg, "v000002", ckpts[1])
+            deadline = time.monotonic() + 60
+            while c.predict([{"I1": 1}]).version != "v000002":
+                assert time.monotonic() < deadline, "the server never moved to v000002"
+                time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    switches = [line for line in out.splitlines() if "now serving" in line]
+    assert len(switches) == 1, out
+    assert re.fullmatch(
+        r"daskhps serve: now serving v000002 \(was v000001\): (replay|diff|full|new), "
+        r"requests held [0-9.]+ ms \(pid \d+\)",
+        switches[0],
+    ), switches
