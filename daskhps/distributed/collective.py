@@ -15,6 +15,7 @@ collective or the rendezvous failed or timed out after ``timeout_s``), never as 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -152,7 +153,8 @@ class Comm:
             start().wait()
         except Exception as e:  # gloo: peer closed the connection, or timed out
             raise CommError(
-                f"rank {self.rank} of {self.world_size}: {op} failed: {e}; a peer rank was "
+                f"rank {self.rank} of {self.world_size}: {op} failed: {gloo_reason(e)}; a peer "
+                "rank was "
                 f"lost (its worker died) or stalled for more than {self.timeout_s:g} s "
                 "(cluster.dist_timeout_s: raise it where one rank's work between collectives, "
                 "such as staging from a store the page cache cannot hold, can take longer)"
@@ -160,6 +162,18 @@ class Comm:
 
     def __repr__(self) -> str:
         return f"Comm(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
+
+
+# gloo's message for a lost peer: its source file, the reason, then a banner for the reader
+# of a crash report ("This is typically caused by a remote worker crashing. ... GLHF!").
+_GLOO_SOURCE = re.compile(r"^\[[^\]]*gloo[^\]]*\]\s*")
+_GLOO_BANNER = " This is typically caused by"
+
+
+def gloo_reason(error: BaseException) -> str:
+    """The reason in a collective's error, without gloo's source location and banner."""
+    text = _GLOO_SOURCE.sub("", str(error).strip())
+    return text.split(_GLOO_BANNER, 1)[0].rstrip(". ") or type(error).__name__
 
 
 def _make_store(init_method: str | None, rank: int, world: int, timeout: timedelta) -> Any:
