@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests._signals import default_dispositions
+
 __all__ = ["RealCluster"]
 
 _SCHEDULER = [sys.executable, "-m", "dask", "scheduler"]  # the `dask scheduler` command
@@ -74,7 +76,12 @@ class RealCluster:
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 -- open while it runs
         self._logs.append(log)
         return subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env,
+            start_new_session=True,
+            preexec_fn=default_dispositions,  # stopped by SIGTERM, whatever the suite inherited
         )
 
     def _wait_scheduler(self) -> str:
