@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests._signals import default_dispositions
+
 __all__ = ["RealCluster"]
 
 _SCHEDULER = [sys.executable, "-m", "dask", "scheduler"]  # the `dask scheduler` command
@@ -89,6 +91,7 @@ class RealCluster:
             env=self._env,
             start_new_session=True,
             cwd=cwd,
+            preexec_fn=default_dispositions,  # stopped by SIGTERM, whatever the suite inherited
         )
 
     def _wait_scheduler(self) -> str:

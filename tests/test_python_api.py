@@ -62,5 +62,5 @@ def test_documented_script_trains_in_a_fresh_interpreter(tmp_path: Path) -> None
     lines = [x for x in res.stdout.splitlines() if x.startswith(("pass ", "holdout "))]
     # the page's override (passes.epochs=1) applied: one epoch of 2 passes
     assert [x.split(":")[0] for x in lines[:-1]] == ["pass 1 (epoch 1)", "pass 2 (epoch 1)"]
-    assert lines[-1].startswith("holdout AUC 0.") and "run directory runs/quickstart" in lines[-1]
-    assert (tmp_path / "runs" / "quickstart" / "metrics.jsonl").is_file()
+    assert lines[-1].startswith("holdout AUC 0.") and "run directory runs/from-python" in lines[-1]
+    assert (tmp_path / "runs" / "from-python" / "metrics.jsonl").is_file()

@@ -27,6 +27,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.serve.client import ServeClient
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
+from tests._signals import default_dispositions
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +90,7 @@ def test_serve_follows_retrain_and_answers_as_predict(
         [sys.executable, "-m", "daskhps.cli", "serve", "--model", str(tmp_path / "run"),
          "--port", str(port), "--poll-s", "0.5", "--device-rows", "5000", "--host-mb", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_dispositions,  # stopped by SIGTERM below, whatever the suite inherited
     )  # fmt: skip
     try:
         client = ServeClient(f"http://127.0.0.1:{port}")

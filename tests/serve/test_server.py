@@ -30,6 +30,7 @@ from daskhps.retrain.versions import Registry
 from daskhps.serve.client import ServeClient
 from daskhps.serve.server import ServeOptions, Server
 from daskhps.training.checkpoint import list_checkpoints
+from tests._signals import default_dispositions
 from tests.serve.helpers import publish_checkpoint, tree_state
 
 pytestmark = pytest.mark.slow
@@ -277,6 +278,7 @@ def _serve_cli(args: list[str]) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_dispositions,  # stopped by SIGTERM, whatever the suite inherited
     )
 
 

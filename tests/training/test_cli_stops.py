@@ -27,6 +27,7 @@ from daskhps.tiers._lock import WriterLock
 from daskhps.training.checkpoint import latest_checkpoint
 from tests._logs import generated_logs
 from tests._runs import cli_here
+from tests._signals import default_dispositions
 
 NOISE = ("Traceback", "Compute Failed", "commit()", "still alive", "Errno")
 
@@ -147,6 +148,7 @@ def test_ctrl_c_says_where_to_resume_and_frees_the_stores(tmp_path: Path, logs: 
         stderr=err,
         text=True,
         start_new_session=True,  # its own process group: SIGINT reaches it and its workers
+        preexec_fn=default_dispositions,  # SIGINT heard, even when the suite runs in the background
     )
     try:
         deadline = time.monotonic() + 240

@@ -27,6 +27,7 @@ from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.training.rundir import ASIDE
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here, tiny_config, write_config
+from tests._signals import default_dispositions
 from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
@@ -151,6 +152,7 @@ def test_ctrl_c_before_the_new_runs_first_checkpoint_puts_the_earlier_run_back(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: SIGINT reaches it and its workers
+        preexec_fn=default_dispositions,  # SIGINT heard, even when the suite runs in the background
     )
     try:
         deadline = time.monotonic() + 120
