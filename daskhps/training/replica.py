@@ -75,8 +75,8 @@ class Replica:
         except (ImportError, ValueError) as e:  # an unknown protocol, a missing package
             raise ConfigError(f"{KEY}: cannot use {url!r}: {e}") from None
         self.root = self.root.rstrip("/")
-        if self.local:  # workers started in other folders read the driver's meaning
-            self.url = self.root
+        if self.local and "://" not in url:  # a relative path means the driver's folder,
+            self.url = os.path.abspath(url)  # also on workers started in other folders
 
     def __repr__(self) -> str:
         return f"Replica({self.url!r})"

@@ -311,10 +311,13 @@ class Trainer:
         from daskhps.capacity import check_fits
 
         if resume and checkpoint is None and self.warm_start is None:
-            # A finished run: say so before sizing or starting anything
+            # A finished run: say so before sizing or starting anything (a config it refuses
+            # and damaged stores are still refused: they need fixing either way)
             done = latest_checkpoint(self.run_dir)
             line = None if done is None else resuming.complete_line(done, cfg, self.run_dir)
-            if line is not None:
+            if done is not None and line is not None:
+                resuming.check_resume(done, cfg)
+                _refuse_damaged_stores(done)
                 self._ckpt = done
                 return _Start(earlier=None, need=None, complete=line)
         # Folders that cannot be written: named now, not as an errno on a worker (and before

@@ -89,7 +89,12 @@ def test_shards_open_per_rank_and_calls_take_the_lock(tmp_path):
     assert not torch.equal(shards.lookup("small", torch.arange(3), read_only=True), rows)
     stats = shards.stats()
     assert stats["rank"] == 1 and stats["tables"]["small"]["pinned"] == 50
-    assert shards.commit("c0") == {"small": "c0", "wide": "c0"}
+    committed = shards.commit("c0")
+    assert {t: c["name"] for t, c in committed.items()} == {"small": "c0", "wide": "c0"}
+    assert committed["small"]["rows"] == 3 and committed["wide"]["rows"] == 0
+    for t, c in committed.items():  # what identifies the commit: the store's own record
+        (info,) = [i for i in shards.tables[t].commits() if i.name == "c0"]
+        assert (c["seq"], c["time"]) == (info.seq, info.time)
 
     host.teardown(_worker("tcp://w:1"))
     host.close()  # twice is fine

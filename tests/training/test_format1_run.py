@@ -86,12 +86,22 @@ def test_inspect_and_predict_read_it_as_it_was_and_change_nothing(old_run: Path)
     # the rows that version's inspect counted
     assert [[s["store_rows"] for s in c["shards"]] for c in info["checkpoints"]] == ROWS
     scores = _predict(old_run)
-    assert np.array_equal(scores, np.load(FIXTURE / "probabilities.npy"))  # bit for bit
+    _as_that_version_scored(scores)
     assert _files(old_run / "run") == before  # reading upgrades nothing
     assert _root(old_run / "run")["format"] == 1
 
 
+def _as_that_version_scored(scores: np.ndarray) -> None:
+    """The same rows and keys scored as that version did. The dense model's float32 sums are
+    the CPU's kernels' (AVX2 and AVX-512 round differently, about 1e-7 here), and the fixture
+    was made on another machine: bit for bit holds on one machine, checked by the tests
+    that score before and after on this one."""
+    np.testing.assert_allclose(scores, np.load(FIXTURE / "probabilities.npy"), rtol=0, atol=1e-6)
+
+
 def test_resuming_it_upgrades_its_stores_and_counts_from_then_on(old_run: Path) -> None:
+    before = _predict(old_run, "--checkpoint", "pass-000003")
+    _as_that_version_scored(before)
     more = ("--set", "passes.epochs=2", "--set", "checkpoint.keep=6")  # the old ones stay
     res = cli("train", "run/config.yaml", "--resume", *more, cwd=old_run)
     assert res.returncode == 0, res.stderr
@@ -123,4 +133,4 @@ def test_resuming_it_upgrades_its_stores_and_counts_from_then_on(old_run: Path) 
     assert [[s["store_rows"] for s in c["shards"]] for c in info["checkpoints"][:3]] == ROWS
     # ... and score as that version scored them.
     scores = _predict(old_run, "--checkpoint", "pass-000003")
-    assert np.array_equal(scores, np.load(FIXTURE / "probabilities.npy"))
+    assert np.array_equal(scores, before)  # bit for bit, on this machine
