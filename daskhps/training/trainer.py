@@ -310,16 +310,6 @@ class Trainer:
         cfg = self.config
         from daskhps.capacity import check_fits
 
-        if resume and checkpoint is None and self.warm_start is None:
-            # A finished run: say so before sizing or starting anything (a config it refuses
-            # and damaged stores are still refused: they need fixing either way)
-            done = latest_checkpoint(self.run_dir)
-            line = None if done is None else resuming.complete_line(done, cfg, self.run_dir)
-            if done is not None and line is not None:
-                resuming.check_resume(done, cfg)
-                _refuse_damaged_stores(done)
-                self._ckpt = done
-                return _Start(earlier=None, need=None, complete=line)
         # Folders that cannot be written: named now, not as an errno on a worker (and before
         # check_fits, which would find no free space there).
         check_writable_dir(self.run_dir, "the run", "set run.dir to a writable folder")
@@ -331,6 +321,18 @@ class Trainer:
         replica = self._replica()
         if replica is not None:
             replica.check_writable(cfg.source)
+        if resume and checkpoint is None and self.warm_start is None:
+            # A finished run: say so before sizing or starting anything (a config it refuses
+            # and damaged stores are still refused: they need fixing either way; a store lost
+            # with its disk comes back from the copy, as a resume would restore it)
+            done = latest_checkpoint(self.run_dir)
+            line = None if done is None else resuming.complete_line(done, cfg, self.run_dir)
+            if done is not None and line is not None:
+                resuming.check_resume(done, cfg)
+                self._restore_from_copy(done)
+                _refuse_damaged_stores(done)
+                self._ckpt = done
+                return _Start(earlier=None, need=None, complete=line)
         self._check_data_paths()  # a typo'd path alone, not after warnings sizing its logs
         sizing = check_fits(cfg, resume=resume)  # refuse a run that cannot fit: plan's message
         check_env()  # a malformed DASKHPS_KILL_AT fails before anything starts

@@ -140,6 +140,8 @@ def _cli_cases(
     ):
         copy = tmp / f"edited-{key}" / "checkpoints" / latest.name
         shutil.copytree(latest.path, copy)
+        # the copy's stores beside it, where its relative stores_dir finds them
+        shutil.copytree(latest.stores_dir, tmp / f"edited-{key}" / "stores")
         manifest = json.loads((copy / MANIFEST).read_text())
         (copy / MANIFEST).write_text(json.dumps({**manifest, key: value}))
         data = ["--data", run["holdout"][0], "--overwrite"]
