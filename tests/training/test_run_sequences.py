@@ -244,6 +244,8 @@ class RunFolders:
         published = self.dir / "R" / "versions"
         before = tree_digest(self.dir / "R") if published.exists() else None
         command = _cli if before is None else self.here  # refused, or a run of its own
+        if before is None and not self.arrived:  # a run of its own needs a day to train on
+            self.a_new_day_arrives()
         run = command("train", str(self.retrain_cfg), "--overwrite")
         if before is not None:
             assert run.returncode == 1 and "daskhps retrain" in run.stderr, run.stderr[-2000:]
