@@ -34,7 +34,7 @@ from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
 from daskhps.data.source import resolve_files
-from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
+from daskhps.distributed import RunGroup, WorkerShards, start_cluster
 from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
 from daskhps.errors import (
@@ -203,7 +203,7 @@ class Trainer:
         return WorkerShards(
             [spec],
             self._stores,
-            self._sizing(),
+            cfg.table.tiers.sizing,
             policy=cfg.table.tiers.policy,
             store=cfg.table.tiers.store,
             mode="a",
@@ -246,14 +246,6 @@ class Trainer:
 
     def _score(self, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
         return evaluate_predictions(pred, label, self.config.eval.metrics)
-
-    def _sizing(self) -> TierSizing:
-        tiers = self.config.table.tiers
-        return TierSizing(
-            device_fraction=tiers.device.fraction if tiers.device.rows is None else None,
-            device_rows=tiers.device.rows,
-            host_fraction=tiers.host.fraction or None,
-        )
 
     # -- the run -----------------------------------------------------------------
 
