@@ -215,11 +215,6 @@ class Trainer:
         """What every rank builds its dense replica from (model, dense optimizer, schema)."""
         return worker.TrainSetup.from_config(self.config, self.run_id)
 
-    def _plan(self, train_log: ClickLog, num_workers: int) -> PassPlan:
-        return build_plan(
-            train_log, self.config.passes.plan, num_workers, seed=self.config.run.seed
-        )
-
     def _schedule(self, plan: PassPlan) -> list[tuple[int, PassSpec]]:
         """``(epoch, pass)`` in training order: every pass of the plan, ``passes.epochs`` times."""
         return [(epoch, spec) for epoch in range(self.config.passes.epochs) for spec in plan.passes]
