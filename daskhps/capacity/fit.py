@@ -32,9 +32,8 @@ from daskhps.capacity.estimate import (
 from daskhps.capacity.keystats import KeyStats, expected_key_stats, scan_key_stats
 from daskhps.capacity.stored import StoredTable, stored_table
 from daskhps.config import RunConfig
-from daskhps.config.runconfig import MEMORY_BUDGET, PAUSE_FRACTION
-from daskhps.distributed.sizing import TierSizing
 from daskhps.errors import CapacityError
+from daskhps.tier_sizing import MEMORY_BUDGET, PAUSE_FRACTION
 
 __all__ = ["SizingReport", "WorkerMemory", "check_cluster_fits", "check_fits", "size_run"]
 
@@ -185,16 +184,6 @@ def local_memory_limit(cfg: RunConfig) -> int | None:
     return parse_memory_limit(limit, 1, cfg.cluster.n_workers, logger=log)
 
 
-def _tier_sizing(cfg: RunConfig) -> TierSizing:
-    """The trainer's sizing of the tiers (``Trainer._sizing``)."""
-    tiers = cfg.table.tiers
-    return TierSizing(
-        device_fraction=tiers.device.fraction if tiers.device.rows is None else None,
-        device_rows=tiers.device.rows,
-        host_fraction=tiers.host.fraction or None,
-    )
-
-
 def dense_param_count(cfg: RunConfig) -> int:
     schema = cfg.data.schema
     model = cfg.model.build(
@@ -221,8 +210,9 @@ def worker_memory(
     is the table a resume opens, ``steps`` the dense model's bytes per example (measured when
     not given)."""
     spec = cfg.table_spec()
-    policy = cfg.table.tiers.policy
-    rows, host_budget = _tier_sizing(cfg).resolve([spec], memory_limit, "cpu", policy)[spec.name]
+    tiers = cfg.table.tiers
+    policy = tiers.policy
+    rows, host_budget = tiers.sizing.resolve([spec], memory_limit, "cpu", policy)[spec.name]
     batch = keys.largest_pass_per_owner or 0
     device = slot_cache_bytes(rows, spec.width, policy, batch_keys=batch)
     host = host_tier_bytes(host_budget, spec.width, policy, batch_keys=batch)

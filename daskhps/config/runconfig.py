@@ -23,15 +23,9 @@ from daskhps.config.table import TableConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.models.spec import ModelSpec
 from daskhps.table.spec import TableSpec
-from daskhps.tiers.device import DeviceCache
+from daskhps.tier_sizing import MEMORY_BUDGET  # daskhps.config.MEMORY_BUDGET
 
 __all__ = ["MEMORY_BUDGET", "RunConfig", "load_config"]
-
-# Dask pauses a worker at 80% of its memory limit. Without a GPU the device and host tiers
-# share the worker's process memory, so together they may take at most this fraction: the
-# rest is room for the dense model, batches, staging buffers and Dask itself.
-PAUSE_FRACTION = 0.8
-MEMORY_BUDGET = 0.6
 
 
 @dataclass(frozen=True)
@@ -154,23 +148,9 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
                 "raise device.rows (about 2x the share leaves room to stage the next pass) or "
                 "lower passes.max_working_set",
             )
-    if cluster.gpu is True:
-        return  # the device tier lives in GPU memory; the host tier alone is below budget
-    used = tiers.host.fraction
-    parts = f"host.fraction {tiers.host.fraction}"
-    if device.fraction is not None:
-        used += device.fraction
-        parts = f"device.fraction {device.fraction} + {parts}"
-    elif device.rows is not None and cluster.memory_limit is not None:
-        row_bytes = DeviceCache.bytes_per_row(spec.width, tiers.policy) + 16  # + index entry
-        frac = device.rows * row_bytes / cluster.memory_limit
-        used += frac
-        parts = f"device.rows {device.rows} ({frac:.2f} of memory_limit) + {parts}"
-    if used > MEMORY_BUDGET + 1e-12:
-        raise ctx.error(
-            "table.tiers",
-            f"{parts} = {used:.2f} of the worker memory limit; without a GPU the device and host "
-            f"tiers share the worker's process memory and Dask pauses a worker at "
-            f"{PAUSE_FRACTION:.0%} of its limit, so keep the sum <= {MEMORY_BUDGET} (room for "
-            "the model and batches), or set cluster.gpu: true for GPU workers",
-        )
+    # With cluster.gpu: true the device tier lives in GPU memory (auto may find none).
+    over = tiers.sizing.over_budget(
+        [spec], cluster.memory_limit, on_gpu=cluster.gpu is True, policy=tiers.policy
+    )
+    if over:
+        raise ctx.error("table.tiers", over)

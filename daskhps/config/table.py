@@ -19,6 +19,7 @@ from daskhps.config._options import Int, Options, Problem, shown, validate
 from daskhps.table.admission import AdmissionRule
 from daskhps.table.expiry import ExpiryRule
 from daskhps.table.optimizers import OptimizerSpec
+from daskhps.tier_sizing import TierSizing
 from daskhps.tiers.store.options import StoreOptions
 
 __all__ = [
@@ -62,22 +63,12 @@ class DeviceTierConfig(Options):
             return self.replace(fraction=type(self).model_fields["fraction"].default)
         return self
 
-    def capacity_rows(self, memory_limit: int, bytes_per_row: int) -> int:
-        """Rows of the device cache on a worker with ``memory_limit`` bytes."""
-        if self.rows is not None:
-            return self.rows
-        assert self.fraction is not None
-        return max(1, int(self.fraction * memory_limit) // bytes_per_row)
-
 
 class HostTierConfig(Options):
     """Host-memory tier per worker: a ``fraction`` of the worker's memory limit (0: none)."""
 
     fraction: float = Field(0.35, ge=0.0, lt=1.0)
     """Of the worker memory limit; 0: none."""
-
-    def capacity_bytes(self, memory_limit: int) -> int:
-        return int(self.fraction * memory_limit)
 
 
 class TiersConfig(Options):
@@ -98,6 +89,16 @@ class TiersConfig(Options):
     snapshot_every: int = _as_in(StoreOptions, "snapshot_every")
 
     NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ("device", "host")
+
+    @property
+    def sizing(self) -> TierSizing:
+        """The tier budgets of every worker (rows and bytes, and the memory budget, are
+        :class:`~daskhps.tier_sizing.TierSizing`'s): host fraction 0 means no host tier."""
+        return TierSizing(
+            device_fraction=self.device.fraction,
+            device_rows=self.device.rows,
+            host_fraction=self.host.fraction or None,
+        )
 
     @property
     def store(self) -> StoreOptions:

@@ -21,10 +21,9 @@ from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
 from daskhps.distributed.host import RunGroup, RunHost, local_host
 from daskhps.distributed.shards import StageAhead, WorkerShards
-from daskhps.distributed.sizing import MAX_CPU_FRACTION, TierSizing
+from daskhps.tier_sizing import TierSizing  # what WorkerShards is sized by
 
 __all__ = [
-    "MAX_CPU_FRACTION",
     "ClusterError",
     "ClusterHandle",
     "Comm",

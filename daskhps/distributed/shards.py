@@ -36,12 +36,12 @@ import numpy as np
 import torch
 
 from daskhps.distributed._errors import ClusterError
-from daskhps.distributed.sizing import TierSizing
 from daskhps.errors import CapacityError
 from daskhps.monitor import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
 from daskhps.table.admission import AdmissionRule, PendingCounts, find_sorted
 from daskhps.table.expiry import ExpiryRule
+from daskhps.tier_sizing import TierSizing
 from daskhps.tiers.store import StoreOptions
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ __all__ = [
     "STATS_WIDTH",
     "STAT_COLUMNS",
     "day_number",
-    "day_of",
+    "day_string",
     "record",
     "row_stats",
 ]
@@ -48,7 +48,7 @@ def day_number(day: str | dt.date) -> int:
     return day.toordinal()
 
 
-def day_of(number: int) -> str | None:
+def day_string(number: int) -> str | None:
     """The ``YYYY-MM-DD`` of a ``last_day`` value, ``None`` for :data:`NO_DAY`."""
     return None if number == NO_DAY else dt.date.fromordinal(number).isoformat()
 

@@ -37,7 +37,7 @@ from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
-from daskhps.table.stats import day_of
+from daskhps.table.stats import day_string
 from daskhps.training.examples import route_examples
 from daskhps.training.killpoints import kill_point
 
@@ -125,7 +125,7 @@ class PreparedPass:
         )
         self.seconds["expire"] = time.perf_counter() - t
         out: dict[str, Any] = {k: sum(g[k] for g in got) for k in ("expired", "pending_expired")}
-        out["day"] = day_of(day)
+        out["day"] = day_string(day)
         return out
 
     def staged_from(self) -> dict[str, int]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from collections import Counter
@@ -33,8 +32,8 @@ from daskhps._scheduler import scheduler_workers
 from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
-from daskhps.data.source import resolve_files
-from daskhps.distributed import RunGroup, TierSizing, WorkerShards, start_cluster
+from daskhps.data.source import day_of, resolve_files
+from daskhps.distributed import RunGroup, WorkerShards, start_cluster
 from daskhps.distributed._errors import WorkerLostError
 from daskhps.distributed.cluster import ClusterHandle, cuda_available
 from daskhps.errors import (
@@ -51,7 +50,7 @@ from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
 from daskhps.sharding import ShardMap
 from daskhps.table import TableSpec
-from daskhps.table.stats import NO_DAY, day_of
+from daskhps.table.stats import NO_DAY, day_string
 from daskhps.training import resume as resuming
 from daskhps.training import rundir, worker
 from daskhps.training.checkpoint import (
@@ -203,7 +202,7 @@ class Trainer:
         return WorkerShards(
             [spec],
             self._stores,
-            self._sizing(),
+            cfg.table.tiers.sizing,
             policy=cfg.table.tiers.policy,
             store=cfg.table.tiers.store,
             mode="a",
@@ -215,11 +214,6 @@ class Trainer:
     def _train_setup(self) -> worker.TrainSetup:
         """What every rank builds its dense replica from (model, dense optimizer, schema)."""
         return worker.TrainSetup.from_config(self.config, self.run_id)
-
-    def _plan(self, train_log: ClickLog, num_workers: int) -> PassPlan:
-        return build_plan(
-            train_log, self.config.passes.plan, num_workers, seed=self.config.run.seed
-        )
 
     def _schedule(self, plan: PassPlan) -> list[tuple[int, PassSpec]]:
         """``(epoch, pass)`` in training order: every pass of the plan, ``passes.epochs`` times."""
@@ -246,14 +240,6 @@ class Trainer:
 
     def _score(self, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
         return evaluate_predictions(pred, label, self.config.eval.metrics)
-
-    def _sizing(self) -> TierSizing:
-        tiers = self.config.table.tiers
-        return TierSizing(
-            device_fraction=tiers.device.fraction if tiers.device.rows is None else None,
-            device_rows=tiers.device.rows,
-            host_fraction=tiers.host.fraction or None,
-        )
 
     # -- the run -----------------------------------------------------------------
 
@@ -399,7 +385,7 @@ class Trainer:
     def _check_expiry_days(self, train_log: ClickLog) -> None:
         """Expiry by log days needs logs in ``day=YYYY-MM-DD`` folders: refused otherwise."""
         ttl = self.config.table.expiry.ttl_days
-        dayless = [f for f in train_log.files if not _DAY.search(f)]
+        dayless = [f for f in train_log.files if day_of(f) is None]
         if ttl is not None and dayless:
             raise ConfigError(
                 f"{self.config.source}: table.expiry.ttl_days: {ttl} needs log days, but "
@@ -778,7 +764,7 @@ class Trainer:
             holdout=holdout,
             bad_by_pass=_bad_rows_by_pass(scan.report.by_shard(), plan),
             fingerprint=fingerprint,
-            days=sorted({m.group(1) for f in plan.files if (m := _DAY.search(f))}),
+            days=sorted({d for f in plan.files if (d := day_of(f)) is not None}),
             metrics_path=metrics_path,
             day_ends=self._day_ends(plan, schedule),
         )
@@ -918,7 +904,7 @@ def _note_lifecycle(lifecycle: dict[str, dict[str, int]], rec: PassRecord, day: 
     """Add a pass's admitted keys (to the last log day of its rows) and expired rows (to the
     day that ended) to the run's figures per day (checkpoints and ``inspect`` show them)."""
     if rec.admission and day is not None:
-        per = lifecycle.setdefault(day_of(day) or "", {"admitted": 0, "expired": 0})
+        per = lifecycle.setdefault(day_string(day) or "", {"admitted": 0, "expired": 0})
         per["admitted"] += int(rec.admission["admitted"])
     if rec.expiry and rec.expiry.get("day"):
         per = lifecycle.setdefault(rec.expiry["day"], {"admitted": 0, "expired": 0})
@@ -938,9 +924,6 @@ def _refuse_damaged_stores(ckpt: Checkpoint) -> None:
             f"are damaged: {damage[0]}{more}; restore the files from a backup, or continue from "
             "an earlier intact checkpoint with --resume --checkpoint NAME --overwrite"
         )
-
-
-_DAY = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
 
 
 def _bad_rows_by_pass(

@@ -44,7 +44,8 @@ from daskhps.data.source import day_of
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.distributed import RunHost
 from daskhps.errors import ConfigError, DataError
-from daskhps.passes import plan_owner_keys
+from daskhps.passes import build_plan, plan_owner_keys
+from daskhps.passes.scan import scan_log
 from daskhps.retrain.guard import judge
 from daskhps.sharding import ShardMap
 from daskhps.training import checkpoint as ck
@@ -93,7 +94,18 @@ class Built:
 
     @cached_property
     def plan(self) -> Any:
-        return self.trainer._plan(self.logs[0], len(ADDRESSES))
+        """The pass plan as Trainer._begin makes it: the planning scan's row counts, then
+        build_plan with the arguments the run passes (no holdout spill: no worker disks)."""
+        train = self.logs[0]
+        scan = scan_log(train, None, None)
+        cfg = self.cfg
+        return build_plan(
+            train,
+            cfg.passes.plan,
+            len(ADDRESSES),
+            seed=cfg.run.seed,
+            partition_lengths=scan.lengths,
+        )
 
     @cached_property
     def setup(self) -> Any:

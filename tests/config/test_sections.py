@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from daskhps.config import DenseOptimizerConfig, DeviceTierConfig, HostTierConfig
+from daskhps.config import DenseOptimizerConfig, DeviceTierConfig, HostTierConfig, TiersConfig
 from daskhps.errors import ConfigError
-from tests.config.helpers import load
+from daskhps.table import TableSpec
+from daskhps.tier_sizing import MEMORY_BUDGET, TierSizing, row_cost
+from daskhps.tiers.host import rows_for_bytes
+from tests.config.helpers import MINIMAL, load
 
 
 def test_generate_then_reuse(tmp_path: Path) -> None:
@@ -92,7 +95,33 @@ def test_lr_factor(schedule: str, warmup: int, expected: list[float]) -> None:
     assert opt.lr_factor(10, total_steps=5) >= 0.0
 
 
-def test_tier_sizes() -> None:
-    assert DeviceTierConfig(rows=100, fraction=None).capacity_rows(1 << 30, 64) == 100
-    assert DeviceTierConfig(fraction=0.25).capacity_rows(1 << 20, 128) == (1 << 18) // 128
-    assert HostTierConfig(fraction=0.5).capacity_bytes(1000) == 500
+def test_tier_sizes_are_the_workers_sizing(tmp_path: Path) -> None:
+    # table.tiers becomes the TierSizing the workers, plan and the config check all use.
+    spec = TableSpec("t", dim=16)
+    by_rows = TiersConfig(device=DeviceTierConfig(rows=100), host=HostTierConfig(fraction=0.5))
+    assert by_rows.sizing == TierSizing(device_rows=100, host_fraction=0.5)
+    rows, host = by_rows.sizing.resolve([spec], 1 << 30)["t"]
+    assert rows == 100 and host == pytest.approx(1 << 29, abs=1)
+    by_fraction = TiersConfig(
+        device=DeviceTierConfig(fraction=0.25), host=HostTierConfig(fraction=0)
+    )
+    assert by_fraction.sizing == TierSizing(device_fraction=0.25)  # host 0: no host tier
+    rows, host = by_fraction.sizing.resolve([spec], 1 << 20)["t"]
+    assert rows == rows_for_bytes(spec.width, 1 << 18) and host == 0
+    # The config refuses what the workers would: rows priced as the tiers allocate them.
+    limit = 1 << 30
+    too_many = int(MEMORY_BUDGET * limit / row_cost(spec.width, "lru")) + 1
+    text = MINIMAL + f"cluster: {{memory_limit: {limit}}}\ntable:\n  dim: 16\n"
+    fits = f"table.tiers.device.rows={too_many - 1}"
+    assert load(tmp_path, text, fits, "table.tiers.host.fraction=0").table.tiers.device.rows
+    with pytest.raises(ConfigError, match=r"device\.rows .* 0\.60 of the worker memory limit"):
+        load(tmp_path, text, f"table.tiers.device.rows={too_many}", "table.tiers.host.fraction=0")
+    with pytest.raises(ConfigError, match=r"tier sizing: device\.rows"):
+        TierSizing(device_rows=too_many).resolve([spec], limit)
+
+
+def test_host_tier_counts_against_the_budget_on_gpu_workers(tmp_path: Path) -> None:
+    text = MINIMAL + "cluster: {gpu: true}\ntable:\n  tiers:\n    device: {fraction: 0.5}\n"
+    assert load(tmp_path, text).cluster.gpu is True  # the device tier is in GPU memory
+    with pytest.raises(ConfigError, match=r"host\.fraction 0\.7 = 0\.70"):
+        load(tmp_path, text, "table.tiers.host.fraction=0.7")

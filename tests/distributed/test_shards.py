@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from daskhps.distributed import MAX_CPU_FRACTION, ClusterError, RunHost, TierSizing, WorkerShards
+from daskhps.distributed import ClusterError, RunHost, TierSizing, WorkerShards
 from daskhps.errors import ConfigError
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from daskhps.tier_sizing import MEMORY_BUDGET, PAUSE_FRACTION, row_cost
 from daskhps.tiers.host import rows_for_bytes
 from daskhps.tiers.store import StoreOptions
 
@@ -36,16 +37,26 @@ def test_sizing_needs_one_device_budget():
         TierSizing()
     with pytest.raises(ConfigError, match="exactly one"):
         TierSizing(device_fraction=0.1, device_rows=10)
-    with pytest.raises(ConfigError, match="in \\(0, 1\\)"):
-        TierSizing(device_fraction=1.5)
+    # A fraction's range is checked once, by the config (table.tiers); their sum here.
+    with pytest.raises(ConfigError, match=r"= 1\.50 of the worker memory limit"):
+        TierSizing(device_fraction=1.5).resolve([SMALL], GiB)
 
 
 def test_sizing_stays_under_the_pause_threshold_on_cpu():
-    with pytest.raises(ConfigError, match=r"Dask pauses a worker at 0\.8"):
+    with pytest.raises(ConfigError, match=r"Dask pauses a worker at 80%"):
         TierSizing(0.4, 0.4).resolve([SMALL], GiB)
     with pytest.raises(ConfigError, match="need a worker memory limit"):
         TierSizing(0.1).resolve([SMALL], None)
-    assert MAX_CPU_FRACTION < 0.8
+    assert MEMORY_BUDGET < PAUSE_FRACTION
+    # Rows count too where the limit is known, at the price the tiers allocate them with;
+    # on a GPU only the host tier is in the worker's memory.
+    rows = int(MEMORY_BUDGET * GiB / row_cost(SMALL.width, "lru"))
+    assert TierSizing(device_rows=rows).resolve([SMALL], GiB) == {"small": (rows, 0)}
+    with pytest.raises(ConfigError, match=r"device\.rows \d+ \(0\.60 of memory_limit\)"):
+        TierSizing(device_rows=rows + 1).resolve([SMALL], GiB)
+    with pytest.raises(ConfigError, match=r"host_bytes \d+ \(0\.40"):
+        TierSizing(device_rows=rows // 2, host_bytes=int(0.4 * GiB)).resolve([SMALL], GiB)
+    assert TierSizing(device_rows=rows + 1).resolve([SMALL], None)  # no limit: not priced
 
 
 def test_sizing_splits_fractions_by_row_size():

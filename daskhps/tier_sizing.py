@@ -1,0 +1,166 @@
+"""Tier budgets of one worker, declared once: rows or fractions of its memory to rows and bytes,
+and the memory budget the tiers in its process must stay under, at one price per row.
+
+Everything that sizes the tiers goes through :class:`TierSizing`: the config check
+(``daskhps.config.runconfig``), ``daskhps plan`` (``daskhps.capacity.fit``), ``train`` (the
+trainer hands it to :class:`~daskhps.distributed.WorkerShards`) and the workers (which resolve
+it against their memory limit). The config's ``table.tiers`` keys become one through
+``TiersConfig.sizing``.
+
+On a machine without GPU the device tier and the host tier both live in the worker process,
+so their shares add up against the Dask worker's memory limit, which pauses the worker at
+:data:`PAUSE_FRACTION` and kills it at 95%: :data:`MEMORY_BUDGET` keeps the tiers well below
+the pause line, leaving room for batches, the dense model and Dask's own data. On a GPU the
+device fraction is of the GPU's memory instead. A row is priced as the tiers allocate it: its
+floats, metadata and share of the key index (:func:`~daskhps.tiers.host.rows_for_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from daskhps.errors import ConfigError
+from daskhps.table.spec import TableSpec
+from daskhps.tiers.host import rows_for_bytes
+
+__all__ = ["MEMORY_BUDGET", "PAUSE_FRACTION", "TierSizing", "row_cost"]
+
+# Dask pauses a worker at 80% of its memory limit. Without a GPU the device and host tiers
+# share the worker's process memory, so together they may take at most MEMORY_BUDGET of it:
+# the rest is room for the dense model, batches, staging buffers and Dask itself.
+PAUSE_FRACTION = 0.8
+MEMORY_BUDGET = 0.6
+
+
+@dataclass(frozen=True)
+class TierSizing:
+    """Budgets of the device and host tiers of one worker, shared by all its tables.
+
+    Give the device tier either ``device_fraction`` or ``device_rows`` (rows per table), and
+    the host tier ``host_fraction``, ``host_bytes`` (per table) or neither (no host tier).
+    A fractional budget is split between tables in proportion to the memory a row costs
+    (floats, metadata and index), so every table gets about the same number of rows. The
+    fractions' range is the config's to check (``table.tiers``); their sum is checked here,
+    against :data:`MEMORY_BUDGET`.
+    """
+
+    device_fraction: float | None = None
+    host_fraction: float | None = None
+    device_rows: int | None = None
+    host_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.device_fraction is None) == (self.device_rows is None):
+            raise ConfigError(
+                "tier sizing: give exactly one of device_fraction and device_rows, got "
+                f"device_fraction={self.device_fraction!r}, device_rows={self.device_rows!r}"
+            )
+        if self.host_fraction is not None and self.host_bytes is not None:
+            raise ConfigError("tier sizing: give host_fraction or host_bytes, not both")
+        if self.device_rows is not None and self.device_rows < 1:
+            raise ConfigError(f"tier sizing: device_rows must be >= 1, got {self.device_rows}")
+        if self.host_bytes is not None and self.host_bytes < 0:
+            raise ConfigError(f"tier sizing: host_bytes must be >= 0, got {self.host_bytes}")
+
+    def over_budget(
+        self,
+        tables: Sequence[TableSpec],
+        memory_limit: int | None,
+        *,
+        on_gpu: bool,
+        policy: str = "lru",
+    ) -> str | None:
+        """Why the tiers in the worker's process memory would take more than
+        :data:`MEMORY_BUDGET` of ``memory_limit``, or None. Rows and bytes count only when
+        the limit is known (each row at :func:`row_cost`); on a GPU the device tier is not in
+        the process."""
+        used, parts = 0.0, []
+        if not on_gpu and self.device_fraction is not None:
+            used += self.device_fraction
+            parts.append(f"device.fraction {self.device_fraction}")
+        elif not on_gpu and self.device_rows is not None and memory_limit:
+            frac = sum(self.device_rows * row_cost(t.width, policy) for t in tables) / memory_limit
+            used += frac
+            parts.append(f"device.rows {self.device_rows} ({frac:.2f} of memory_limit)")
+        if self.host_bytes is None:
+            used += self.host_fraction or 0.0
+            parts.append(f"host.fraction {self.host_fraction or 0.0}")
+        elif memory_limit:
+            frac = self.host_bytes * len(tables) / memory_limit
+            used += frac
+            parts.append(f"host_bytes {self.host_bytes} ({frac:.2f} of memory_limit)")
+        if used <= MEMORY_BUDGET + 1e-12:
+            return None
+        pause = f"Dask pauses a worker at {PAUSE_FRACTION:.0%} of its limit"
+        if on_gpu:
+            return (
+                f"{' + '.join(parts)} = {used:.2f} of the worker memory limit; {pause}, so keep "
+                f"it <= {MEMORY_BUDGET} (room for the model and batches)"
+            )
+        return (
+            f"{' + '.join(parts)} = {used:.2f} of the worker memory limit; without a GPU the "
+            f"device and host tiers share the worker's process memory and {pause}, so keep the "
+            f"sum <= {MEMORY_BUDGET} (room for the model and batches), or set cluster.gpu: true "
+            "for GPU workers"
+        )
+
+    def resolve(
+        self,
+        tables: Sequence[TableSpec],
+        memory_limit: int | None,
+        device: str = "cpu",
+        policy: str = "lru",
+    ) -> dict[str, tuple[int, int]]:
+        """``{table: (device_rows, host_bytes)}`` for a worker with this memory limit."""
+        on_gpu = torch.device(device).type == "cuda"
+        problem = self.over_budget(tables, memory_limit, on_gpu=on_gpu, policy=policy)
+        if problem:
+            raise ConfigError(f"tier sizing: {problem}")
+        needs_limit = self.host_fraction is not None or (
+            self.device_fraction is not None and not on_gpu
+        )
+        if needs_limit and not memory_limit:
+            raise ConfigError(
+                "tier sizing: fractions need a worker memory limit, but the worker has none: "
+                "set the cluster's memory_limit or give device_rows/host_bytes"
+            )
+        weights = [row_cost(t.width, policy) for t in tables]
+        total_w = sum(weights) or 1.0
+
+        def share(budget: float, w: float) -> int:
+            return int(budget * w / total_w)
+
+        out = {}
+        for t, w in zip(tables, weights, strict=True):
+            if self.device_rows is not None:
+                rows = self.device_rows
+            else:
+                frac = self.device_fraction or 0.0
+                pool = (
+                    torch.cuda.get_device_properties(torch.device(device)).total_memory
+                    if on_gpu
+                    else memory_limit or 0
+                )
+                rows = rows_for_bytes(t.width, share(frac * pool, w), policy)
+                if rows < 1:
+                    raise ConfigError(
+                        f"tier sizing: table {t.name!r} gets no device rows from "
+                        f"device_fraction={frac}: raise it or the memory limit"
+                    )
+            if self.host_bytes is not None:
+                host = self.host_bytes
+            elif self.host_fraction is not None:
+                host = share(self.host_fraction * (memory_limit or 0), w)
+            else:
+                host = 0
+            out[t.name] = (rows, host)
+        return out
+
+
+def row_cost(width: int, policy: str) -> float:
+    """Bytes a resident row costs in a tier, all overheads included (measured on 16 MiB)."""
+    budget = 1 << 24
+    return budget / max(rows_for_bytes(width, budget, policy), 1)
