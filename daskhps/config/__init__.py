@@ -13,7 +13,7 @@
       eval             EvalConfig            every_pass, batch_size, metrics
 
 Each option is declared once, as a field of its section's pydantic model
-(:mod:`daskhps.config._options`); loading, ``--set``, ``daskhps config`` (and ``--schema``)
+(:class:`daskhps.options.Options`); loading, ``--set``, ``daskhps config`` (and ``--schema``)
 and the reference in docs/configuration.md are read from those declarations. Every error is a
 :class:`~daskhps.errors.ConfigError` naming the file, the line where known, the dotted key and
 what is allowed.

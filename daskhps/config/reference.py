@@ -15,7 +15,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from daskhps.config._keys import key_tree, section_models
-from daskhps.config._options import (
+from daskhps.options import (
     literal_args,
     options_in,
     plain_number,
