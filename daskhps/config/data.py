@@ -23,7 +23,7 @@ from daskhps.data.backend import Backend
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.data.source import SUCCESS, DataSource, TrainLogs
-from daskhps.data.synthetic import GeneratorConfig
+from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.errors import ConfigError
 from daskhps.options import (
     SIZE_JSON,
@@ -110,8 +110,6 @@ class GenerateConfig(GeneratorConfig):
         """Generate the logs unless :meth:`ready`; True when it generated them."""
         if self.ready():
             return False
-        from daskhps.data.synthetic import generate
-
         generate(self.generator, self.out, scheduler, self.workers, progress)
         return True
 
