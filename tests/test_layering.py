@@ -5,6 +5,12 @@
   ``daskhps serve``, which must not pay for (or depend on) a Dask import.
 * daskhps's modules form no import cycle at import time: a cycle makes the result depend on
   which module is imported first (a half-initialised module raises ImportError on a name).
+* config is the roof, not the ground floor: the components whose sections it composes (data,
+  passes, table, tiers, models) import nothing from ``daskhps.config``, and the option base they
+  declare their options with (``daskhps.options``) imports no daskhps package but
+  ``daskhps.errors``. Every import counts here, at any depth: in a function and under
+  ``if TYPE_CHECKING:`` too, since a type-only import is still a dependency a reader follows,
+  and the first step back to a cycle dodged by a lazy import.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +33,7 @@ DASK_FREE = [
     "daskhps.models",
     "daskhps.sharding",
     "daskhps.data.hashing",
+    "daskhps.options",
     "daskhps.config",
 ]
 FORBIDDEN = ("dask", "distributed")
@@ -106,6 +114,16 @@ def _top_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom
     return found
 
 
+def _source(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module ``from ... import`` reads from in module ``name`` (at ``path``), absolute."""
+    if not node.level:
+        return node.module or ""
+    # relative: from the module's package, level - 1 packages up
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
 def import_graph(names: dict[str, Path]) -> dict[str, set[str]]:
     """Module -> the daskhps modules its top level imports (``from P import m`` counts as
     importing module ``P.m`` when there is one, else ``P``)."""
@@ -116,12 +134,7 @@ def import_graph(names: dict[str, Path]) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names if a.name in names)
                 continue
-            if node.level:  # relative: from the module's package, level - 1 packages up
-                base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                source = ".".join([*base, node.module] if node.module else base)
-            else:
-                source = node.module or ""
+            source = _source(name, path, node)
             for alias in node.names:
                 target = f"{source}.{alias.name}"
                 if target in names:
@@ -185,3 +198,92 @@ def test_cycle_finder_sees_a_cycle_and_ignores_lazy_imports(tmp_path: Path) -> N
     assert find_cycle(graph) is None
     (pkg / "d.py").write_text("from pkg.a import z\n")
     assert find_cycle(import_graph(names)) == ["pkg.a", "pkg.b", "pkg.c", "pkg.d", "pkg.a"]
+
+
+# --- config above the components, the option base below them --------------------------------
+
+BELOW_CONFIG = (
+    "daskhps.data",
+    "daskhps.passes",
+    "daskhps.table",
+    "daskhps.tiers",
+    "daskhps.models",
+)
+OPTIONS = "daskhps.options"
+OPTIONS_MAY_IMPORT = (OPTIONS, "daskhps.errors")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def every_import(name: str, path: Path) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of every import in a module, at any depth (in functions, under
+    ``if TYPE_CHECKING:``); ``from P import x`` is ``P.x``, relative imports made absolute."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = _source(name, path, node)
+            found += [(node.lineno, f"{source}.{a.name}") for a in node.names]
+    return found
+
+
+def layer_violations(
+    names: dict[str, Path], packages: tuple[str, ...], refused: Callable[[str], bool]
+) -> list[str]:
+    """``module:line: name`` for every import by a module of ``packages`` that ``refused``."""
+    return [
+        f"{name}:{line}: {target}"
+        for name, path in sorted(names.items())
+        if any(_within(name, p) for p in packages)
+        for line, target in every_import(name, path)
+        if refused(target)
+    ]
+
+
+def test_components_import_nothing_from_config() -> None:
+    found = layer_violations(_module_names(), BELOW_CONFIG, lambda t: _within(t, "daskhps.config"))
+    assert not found, "config composes these components; they must not import it:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_option_base_imports_no_package_above_it() -> None:
+    def above(target: str) -> bool:
+        return _within(target, "daskhps") and not any(
+            _within(target, p) for p in OPTIONS_MAY_IMPORT
+        )
+
+    found = layer_violations(_module_names(), (OPTIONS,), above)
+    assert not found, "daskhps.options must stay below every component:\n" + "\n".join(found)
+
+
+def test_layer_check_sees_imports_at_any_depth(tmp_path: Path) -> None:
+    # The checks above must be able to fail: an import of config in a function, under
+    # TYPE_CHECKING, relative or as ``from pkg import config`` is found; a module whose name
+    # only starts like it is not.
+    pkg = tmp_path / "pkg"
+    (pkg / "config").mkdir(parents=True)
+    (pkg / "comp").mkdir()
+    for init in (pkg, pkg / "config", pkg / "comp"):
+        (init / "__init__.py").write_text("")
+    (pkg / "configs.py").write_text("")
+    (pkg / "comp" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.config import X\n"
+    )
+    (pkg / "comp" / "b.py").write_text("def f():\n    from ..config import y\n")
+    (pkg / "comp" / "c.py").write_text("import pkg.configs\nfrom pkg import config\n")
+    (pkg / "comp" / "d.py").write_text("from . import a\n")
+    (pkg / "user.py").write_text("import pkg.config\n")
+    names = {
+        ".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in pkg.rglob("*.py")
+    }
+    found = layer_violations(names, ("pkg.comp",), lambda t: _within(t, "pkg.config"))
+    assert found == [
+        "pkg.comp.a:3: pkg.config.X",
+        "pkg.comp.b:2: pkg.config.y",
+        "pkg.comp.c:2: pkg.config",
+    ]

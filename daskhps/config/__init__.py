@@ -13,7 +13,7 @@
       eval             EvalConfig            every_pass, batch_size, metrics
 
 Each option is declared once, as a field of its section's pydantic model
-(:mod:`daskhps.config._options`); loading, ``--set``, ``daskhps config`` (and ``--schema``)
+(:class:`daskhps.options.Options`); loading, ``--set``, ``daskhps config`` (and ``--schema``)
 and the reference in docs/configuration.md are read from those declarations. Every error is a
 :class:`~daskhps.errors.ConfigError` naming the file, the line where known, the dotted key and
 what is allowed.
@@ -21,40 +21,13 @@ what is allowed.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from daskhps.config.cluster import ClusterConfig
-    from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
-    from daskhps.config.overrides import apply_overrides, parse_override
-    from daskhps.config.run import RunSection
-    from daskhps.config.runconfig import MEMORY_BUDGET, RunConfig, load_config
-    from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
-    from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
-
-# Loaded on first use: the components whose options are declared here (passes, table, data)
-# import daskhps.config._options, which runs this file first; importing the sections here would
-# import those components back while they are half-initialised.
-_LAZY = {
-    "ClusterConfig": "cluster",
-    "DataConfig": "data",
-    "GenerateConfig": "data",
-    "HoldoutConfig": "data",
-    "apply_overrides": "overrides",
-    "parse_override": "overrides",
-    "RunSection": "run",
-    "MEMORY_BUDGET": "runconfig",
-    "RunConfig": "runconfig",
-    "load_config": "runconfig",
-    "DeviceTierConfig": "table",
-    "HostTierConfig": "table",
-    "TableConfig": "table",
-    "TiersConfig": "table",
-    "DenseOptimizerConfig": "training",
-    "EvalConfig": "training",
-    "PassesConfig": "training",
-}
+from daskhps.config.cluster import ClusterConfig
+from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
+from daskhps.config.overrides import apply_overrides, parse_override
+from daskhps.config.run import RunSection
+from daskhps.config.runconfig import MEMORY_BUDGET, RunConfig, load_config
+from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
+from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 
 __all__ = [
     "MEMORY_BUDGET",
@@ -75,9 +48,3 @@ __all__ = [
     "load_config",
     "parse_override",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

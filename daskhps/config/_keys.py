@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from daskhps.config._options import Options
 from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig, ClusterSecurity
 from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
@@ -22,6 +21,7 @@ from daskhps.config.table import (
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.source import TrainLogs
+from daskhps.options import Options
 from daskhps.table.optimizers import OptimizerSpec
 
 __all__ = ["FREE", "SECTIONS", "all_keys", "key_tree", "section_models"]

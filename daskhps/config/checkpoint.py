@@ -8,8 +8,7 @@ from typing import Any
 import fsspec
 from pydantic import Field, field_validator
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Options, Problem, validate
+from daskhps.options import Ctx, Int, Options, Problem, validate
 
 __all__ = ["CheckpointConfig"]
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import (
+from daskhps.options import (
     SIZE_JSON,
+    Ctx,
     Int,
     Options,
     Problem,

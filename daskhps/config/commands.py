@@ -11,6 +11,7 @@ import shlex
 import sys
 import time
 
+from daskhps.config.json_schema import render_json_schema
 from daskhps.config.runconfig import load_config
 from daskhps.errors import ConfigError
 
@@ -80,8 +81,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def run_config(args: argparse.Namespace) -> int:
     """Print the resolved config (every default filled in) as YAML, or the JSON schema."""
     if args.schema:
-        from daskhps.config.json_schema import render_json_schema
-
         print(render_json_schema(), end="")
         return 0
     if args.config is None:
@@ -118,6 +117,8 @@ def run_train(args: argparse.Namespace) -> int:
 def train_interrupted(args: argparse.Namespace) -> str:
     """The line Ctrl-C during ``daskhps train`` ends with: how far the run's checkpoints got
     and the command that resumes it (or that nothing was checkpointed)."""
+    # Here, not at the top: training.checkpoint loads torch, which `daskhps config` and a
+    # train that fails its config check never need.
     from daskhps.training.checkpoint import MANIFEST, latest_checkpoint
 
     command = ["daskhps", "train", args.config]

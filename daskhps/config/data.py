@@ -19,9 +19,15 @@ from pydantic import (
     model_validator,
 )
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import (
+from daskhps.data.backend import Backend
+from daskhps.data.badrows import BadRowPolicy
+from daskhps.data.schema import Schema, criteo_schema, schema_at
+from daskhps.data.source import SUCCESS, DataSource, TrainLogs
+from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.errors import ConfigError
+from daskhps.options import (
     SIZE_JSON,
+    Ctx,
     Int,
     Options,
     Problem,
@@ -29,12 +35,6 @@ from daskhps.config._options import (
     shown,
     validate,
 )
-from daskhps.data.backend import Backend
-from daskhps.data.badrows import BadRowPolicy
-from daskhps.data.schema import Schema, criteo_schema, schema_at
-from daskhps.data.source import SUCCESS, DataSource, TrainLogs
-from daskhps.data.synthetic import GeneratorConfig
-from daskhps.errors import ConfigError
 
 __all__ = ["DataConfig", "GenerateConfig", "HoldoutConfig"]
 
@@ -110,8 +110,6 @@ class GenerateConfig(GeneratorConfig):
         """Generate the logs unless :meth:`ready`; True when it generated them."""
         if self.ready():
             return False
-        from daskhps.data.synthetic import generate
-
         generate(self.generator, self.out, scheduler, self.workers, progress)
         return True
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from daskhps._yaml import parse_scalar
-from daskhps.config._context import closest
 from daskhps.config._keys import all_keys, free_form
 from daskhps.errors import ConfigError
+from daskhps.options import closest
 
 __all__ = ["apply_overrides", "parse_override"]
 

@@ -15,7 +15,9 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from daskhps.config._keys import key_tree, section_models
-from daskhps.config._options import (
+from daskhps.config.runconfig import RunConfig
+from daskhps.data.schema import CategoricalField, DenseField, Schema
+from daskhps.options import (
     literal_args,
     options_in,
     plain_number,
@@ -131,8 +133,6 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def defaults() -> dict[str, Any]:
     """``{dotted key: value}`` of the minimal configs, resolved by the loader."""
-    from daskhps.config.runconfig import RunConfig
-
     out: dict[str, Any] = {}
     for sample in _SAMPLES:
         for k, v in _flatten(RunConfig.from_dict(sample).to_dict()).items():
@@ -186,8 +186,6 @@ def render_schema() -> str:
     """The keys of a schema file (``data.schema`` inline, or a file it names), from the
     schema's declarations, as Markdown; a dense or categorical field is a column name or such
     a mapping."""
-    from daskhps.data.schema import CategoricalField, DenseField, Schema
-
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for prefix, model in (
         ("", Schema),

@@ -7,8 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Options, validate
+from daskhps.options import Ctx, Int, Options, validate
 
 __all__ = ["RetrainConfig"]
 

@@ -6,8 +6,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Options, Problem, shown, validate
+from daskhps.options import Ctx, Int, Options, Problem, shown, validate
 
 __all__ = ["RunSection"]
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from daskhps._yaml import dump_yaml, load_yaml_with_lines
-from daskhps.config._context import Ctx
 from daskhps.config._keys import SECTIONS
 from daskhps.config.checkpoint import CheckpointConfig
 from daskhps.config.cluster import ClusterConfig
@@ -22,6 +21,7 @@ from daskhps.config.run import RunSection
 from daskhps.config.table import TableConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.models.spec import ModelSpec
+from daskhps.options import Ctx
 from daskhps.table.spec import TableSpec
 from daskhps.tier_sizing import MEMORY_BUDGET  # daskhps.config.MEMORY_BUDGET
 

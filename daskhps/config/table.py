@@ -14,8 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Options, Problem, shown, validate
+from daskhps.options import Ctx, Int, Options, Problem, shown, validate
 from daskhps.table.admission import AdmissionRule
 from daskhps.table.expiry import ExpiryRule
 from daskhps.table.optimizers import OptimizerSpec

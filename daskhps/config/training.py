@@ -7,8 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import Int, Noun, Options, Problem, Seq, validate
+from daskhps.options import Ctx, Int, Noun, Options, Problem, Seq, validate
 from daskhps.passes.config import PassConfig
 
 __all__ = ["METRICS", "DenseOptimizerConfig", "EvalConfig", "PassesConfig"]

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
-from daskhps.config._options import Options
+from daskhps.options import Options
 
 __all__ = ["REASONS", "BadRowPolicy", "BadRowReport", "Reason"]
 

@@ -8,7 +8,7 @@ training.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -17,10 +17,20 @@ from daskhps.data.readers import ClickLog, read_click_log
 from daskhps.data.source import DataSource, day_of, resolve_files
 from daskhps.errors import DataError
 
-if TYPE_CHECKING:  # config imports data: the section's type only, for the annotation
-    from daskhps.config.data import HoldoutConfig
+__all__ = ["Holdout", "read_train_and_holdout"]
 
-__all__ = ["read_train_and_holdout"]
+
+class Holdout(Protocol):
+    """What the split reads of a holdout: one ``day`` (``last`` or ``YYYY-MM-DD``), or a
+    ``fraction`` of rows chosen by ``seed``. The run config's ``data.holdout`` section
+    (:class:`~daskhps.config.data.HoldoutConfig`, which config composes above data/) is one."""
+
+    @property
+    def day(self) -> str | None: ...
+    @property
+    def fraction(self) -> float | None: ...
+    @property
+    def seed(self) -> int: ...
 
 
 def _keep(
@@ -34,7 +44,7 @@ def _keep(
 
 def read_train_and_holdout(
     source: DataSource,
-    holdout: HoldoutConfig | None,
+    holdout: Holdout | None,
     backend: str = "auto",
     block_size: int | None = None,
     summarised: bool = False,

@@ -32,7 +32,14 @@ from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import hash_column, missing_key
 from daskhps.data.labels import check_label_mode, parquet_has_label, text_has_label
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
-from daskhps.data.textfile import TextBytes, blank_lines, decode_text, read_text_bytes
+from daskhps.data.textfile import (
+    TextBytes,
+    blank_lines,
+    decode_text,
+    line_start,
+    lines_before,
+    read_text_bytes,
+)
 from daskhps.errors import DataError, first_line
 from daskhps.monitor import stage_span
 
@@ -153,8 +160,6 @@ def _header_names(path: str, schema: Schema) -> list[str]:
 
 
 def _lines_before_range(path: str, start: int) -> int:
-    from daskhps.data.textfile import line_start, lines_before
-
     return lines_before(path, line_start(path, start))
 
 

@@ -27,9 +27,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from daskhps._yaml import load_yaml_with_lines
-from daskhps.config._context import Ctx
-from daskhps.config._options import Options, Problem, Seq, validate
 from daskhps.errors import ConfigError
+from daskhps.options import Ctx, Options, Problem, Seq, validate
 
 __all__ = [
     "LABEL",

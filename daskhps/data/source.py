@@ -24,11 +24,10 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
-from daskhps.config._context import Ctx, join
-from daskhps.config._options import Options, Problem, shown
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.errors import DataError
+from daskhps.options import Ctx, Options, Problem, join, shown
 
 __all__ = ["SUCCESS", "DataSource", "day_of", "resolve_files"]
 

@@ -57,9 +57,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from pydantic import Field, field_validator
 
-from daskhps.config._options import Int, Options, Problem, shown
 from daskhps.data.hashing import fmix64
 from daskhps.data.source import SUCCESS
+from daskhps.options import Int, Options, Problem, shown
 
 __all__ = ["GenerationSummary", "GeneratorConfig", "auc_from_histograms", "generate"]
 

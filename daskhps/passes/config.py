@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from daskhps.config._options import Int, Options, Problem
+from daskhps.options import Int, Options, Problem
 
 __all__ = ["SHUFFLE_METHODS", "PassConfig"]
 

@@ -21,10 +21,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from daskhps.config._context import closest
 from daskhps.data.parse import parse_columns, parse_text
 from daskhps.data.schema import CategoricalField, Schema
 from daskhps.errors import DaskHPSError, DataError
+from daskhps.options import closest
 
 __all__ = ["JSON", "TEXT_TYPES", "RequestError", "read_rows"]
 

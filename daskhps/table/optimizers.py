@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from daskhps.config._options import Options, Problem
+from daskhps.options import Options, Problem
 
 __all__ = ["OptimizerSpec", "apply_update", "state_width"]
 

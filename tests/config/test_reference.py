@@ -25,8 +25,8 @@ from daskhps.config import (
     TiersConfig,
 )
 from daskhps.config._keys import SECTIONS, all_keys
-from daskhps.config._options import Options
 from daskhps.config.reference import DOCS, END, START, defaults, describe, render
+from daskhps.options import Options
 
 DOC = Path(__file__).parents[2] / "docs" / "configuration.md"
 

@@ -13,10 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daskhps.config._context import Ctx
-from daskhps.config._options import validate
 from daskhps.data import ClickLog
 from daskhps.errors import CapacityError, ConfigError
+from daskhps.options import Ctx, validate
 from daskhps.passes import (
     PassConfig,
     PassSpec,

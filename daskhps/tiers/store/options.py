@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from daskhps.config._options import Int, Options
+from daskhps.options import Int, Options
 
 __all__ = ["StoreOptions"]
 

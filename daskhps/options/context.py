@@ -1,6 +1,6 @@
 """Validation context: which file a section came from, where each key sits, precise errors.
 
-The options themselves are declared and checked in :mod:`daskhps.config._options`; this is
+The options themselves are declared and checked in :mod:`daskhps.options.base`; this is
 where an error is located. ``section`` places the errors of the one component that checks its
 own section (a model's options, against its class) under their key.
 

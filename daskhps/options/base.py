@@ -1,10 +1,11 @@
-"""The declaration of config options: one pydantic field per option, and its errors in
-daskhps's words.
+"""The option base: :class:`Options`, the pydantic model every config section derives from, and
+its errors in daskhps's words.
 
 A section is an :class:`Options` model: each field declares the option's type, default,
-bounds or choices, and (the docstring below it) its one line of documentation. Parsing,
-``to_dict``, the key tree that ``--set`` checks, the reference in docs/configuration.md and the
-JSON schema are all read from these declarations.
+bounds or choices (with the types of :mod:`daskhps.options.types`), and (the docstring below
+it) its one line of documentation. Parsing, ``to_dict``, the key tree that ``--set`` checks,
+the reference in docs/configuration.md and the JSON schema are all read from these
+declarations.
 
 pydantic validates; :func:`validate` turns the first error into today's one-line
 :class:`~daskhps.errors.ConfigError`, with the file, the line, the dotted key and what is
@@ -15,91 +16,28 @@ allowed::
 
 The coercion rules are daskhps's, not pydantic's lax ones: models are strict (a bool is no
 int, a string is no number), an int is a float, and a whole float below 2**53 is an int
-(YAML reads ``1e6`` as a float).
+(YAML reads ``1e6`` as a float: :data:`~daskhps.options.types.Int`).
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 # BaseModel's metaclass, which pydantic exports only from this module
 from pydantic._internal._model_construction import ModelMetaclass
-from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 
-from daskhps.config._context import Ctx, closest, join
 from daskhps.errors import ConfigError
+from daskhps.options.annotations import item, literals, members, noun_of, plain_number, strip
+from daskhps.options.context import Ctx, closest, join
 
-__all__ = [
-    "SIZE_JSON",
-    "Int",
-    "Noun",
-    "Options",
-    "Problem",
-    "Seq",
-    "literal_args",
-    "options_in",
-    "parse_size",
-    "plain_number",
-    "shown",
-    "type_name",
-    "union_members",
-    "validate",
-]
+__all__ = ["Options", "options_in", "type_name", "validate"]
 
 S = TypeVar("S", bound="Options")
-
-
-def _whole(value: Any) -> Any:
-    """1e6 reads as a float in YAML; a whole float is the int it names."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
-
-
-def _seq(value: Any) -> Any:
-    """A YAML list is the option's tuple (a frozen config holds no mutable lists)."""
-    return tuple(value) if isinstance(value, list) else value
-
-
-Int = Annotated[int, BeforeValidator(_whole)]
-# A byte count in a config: an int, a size such as "64MiB", or null (the JSON schema's view).
-SIZE_JSON: JsonDict = {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]}
-T = TypeVar("T")
-Seq = Annotated[tuple[T, ...], BeforeValidator(_seq)]
-
-
-@dataclass(frozen=True)
-class Noun:
-    """What one of a set of choices is called (``Annotated[Literal[...], Noun("metric")]``):
-    a wrong value reads "'f1' is not a metric; choose from auc, logloss, ..."."""
-
-    noun: str
-
-
-class Problem(PydanticCustomError):
-    """A check across fields of one section, raised in its validators: ``key`` is the dotted
-    key under the section that the message is about ('' for the section itself)."""
-
-    def __new__(cls, key: str, message: str) -> Problem:
-        return super().__new__(cls, "daskhps", "{message}", {"key": key, "message": message})
-
-
-def shown(type: str | None = None, default: str | None = None) -> JsonDict:
-    """How the reference shows an option whose type or default its declaration cannot say
-    (a path; a default derived from another key): the field's ``json_schema_extra``."""
-    out: JsonDict = {}
-    if type is not None:
-        out["x-daskhps-type"] = type
-    if default is not None:
-        out["x-daskhps-default"] = default
-    return out
 
 
 class _Checked(ModelMetaclass):
@@ -157,19 +95,6 @@ class Options(BaseModel, metaclass=_Checked):
         return {k: _plain(getattr(self, k)) for k in type(self).model_fields}
 
 
-def parse_size(value: Any, forms: str) -> Any:
-    """A byte count written as a size (``'64MiB'``, ``'500MB'``) as an int; other values as
-    they are (the field's type checks them). ``forms`` says what the option takes."""
-    if not isinstance(value, str):
-        return value
-    from dask.utils import parse_bytes  # dask only when a size is written as text
-
-    try:
-        return int(parse_bytes(value))
-    except ValueError:
-        raise Problem("", f"{value!r}: expected {forms}") from None
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, Options):
         return value.to_dict()
@@ -222,7 +147,7 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
         op, name = _BOUNDS[kind]
         return ctx.error(key, f"must be {op} {info[name]}, got {value!r}{_interval(declared)}")
     if kind == "literal_error" and field is not None:
-        choices, noun = _literals(field), _noun(field)
+        choices, noun = literals(field), noun_of(field)
         if noun is not None:
             return ctx.error(key, f"{value!r} is not a {noun}; choose from {', '.join(choices)}")
         return ctx.error(
@@ -261,7 +186,7 @@ def _walk(
     for part in loc:
         if isinstance(part, int):
             key = f"{key}[{part}]"
-            field = _item(field)
+            field = item(field)
             inner = options_in(field)
             if inner is not None:  # a list of sections (a schema's fields)
                 node, field = inner, None
@@ -298,71 +223,12 @@ def _interval(info: FieldInfo | None) -> str:
     return f"; allowed: {lo[0]}{plain_number(lo[1])}, {plain_number(hi[1])}{hi[0]}"
 
 
-def plain_number(x: Any) -> str:
-    """``1.0`` as ``1``: bounds as a user writes them."""
-    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
-
-
 def options_in(annotation: Any) -> type[Options] | None:
     """The section inside ``annotation`` (``X``, ``X | None``), if it is one."""
-    for t in (annotation, *_members(annotation)):
+    for t in (annotation, *members(annotation)):
         if isinstance(t, type) and issubclass(t, Options):
             return t
     return None
-
-
-def _members(annotation: Any) -> tuple[Any, ...]:
-    if get_origin(annotation) is Annotated:
-        return _members(get_args(annotation)[0])
-    if get_origin(annotation) in (Union, types.UnionType):
-        return tuple(a for m in get_args(annotation) for a in (m, *_members(m)))
-    return ()
-
-
-def _item(annotation: Any) -> Any:
-    base = _strip(annotation)
-    args = get_args(base)
-    return args[0] if args else None
-
-
-def union_members(annotation: Any) -> tuple[Any, ...]:
-    """The members of a union (``int | None``: int, NoneType), Annotated stripped; or ()."""
-    t = _strip(annotation)
-    if get_origin(t) in (Union, types.UnionType):
-        return tuple(_strip(m) for m in get_args(t))
-    return ()
-
-
-def literal_args(annotation: Any) -> tuple[Any, ...]:
-    """The choices of a ``Literal`` (Annotated stripped); () if it is none."""
-    t = _strip(annotation)
-    return get_args(t) if get_origin(t) is Literal else ()
-
-
-def _strip(annotation: Any) -> Any:
-    while get_origin(annotation) is Annotated:
-        annotation = get_args(annotation)[0]
-    return annotation
-
-
-def _noun(annotation: Any) -> str | None:
-    for t in (annotation, *_members(annotation)):
-        if get_origin(t) is Annotated:
-            for meta in get_args(t)[1:]:
-                if isinstance(meta, Noun):
-                    return meta.noun
-    return None
-
-
-def _literals(annotation: Any) -> list[Any]:
-    out: list[Any] = []
-    for t in (annotation, *_members(annotation)):
-        t = _strip(t)
-        if get_origin(t) is Literal:
-            out.extend(get_args(t))
-        elif t is type(None) and out:
-            out.insert(0, None)
-    return out
 
 
 _NAMES = {int: "int", float: "float", bool: "bool", str: "str", type(None): "null"}
@@ -370,7 +236,7 @@ _NAMES = {int: "int", float: "float", bool: "bool", str: "str", type(None): "nul
 
 def type_name(annotation: Any) -> str:
     """``int or null``: what a declaration accepts, in the words of the YAML a user writes."""
-    t = _strip(annotation)
+    t = strip(annotation)
     if get_origin(t) in (Union, types.UnionType):
         return " or ".join(dict.fromkeys(type_name(m) for m in get_args(t)))
     if get_origin(t) is Literal:
