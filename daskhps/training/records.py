@@ -6,14 +6,17 @@
     RankPassResult ◄── each rank, once its share of the pass is trained
     PassRecord: the ranks' results, staging, evaluation, tiers and timings of one pass;
                 one line of metrics.jsonl (to_json), the record a checkpoint keeps
+    RunResult: every pass's line, the final evaluation and dense weights, the restarts;
+               summary.json
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Batches", "PassRecord", "RankPassResult"]
+__all__ = ["Batches", "PassRecord", "RankPassResult", "RunResult"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +128,21 @@ class PassRecord:
         if self.expiry:
             out["expiry"] = self.expiry
         return out
+
+
+@dataclass
+class RunResult:
+    """What a finished run leaves behind (also written to ``summary.json``)."""
+
+    run_dir: Path
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    final_eval: dict[str, float] = field(default_factory=dict)
+    dense_state: dict[str, Any] = field(default_factory=dict)
+    initial_eval: dict[str, float] = field(default_factory=dict)  # with eval_before
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # automatic, after lost workers
+    # a resume found the run finished (nothing trained, nothing written): the line saying so
+    complete: str | None = None
+
+    @property
+    def pass_losses(self) -> list[float]:
+        return [p["train_loss"] for p in self.passes]

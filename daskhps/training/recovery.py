@@ -28,9 +28,25 @@ from typing import Any
 from distributed import KilledWorker
 
 from daskhps._scheduler import scheduler_workers
-from daskhps.distributed._errors import CommError
+from daskhps.distributed._errors import CommError, WorkerLostError
+from daskhps.errors import DaskHPSError, first_line
+from daskhps.training.checkpoint import (
+    Checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    store_damage,
+)
+from daskhps.training.replica import Replica, restore_stores
 
-__all__ = ["RECOVERABLE", "Restart", "record_restart", "wait_for_workers"]
+__all__ = [
+    "RECOVERABLE",
+    "Restart",
+    "out_of_restarts",
+    "record_restart",
+    "recovery_point",
+    "restore_from_copy",
+    "wait_for_workers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +87,38 @@ def record_restart(metrics_path: Path, restart: Restart) -> None:
     """Append the restart to ``metrics.jsonl`` (a line of its own kind, beside the passes)."""
     with open(metrics_path, "a", encoding="utf-8") as f:
         f.write(json.dumps({"restart": restart.to_json()}) + "\n")
+
+
+def restore_from_copy(ckpt: Checkpoint, replica: Replica | None) -> None:
+    """Put back the rank stores of ``ckpt`` that are missing or damaged from the copy at
+    ``checkpoint.replicate_to`` (``replica``), if there is one (what cannot be restored is
+    left for the damage check to name)."""
+    if replica is not None:
+        for line in restore_stores(ckpt, replica):
+            log.warning("%s", line)  # a lost disk: worth a line, quiet or not
+
+
+def recovery_point(run_dir: Path, replica: Replica | None) -> Checkpoint | None:
+    """The newest checkpoint in ``run_dir`` whose stores are sound, restored from the copy
+    where they went with a lost disk; None when there is none (each one passed over is a
+    warning: the run trains its passes again and rewrites it)."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        restore_from_copy(ckpt, replica)
+        damage = store_damage(ckpt)
+        if not damage:
+            return ckpt
+        log.warning("cannot continue from %s: its stores are damaged: %s", ckpt.name, damage[0])
+    return None
+
+
+def out_of_restarts(
+    error: BaseException, restarts: int, max_restarts: int, run_dir: Path, why: str = ""
+) -> DaskHPSError:
+    """The error that stops a run after a lost worker it cannot recover from: the cause,
+    the restarts used, and where to resume."""
+    ckpt = latest_checkpoint(run_dir)
+    where = f"resume from {ckpt.name} with --resume" if ckpt else "start it again"
+    return WorkerLostError(
+        f"{why + ': ' if why else ''}{first_line(error)} (restarts used: {restarts} of "
+        f"cluster.max_restarts {max_restarts}); {where} once the workers are back"
+    )

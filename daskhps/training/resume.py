@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from daskhps.table.admission import PendingCounts
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.changes import check_changes
 from daskhps.training.checkpoint import Checkpoint
+from daskhps.training.records import RunResult
 from daskhps.training.rundir import published_commits
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "reshard",
     "resharded_dir",
     "restore_metrics",
+    "stores_owner",
+    "stores_to_train_in",
     "wait_for_stores",
 ]
 
@@ -146,11 +149,9 @@ def complete_line(ckpt: Checkpoint, config: RunConfig, run_dir: Path) -> str | N
     )
 
 
-def finished_result(run_dir: Path, ckpt: Checkpoint | None, line: str) -> Any:
+def finished_result(run_dir: Path, ckpt: Checkpoint | None, line: str) -> RunResult:
     """What a finished run holds, read back without changing anything (a resume of a
     complete run)."""
-    from daskhps.training.trainer import RunResult
-
     path = run_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     passes = [rec for line in lines if "restart" not in (rec := json.loads(line))]
@@ -160,6 +161,32 @@ def finished_result(run_dir: Path, ckpt: Checkpoint | None, line: str) -> Any:
         final_eval=dict(ckpt.metrics) if ckpt is not None else {},
         complete=line,
     )
+
+
+def stores_to_train_in(
+    ckpt: Checkpoint | None,
+    config: RunConfig,
+    num_workers: int,
+    copy_from: Path | None,
+    echo: Callable[[str], None],
+) -> Path:
+    """The stores to train in: the config's for a new run, the checkpoint's on resume,
+    re-sharded from the checkpoint's when the number of workers changed, or copied from them
+    into the config's when they belong to the run in ``copy_from`` (never written here)."""
+    mine = Path(os.path.abspath(config.table.tiers.store_dir))
+    if ckpt is None:
+        return mine
+    if copy_from is not None:
+        echo(
+            f"copying the rows of {ckpt.name} from {ckpt.stores_dir} into {mine}: those "
+            f"stores belong to the run in {copy_from}, which this resume must not change"
+        )
+        return reshard(ckpt, num_workers, mine)
+    if ckpt.num_workers == num_workers:
+        return ckpt.stores_dir
+    out = resharded_dir(config.table.tiers.store_dir, ckpt, num_workers)
+    echo(f"re-sharding {ckpt.name} from {ckpt.num_workers} to {num_workers} workers")
+    return reshard(ckpt, num_workers, out)
 
 
 def stores_owner(ckpt: Checkpoint, run_dir: Path) -> Path | None:

@@ -50,6 +50,7 @@ from daskhps.retrain.guard import judge
 from daskhps.sharding import ShardMap
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpointer import Checkpointer, Position
+from daskhps.training.resume import stores_to_train_in
 from daskhps.training.trainer import Trainer
 
 ADDRESSES = ["tcp://w:0", "tcp://w:1"]
@@ -94,7 +95,7 @@ class Built:
 
     @cached_property
     def plan(self) -> Any:
-        """The pass plan as Trainer._begin makes it: the planning scan's row counts, then
+        """The pass plan as PassLoop._begin makes it: the planning scan's row counts, then
         build_plan with the arguments the run passes (no holdout spill: no worker disks)."""
         train = self.logs[0]
         scan = scan_log(train, None, None)
@@ -109,7 +110,7 @@ class Built:
 
     @cached_property
     def setup(self) -> Any:
-        return self.trainer._train_setup()  # handed to every rank's dense replica
+        return self.trainer.parts.train_setup()  # handed to every rank's dense replica
 
     @cached_property
     def model(self) -> torch.nn.Module:
@@ -124,9 +125,11 @@ class Built:
     def host(self) -> Any:
         """The trainer's WorkerShards in a run host, set up and opened on a stand-in for rank
         0's worker."""
-        shards = self.trainer._worker_shards(self.cfg.table_spec())  # as Trainer.run
+        # as Trainer.run opens them for a new run
+        stores = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
+        shards = self.trainer.parts.worker_shards(self.cfg.table_spec(), stores, None)
         host = RunHost("keys", ADDRESSES, shards)
-        limit = self.trainer._cluster_args()["memory_limit"]
+        limit = self.trainer.parts.cluster_args()["memory_limit"]
         worker = SimpleNamespace(
             address=ADDRESSES[0],
             memory_manager=SimpleNamespace(memory_limit=limit if isinstance(limit, int) else GiB),
@@ -152,8 +155,8 @@ class Built:
 
     @cached_property
     def checkpointer(self) -> Checkpointer:
-        t = self.trainer
-        return Checkpointer(self.cfg, t.run_dir, None, t._stores)  # type: ignore[arg-type]
+        stores = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
+        return Checkpointer(self.cfg, self.trainer.run_dir, None, stores)  # type: ignore[arg-type]
 
 
 # -- probes: what each component shows of its settings -------------------------------------
@@ -252,7 +255,7 @@ def generator_threads(b: Built) -> list[int]:
 
 
 def schedule_epochs(b: Built) -> list[int]:
-    return sorted({epoch for epoch, _ in b.trainer._schedule(b.plan)})
+    return sorted({epoch for epoch, _ in b.trainer.parts.schedule(b.plan)})
 
 
 def pass_sizes(b: Built) -> list[int]:
@@ -261,7 +264,7 @@ def pass_sizes(b: Built) -> list[int]:
 
 def batches(b: Built) -> tuple[int, int]:
     first = b.plan.passes[0]
-    return b.trainer._batches(first, 0, 100).batch_size, first.num_batches
+    return b.trainer.parts.batches(first, 0, 100).batch_size, first.num_batches
 
 
 def shuffled(b: Built) -> list[bool]:
@@ -399,29 +402,29 @@ def dense_optimizer(b: Built) -> dict[str, Any]:
 
 def learning_rates(b: Built) -> tuple[float, ...]:
     spec = b.plan.passes[0]
-    return tuple(round(x, 8) for x in b.trainer._batches(spec, 0, 4).lrs)
+    return tuple(round(x, 8) for x in b.trainer.parts.batches(spec, 0, 4).lrs)
 
 
 def cluster_args(b: Built) -> dict[str, Any]:
-    return b.trainer._cluster_args()
+    return b.trainer.parts.cluster_args()
 
 
 def comm_args(b: Built) -> dict[str, Any]:
-    return b.trainer._comm_args()
+    return b.trainer.parts.comm_args()
 
 
 def recovery_args(b: Built) -> dict[str, Any]:
-    return b.trainer._recovery_args()
+    return b.trainer.parts.recovery_args()
 
 
 def evaluation(b: Built) -> dict[str, Any]:
     pred = np.array([0.1, 0.8, 0.3, 0.6])
     label = np.array([0.0, 1.0, 0.0, 1.0])
-    t = b.trainer
+    parts = b.trainer.parts
     return {
-        "every_pass": t._evaluates_each_pass({}),  # a placed holdout
-        "batch_size": t._holdout_batch_size(2),
-        "metrics": sorted(t._score(pred, label)),
+        "every_pass": parts.evaluates_each_pass({}),  # type: ignore[arg-type]  # a placed holdout
+        "batch_size": parts.holdout_batch_size(2),
+        "metrics": sorted(parts.score(pred, label)),
     }
 
 
@@ -454,7 +457,7 @@ def checkpoints_kept(b: Built) -> list[str]:
 
 def replica(b: Built) -> str | None:
     """Where the checkpointer copies each checkpoint (its Replica's URL), None: nowhere."""
-    r = b.trainer._replica()
+    r = b.trainer.parts.replica()
     return None if r is None else r.url
 
 
@@ -495,14 +498,14 @@ def L(where: str, probe: Callable[[Built], Any], *set_: str, **kw: Any) -> Landi
 DEV = "the trainer's WorkerShards, opened on rank 0"
 GEN = "the log generator (data.generate.ensure, as Trainer.run calls it)"
 READ = "the click-log reader (read_train_and_holdout, as Trainer.run calls it)"
-CLUSTER = "start_cluster's arguments (Trainer._cluster_args)"
+CLUSTER = "start_cluster's arguments (RunParts.cluster_args)"
 # A tls:// address needs all three files; each subkey then replaces one of these.
 _SECURITY = ClusterSecurity(ca_file="a", cert_file="b", key_file="c")
 _TLS = (
     "cluster.address=tls://10.1.2.3:8786",
     "cluster.security={{ca_file: a, cert_file: b, key_file: c}}",
 )
-SETUP = "the dense-replica setup handed to every rank (Trainer._train_setup)"
+SETUP = "the dense-replica setup handed to every rank (RunParts.train_setup)"
 OPT = "the sparse optimizer of the table shard"
 # cudf is the non-default reader that can be told apart from auto on a machine without cudf;
 # with cudf, auto picks it, and pandas is the one to ask for.
@@ -581,7 +584,7 @@ LANDINGS: dict[str, Landing] = {
     "passes.epochs": L("the trainer's schedule", schedule_epochs, "passes.epochs=2", expect=[0, 1]),
     "passes.examples_per_pass": L("the pass plan", pass_sizes, "passes.examples_per_pass=300"),
     "passes.global_batch_size": L(
-        "the pass plan and what each rank's loop gets per pass (Trainer._batches)",
+        "the pass plan and what each rank's loop gets per pass (RunParts.batches)",
         batches,
         "passes.global_batch_size=25",
         expect=(25, 8),
@@ -685,12 +688,12 @@ LANDINGS: dict[str, Landing] = {
         expect=1.0,
     ),
     "dense_optimizer.schedule": L(
-        "each step's learning rate (Trainer._batches)",
+        "each step's learning rate (RunParts.batches)",
         learning_rates,
         "dense_optimizer.schedule=cosine",
     ),
     "dense_optimizer.warmup_steps": L(
-        "each step's learning rate (Trainer._batches)",
+        "each step's learning rate (RunParts.batches)",
         learning_rates,
         "dense_optimizer.warmup_steps=2",
         base=("dense_optimizer.schedule=cosine",),

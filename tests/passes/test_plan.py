@@ -202,7 +202,7 @@ def test_a_run_warns_of_files_read_whole_by_many_passes(
     """Only files that could not be cut into blocks and are larger than one say so."""
     from daskhps.passes.config import PassConfig
     from daskhps.passes.plan import PassPlan, PassSpec
-    from daskhps.training.trainer import _warn_rereads
+    from daskhps.training.loop import warn_rereads
 
     big, small = tmp_path / "big.tsv.gz", tmp_path / "small.tsv"
     big.write_bytes(b"x" * 5000)
@@ -217,10 +217,10 @@ def test_a_run_warns_of_files_read_whole_by_many_passes(
         0,
     )
     with caplog.at_level("WARNING"):
-        _warn_rereads(plan, 1000)
+        warn_rereads(plan, 1000)
     (record,) = [r for r in caplog.records if "read whole" in r.getMessage()]
     assert "1 input files" in record.getMessage() and "big.tsv.gz by 3" in record.getMessage()
     caplog.clear()
     with caplog.at_level("WARNING"):
-        _warn_rereads(plan, 10_000)  # both within a block: cheap to read again
+        warn_rereads(plan, 10_000)  # both within a block: cheap to read again
     assert not [r for r in caplog.records if "read whole" in r.getMessage()]

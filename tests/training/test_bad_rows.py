@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from daskhps.passes import PassConfig, PassPlan, PassSpec
-from daskhps.training.trainer import _bad_rows_by_pass
+from daskhps.training.loop import bad_rows_by_pass
 
 
 def test_bad_rows_are_attributed_to_the_pass_that_reads_their_file() -> None:
@@ -18,7 +18,7 @@ def test_bad_rows_are_attributed_to_the_pass_that_reads_their_file() -> None:
     )
     by_file = {"a": {"label_invalid": 2}, "b": {"empty_shard": 1}, "d": {"label_invalid": 3}}
     # a starts at 0 (pass 0); b (empty) and c start at 12 (pass 1); d starts at 20 (pass 2)
-    assert _bad_rows_by_pass(by_file, plan) == {
+    assert bad_rows_by_pass(by_file, plan) == {
         0: {"label_invalid": 2},
         1: {"empty_shard": 1},
         2: {"label_invalid": 3},

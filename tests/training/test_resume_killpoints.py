@@ -350,7 +350,7 @@ def test_a_store_lost_with_its_disk_is_restored_from_the_copy(
     assert _latest(run_dir) == 2
     lost = run_dir / "stores" / "embeddings" / "rank-0"
     shutil.rmtree(lost)
-    caplog.set_level(logging.INFO, "daskhps.training.trainer")
+    caplog.set_level(logging.INFO, "daskhps.training")
     Trainer(_in_process(config, shared_clusters), progress=False).run(resume=True)
     assert "restored rank 0's store of pass-000002 from file://" in caplog.text
     final = _ends_as(run_dir, ref_ckpt, ref_rows)

@@ -1,0 +1,123 @@
+"""What a training run builds from its config: one method per component, so a test can check
+without a cluster that every key reaches its component and none is lost
+(``tests/config/test_every_key_lands.py``).
+
+::
+
+    RunConfig ─► RunParts ─► start_cluster(**cluster_args())      cluster.*
+                          ─► RunGroup.start(**comm_args())         cluster.dist_*
+                          ─► worker_shards(spec, stores, commit)   table.tiers, admission, expiry
+                          ─► train_setup()                         model, dense_optimizer, schema
+                          ─► schedule(plan), batches(spec, ...)    passes, dense_optimizer.lr
+                          ─► replica()                             checkpoint.replicate_to
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daskhps.config import RunConfig
+from daskhps.distributed import WorkerShards, start_cluster
+from daskhps.distributed.cluster import ClusterHandle
+from daskhps.passes import PassPlan, PassSpec
+from daskhps.table import TableSpec
+from daskhps.training import worker
+from daskhps.training.holdout import HoldoutStream
+from daskhps.training.metrics import evaluate_predictions
+from daskhps.training.records import Batches
+from daskhps.training.replica import Replica
+
+__all__ = ["RunParts"]
+
+
+class RunParts:
+    """The components of one run of ``config`` (``run_id`` names its dense replicas)."""
+
+    def __init__(self, config: RunConfig, run_id: str) -> None:
+        self.config = config
+        self.run_id = run_id
+
+    def cluster_args(self) -> dict[str, Any]:
+        """The arguments of :func:`start_cluster` (``cluster.*``)."""
+        c = self.config.cluster
+        return {
+            "address": c.address,
+            "n_workers": c.n_workers if c.address is None else None,
+            "threads_per_worker": c.threads_per_worker,
+            "memory_limit": c.memory_limit if c.memory_limit is not None else "auto",
+            "processes": c.processes,
+            "gpus": c.gpu if c.gpu in (True, False, "auto") else "auto",
+            "dashboard_address": c.dashboard_address,
+            "security": c.security,
+        }
+
+    def start_cluster(self) -> ClusterHandle:
+        return start_cluster(**self.cluster_args())
+
+    def comm_args(self) -> dict[str, Any]:
+        """The process group's arguments of :meth:`RunGroup.start` (``cluster.dist_*``)."""
+        c = self.config.cluster
+        return {
+            "backend": None if c.dist_backend == "auto" else c.dist_backend,
+            "timeout_s": c.dist_timeout_s,
+        }
+
+    def recovery_args(self) -> dict[str, Any]:
+        """How the run recovers from a lost worker (``cluster.max_restarts``,
+        ``cluster.restart_wait_s``)."""
+        c = self.config.cluster
+        return {"max_restarts": c.max_restarts, "wait_s": c.restart_wait_s}
+
+    def worker_shards(self, spec: TableSpec, stores: Path, commit: str | None) -> WorkerShards:
+        """What holds every rank's shard of ``spec`` (the config's table) in ``stores``, opened
+        at ``commit`` (None: a new table), tiered as ``table.tiers`` says."""
+        cfg = self.config
+        return WorkerShards(
+            [spec],
+            stores,
+            cfg.table.tiers.sizing,
+            policy=cfg.table.tiers.policy,
+            store=cfg.table.tiers.store,
+            mode="a",
+            commit=commit,
+            admission=cfg.table.admission_rule,
+            expiry=cfg.table.expiry.rule(cfg.passes.plan.num_shards),
+        )
+
+    def train_setup(self) -> worker.TrainSetup:
+        """What every rank builds its dense replica from (model, dense optimizer, schema)."""
+        return worker.TrainSetup.from_config(self.config, self.run_id)
+
+    def schedule(self, plan: PassPlan) -> list[tuple[int, PassSpec]]:
+        """``(epoch, pass)`` in training order: every pass of the plan, ``passes.epochs`` times."""
+        return [(epoch, spec) for epoch in range(self.config.passes.epochs) for spec in plan.passes]
+
+    def batches(self, spec: PassSpec, step: int, total_steps: int) -> Batches:
+        """What every rank's mini-batch loop gets for one pass: batch size and learning rates."""
+        opt = self.config.dense_optimizer
+        return Batches(
+            batch_size=self.config.passes.plan.global_batch_size,
+            num_batches=spec.num_batches,
+            num_examples=spec.num_examples,
+            lrs=tuple(
+                opt.lr * opt.lr_factor(step + b, total_steps) for b in range(spec.num_batches)
+            ),
+        )
+
+    def holdout_batch_size(self, num_workers: int) -> int:
+        """Holdout rows per evaluation step over all workers (``eval.batch_size`` each)."""
+        return self.config.eval.batch_size * num_workers
+
+    def evaluates_each_pass(self, holdout: HoldoutStream | None) -> bool:
+        return holdout is not None and self.config.eval.every_pass
+
+    def score(self, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
+        return evaluate_predictions(pred, label, self.config.eval.metrics)
+
+    def replica(self) -> Replica | None:
+        """The copy at ``checkpoint.replicate_to``; None without one."""
+        url = self.config.checkpoint.replicate_to
+        return None if url is None else Replica(url)
