@@ -44,14 +44,38 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def tiny_config(run_dir: Path, logs: Path, **sections: Any) -> dict[str, Any]:
+def tiny_config(
+    run_dir: Path,
+    logs: Path,
+    *,
+    cluster_section: dict[str, Any] | None = None,
+    **sections: Any,
+) -> dict[str, Any]:
     """A 1-worker CPU run of DLRM (dim 4) on ``logs`` into ``run_dir``; each keyword is a
-    config section merged over the defaults (``passes={"examples_per_pass": 200}``)."""
+    config section merged over the defaults (``passes={"examples_per_pass": 200}``).
+    ``cluster_section`` replaces the cluster section whole, unmerged: a shared cluster's
+    (``SharedClusters.section``) names its address, and the embedded cluster's options (its
+    ``n_workers`` above all: how many workers to wait for) must not come with it."""
     own = {
         "run": {"name": run_dir.name, "dir": str(run_dir)},
         "data": {"train": {"paths": [str(logs)]}},
     }
-    return _merge(_merge(_TINY, own), sections)
+    config = _merge(_merge(_TINY, own), sections)
+    if cluster_section is not None:
+        config["cluster"] = copy.deepcopy(cluster_section)
+    return config
+
+
+def set_keys(config: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each dotted key of ``keys`` set to its value, whole (``{"table.tiers":
+    {...}}`` replaces the tiers section; None sets None)."""
+    for key, value in keys.items():
+        node = config
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return config
 
 
 def write_config(path: Path, config: dict[str, Any]) -> Path:

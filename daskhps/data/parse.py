@@ -267,27 +267,41 @@ def parse_table(
     """Validate, drop or reject bad rows, then transform and hash the good ones. A rejection
     names ``path`` and the ``where`` (line, or row of parquet) of the first bad row, then
     ``fix``. ``warn``: log a truncated file here (else its report's summary names it)."""
+    checks = _check_rows(raw, schema)
+    counts = _bad_counts(raw, path, checks.reason)
+    _apply_policy(raw, schema, path, policy, checks, counts, where, fix, warn)
+    good = ~checks.bad
+    frame = _good_frame(raw, schema, checks.dense_values, good)
+    return frame, BadRowReport(counts, {path: int(good.sum())})
+
+
+@dataclass
+class _RowChecks:
+    """What is wrong with each row of a shard's table (``""``: nothing), and the dense values
+    parsed on the way."""
+
+    reason: np.ndarray  # object: a Reason per row, "" for a good one
+    bad: np.ndarray  # bool per row
+    dense_values: dict[str, np.ndarray]  # float64 per dense column, NaN where missing
+    dense_bad: list[tuple[str, np.ndarray]]  # (column, rows not a number) where any is not
+
+
+def _check_rows(raw: _Raw, schema: Schema) -> _RowChecks:
+    """Each row's first problem; an earlier check's problem hides a later one's."""
     table = raw.table
     n = table.num_rows
-    reason = np.full(n, "", dtype=object)
-    dense_bad_cols: list[tuple[str, np.ndarray]] = []
-
     # A line that was not UTF-8 is dropped whatever else it holds: its fields are garbage.
     undecodable = (
         np.isin(raw.lines, raw.undecodable)
         if len(raw.undecodable) and raw.lines is not None
         else np.zeros(n, dtype=bool)
     )
-    present = np.zeros(n, dtype=bool)
-    for c in _used_columns(schema, raw.labelled):
-        present |= np.asarray(pc.is_valid(table[c]))
-    blank = ~present & ~undecodable  # a blank line: one empty field where many were expected
-    if raw.blank_lines is not None and raw.lines is not None and blank.any():
-        blank &= np.isin(raw.lines, raw.blank_lines)
+    blank = _blank_rows(raw, schema, undecodable)
     label_bad = np.zeros(n, dtype=bool)
     if raw.labelled:
         label_bad = ~_label_ok(table[schema.label]) & ~blank & ~undecodable
     dense_vals: dict[str, np.ndarray] = {}
+    dense_bad_cols: list[tuple[str, np.ndarray]] = []
     dense_bad = np.zeros(n, dtype=bool)
     for f in schema.dense:
         vals, bad = _numeric(table[f.name])
@@ -296,12 +310,29 @@ def parse_table(
         if bad.any():
             dense_bad_cols.append((f.name, bad))
         dense_bad |= bad
+    reason = np.full(n, "", dtype=object)
     reason[dense_bad] = Reason.DENSE_NOT_NUMERIC
     reason[label_bad] = Reason.LABEL_INVALID
     reason[blank] = Reason.WRONG_COLUMN_COUNT
     reason[undecodable] = Reason.UNDECODABLE
     bad = blank | label_bad | dense_bad | undecodable
+    return _RowChecks(reason, bad, dense_vals, dense_bad_cols)
 
+
+def _blank_rows(raw: _Raw, schema: Schema, undecodable: np.ndarray) -> np.ndarray:
+    """Blank lines: one empty field where many were expected (no used column has a value)."""
+    present = np.zeros(raw.table.num_rows, dtype=bool)
+    for c in _used_columns(schema, raw.labelled):
+        present |= np.asarray(pc.is_valid(raw.table[c]))
+    blank = ~present & ~undecodable
+    if raw.blank_lines is not None and raw.lines is not None and blank.any():
+        blank &= np.isin(raw.lines, raw.blank_lines)
+    return blank
+
+
+def _bad_counts(raw: _Raw, path: str, reason: np.ndarray) -> dict[tuple[str, str], int]:
+    """Bad rows by reason: those the CSV reader rejected, then those the checks found; a
+    truncated file counts once."""
     counts: dict[tuple[str, str], int] = {}
     # Rows the CSV reader rejected for their field count: undecodable first, as above.
     dropped = np.array([line for line, _ in raw.invalid], dtype=np.int64)
@@ -319,15 +350,34 @@ def parse_table(
         k = int(np.count_nonzero(reason == r))
         if k:
             counts[(path, r)] = counts.get((path, r), 0) + k
-
-    nbad = sum(counts.values())  # rows
     if raw.truncated is not None:
         counts[(path, Reason.TRUNCATED_FILE)] = 1  # one per file: its tail is unknown
+    return counts
+
+
+def _apply_policy(
+    raw: _Raw,
+    schema: Schema,
+    path: str,
+    policy: BadRowPolicy,
+    checks: _RowChecks,
+    counts: dict[tuple[str, str], int],
+    where: str | None,
+    fix: str,
+    warn: bool,
+) -> None:
+    """Raise as the bad-row policy says (any bad row, or too many); log a truncated file."""
+    n = raw.table.num_rows
+    nbad = sum(k for (_, r), k in counts.items() if r != Reason.TRUNCATED_FILE)  # rows
     if (nbad or raw.truncated is not None) and policy.fail:
-        raise DataError(_first_problem(raw, schema, path, reason, dense_bad_cols, where) + fix)
+        problem = _first_problem(raw, schema, path, checks.reason, checks.dense_bad, where)
+        raise DataError(problem + fix)
     if raw.truncated is not None and warn:
         log.warning(
-            "%s: %s; kept the %d complete lines before it", path, raw.truncated, n + len(dropped)
+            "%s: %s; kept the %d complete lines before it",
+            path,
+            raw.truncated,
+            n + len(raw.invalid),
         )
     total = n + len(raw.invalid)
     if nbad and total and nbad / total > policy.max_fraction:
@@ -336,22 +386,24 @@ def parse_table(
             f"max_fraction={policy.max_fraction}; is this the right schema?"
         )
 
-    good = ~bad
+
+def _good_frame(
+    raw: _Raw, schema: Schema, dense_values: dict[str, np.ndarray], good: np.ndarray
+) -> pd.DataFrame:
+    """The good rows: labels, transformed dense values and hashed keys."""
     out: dict[str, object] = {}
     out[LABEL] = _label_out(raw, schema, good)
     for f in schema.dense:
-        out[f.name] = _dense_out(dense_vals[f.name][good], f)
+        out[f.name] = _dense_out(dense_values[f.name][good], f)
     keep = pa.array(good) if not good.all() else None
     with stage_span("hash"):
         for cf in schema.categorical:
-            col = table[cf.name] if keep is None else table[cf.name].filter(keep)
+            col = raw.table[cf.name] if keep is None else raw.table[cf.name].filter(keep)
             if cf.multi_hot:
                 out[cf.name] = _multi_hot(col, cf).array
             else:
                 out[cf.name] = hash_column(col, cf.name)
-    frame = pd.DataFrame(out)
-    report = BadRowReport(counts, {path: int(good.sum())})
-    return frame, report
+    return pd.DataFrame(out)
 
 
 def _fmt(counts: dict[tuple[str, str], int]) -> str:

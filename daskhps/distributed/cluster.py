@@ -132,21 +132,8 @@ def start_cluster(
     quiet_sync_cancel_race()  # a Ctrl-C at the wrong instant must not print a traceback
     if address is not None:
         return _connect(address, n_workers, wait_timeout_s, security)
-    use_cuda = gpus is True or (gpus == "auto" and cuda_available())
-    if gpus is True and not cuda_available():
-        raise ClusterError(
-            "gpus=True needs dask_cuda and a CUDA device, and this machine lacks one: install "
-            "the gpu extra on a GPU machine, or set gpus to 'auto' or False to train on CPU"
-        )
-    if gpus == "auto" and not use_cuda:
-        log.info("gpus='auto': no dask_cuda or no CUDA device, starting a CPU LocalCluster")
-    if n_workers is not None and n_workers < 1:
-        raise ClusterError(f"n_workers must be >= 1, got {n_workers}")
-    # The embedded scheduler's p2p shuffle plugin logs the start and end of every shuffle at
-    # WARNING; a pass runs several, and the lines would bury the progress bar.
-    logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
-    if threads_per_worker < 1:
-        raise ClusterError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+    use_cuda = _use_cuda(gpus)
+    _check_shape(n_workers, threads_per_worker)
     kwargs: dict[str, Any] = {
         "n_workers": n_workers,
         "threads_per_worker": threads_per_worker,
@@ -157,19 +144,8 @@ def start_cluster(
         kwargs["local_directory"] = local_directory
     if worker_env:
         kwargs["env"] = dict(worker_env)
-    cluster: Any = None
-    try:
-        with dask.config.set({_HISTORY_KEY: PROFILE_HISTORY_CYCLES}):  # its workers inherit it
-            cluster = _local_cluster(use_cuda, processes, n_workers, cuda_visible_devices, kwargs)
-        kind: Literal["local", "local-cuda"] = "local-cuda" if use_cuda else "local"
-        client = Client(cluster)
-    except BaseException as e:
-        if cluster is not None:
-            cluster.close()
-        if isinstance(e, Exception) and not isinstance(e, ClusterError):
-            raise ClusterError(f"could not start the embedded Dask cluster: {e}") from e
-        raise
-    handle = ClusterHandle(client, cluster, kind, None)
+    cluster, client = _start_local(use_cuda, processes, n_workers, cuda_visible_devices, kwargs)
+    handle = ClusterHandle(client, cluster, "local-cuda" if use_cuda else "local", None)
     try:
         _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
         setup_workers(client, ignore_sigint=use_cuda or processes)
@@ -178,6 +154,52 @@ def start_cluster(
         handle.close()
         raise
     return handle
+
+
+def _use_cuda(gpus: bool | Literal["auto"]) -> bool:
+    """Whether the embedded cluster is a ``LocalCUDACluster``; ``gpus=True`` without CUDA is
+    an error, ``"auto"`` falls back to the CPU (logged)."""
+    use_cuda = gpus is True or (gpus == "auto" and cuda_available())
+    if gpus is True and not cuda_available():
+        raise ClusterError(
+            "gpus=True needs dask_cuda and a CUDA device, and this machine lacks one: install "
+            "the gpu extra on a GPU machine, or set gpus to 'auto' or False to train on CPU"
+        )
+    if gpus == "auto" and not use_cuda:
+        log.info("gpus='auto': no dask_cuda or no CUDA device, starting a CPU LocalCluster")
+    return use_cuda
+
+
+def _check_shape(n_workers: int | None, threads_per_worker: int) -> None:
+    if n_workers is not None and n_workers < 1:
+        raise ClusterError(f"n_workers must be >= 1, got {n_workers}")
+    if threads_per_worker < 1:
+        raise ClusterError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+
+
+def _start_local(
+    use_cuda: bool,
+    processes: bool,
+    n_workers: int | None,
+    cuda_visible_devices: Sequence[int] | None,
+    kwargs: dict[str, Any],
+) -> tuple[Any, Client]:
+    """The embedded cluster and a client of it; a cluster that started is closed again when
+    the client cannot be made, and any error but ours is a :class:`ClusterError`."""
+    # The embedded scheduler's p2p shuffle plugin logs the start and end of every shuffle at
+    # WARNING; a pass runs several, and the lines would bury the progress bar.
+    logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+    cluster: Any = None
+    try:
+        with dask.config.set({_HISTORY_KEY: PROFILE_HISTORY_CYCLES}):  # its workers inherit it
+            cluster = _local_cluster(use_cuda, processes, n_workers, cuda_visible_devices, kwargs)
+        return cluster, Client(cluster)
+    except BaseException as e:
+        if cluster is not None:
+            cluster.close()
+        if isinstance(e, Exception) and not isinstance(e, ClusterError):
+            raise ClusterError(f"could not start the embedded Dask cluster: {e}") from e
+        raise
 
 
 def _local_cluster(

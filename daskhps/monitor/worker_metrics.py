@@ -333,94 +333,107 @@ class _Collector:
             return self._hosts.get(address)
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         with self._lock:
             hosts = list(self._hosts.values())
-        g = {
-            "hit_rate": GaugeMetricFamily(
-                "daskhps_hit_rate",
-                "Fraction of the rows staged so far that were found in each tier",
-                labels=["worker", "table", "tier"],
-            ),
-            "rows": GaugeMetricFamily(
-                "daskhps_rows", "Rows held in each tier", labels=["worker", "table", "tier"]
-            ),
-            "bytes": GaugeMetricFamily(
-                "daskhps_bytes",
-                "Bytes held by each tier (the store: on disk)",
-                labels=["worker", "table", "tier"],
-            ),
-            "read": GaugeMetricFamily(
-                "daskhps_store_rows_read_per_second",
-                "Rows read from the zarr store per second, over the last 30 s or so",
-                labels=["worker", "table"],
-            ),
-            "written": GaugeMetricFamily(
-                "daskhps_store_rows_written_per_second",
-                "Rows written to the zarr store per second, over the last 30 s or so",
-                labels=["worker", "table"],
-            ),
-            "pinned": GaugeMetricFamily(
-                "daskhps_pinned_rows",
-                "Rows pinned in the device tier (staged working sets)",
-                labels=["worker", "table"],
-            ),
-            "pass": GaugeMetricFamily(
-                "daskhps_pass", "Index of the pass training now (-1: none yet)", labels=["worker"]
-            ),
-            "pending": GaugeMetricFamily(
-                "daskhps_pending_keys",
-                "Keys seen and not admitted yet (table.admission)",
-                labels=["worker", "table"],
-            ),
-        }
-        admitted = CounterMetricFamily(
-            "daskhps_rows_admitted",
-            "Keys admission gave a row (table.admission)",
-            labels=["worker", "table"],
-        )
-        expired = CounterMetricFamily(
-            "daskhps_rows_expired",
-            "Rows expiry removed at day boundaries (table.expiry)",
-            labels=["worker", "table"],
-        )
-        staged = CounterMetricFamily(
-            "daskhps_rows_staged", "Rows staged into the device tier", labels=["worker", "table"]
-        )
-        rows_from = CounterMetricFamily(
-            "daskhps_rows_from",
-            "Rows staged, by the tier they were found in (init: none)",
-            labels=["worker", "table", "tier"],
-        )
-        seconds = CounterMetricFamily(
-            "daskhps_stage_seconds", "Seconds spent in each stage", labels=["worker", "stage"]
-        )
+        families = _new_families()
         for m in hosts:
-            w = m.address
-            g["pass"].add_metric([w], m.current_pass)
-            for table, f in m.figures().items():
-                for tier in TIERS:
-                    g["hit_rate"].add_metric([w, table, tier], f.hit_rate[tier])
-                    rows_from.add_metric([w, table, tier], f.rows_from[tier])
-                for tier in f.rows:
-                    g["rows"].add_metric([w, table, tier], f.rows[tier])
-                    g["bytes"].add_metric([w, table, tier], f.bytes[tier])
-                g["read"].add_metric([w, table], f.store_read_per_s)
-                g["written"].add_metric([w, table], f.store_written_per_s)
-                g["pinned"].add_metric([w, table], f.pinned_rows)
-                g["pending"].add_metric([w, table], f.pending_keys)
-                staged.add_metric([w, table], f.rows_staged)
-                admitted.add_metric([w, table], f.rows_admitted)
-                expired.add_metric([w, table], f.rows_expired)
-            for (_, stage), s in sorted(stage_seconds(w).items()):
-                seconds.add_metric([w, stage], s)
-        yield from g.values()
-        yield staged
-        yield admitted
-        yield expired
-        yield rows_from
-        yield seconds
+            _add_worker(families, m)
+        yield from families.values()
+
+
+@dataclass(frozen=True)
+class _Family:
+    """One metric family of ``/metrics``: a gauge, or a counter (``_total`` appended)."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    counter: bool = False
+
+
+_WTT = ("worker", "table", "tier")
+_WT = ("worker", "table")
+# In the order /metrics lists them: the gauges, then the counters.
+_FAMILIES: dict[str, _Family] = {
+    "hit_rate": _Family(
+        "daskhps_hit_rate", "Fraction of the rows staged so far that were found in each tier", _WTT
+    ),
+    "rows": _Family("daskhps_rows", "Rows held in each tier", _WTT),
+    "bytes": _Family("daskhps_bytes", "Bytes held by each tier (the store: on disk)", _WTT),
+    "read": _Family(
+        "daskhps_store_rows_read_per_second",
+        "Rows read from the zarr store per second, over the last 30 s or so",
+        _WT,
+    ),
+    "written": _Family(
+        "daskhps_store_rows_written_per_second",
+        "Rows written to the zarr store per second, over the last 30 s or so",
+        _WT,
+    ),
+    "pinned": _Family(
+        "daskhps_pinned_rows", "Rows pinned in the device tier (staged working sets)", _WT
+    ),
+    "pass": _Family("daskhps_pass", "Index of the pass training now (-1: none yet)", ("worker",)),
+    "pending": _Family(
+        "daskhps_pending_keys", "Keys seen and not admitted yet (table.admission)", _WT
+    ),
+    "staged": _Family("daskhps_rows_staged", "Rows staged into the device tier", _WT, counter=True),
+    "admitted": _Family(
+        "daskhps_rows_admitted", "Keys admission gave a row (table.admission)", _WT, counter=True
+    ),
+    "expired": _Family(
+        "daskhps_rows_expired",
+        "Rows expiry removed at day boundaries (table.expiry)",
+        _WT,
+        counter=True,
+    ),
+    "rows_from": _Family(
+        "daskhps_rows_from",
+        "Rows staged, by the tier they were found in (init: none)",
+        _WTT,
+        counter=True,
+    ),
+    "seconds": _Family(
+        "daskhps_stage_seconds", "Seconds spent in each stage", ("worker", "stage"), counter=True
+    ),
+}
+
+
+def _new_families() -> dict[str, Any]:
+    """Empty prometheus families of :data:`_FAMILIES`, by the same keys and in their order."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    return {
+        key: (CounterMetricFamily if f.counter else GaugeMetricFamily)(
+            f.name, f.help, labels=list(f.labels)
+        )
+        for key, f in _FAMILIES.items()
+    }
+
+
+def _add_worker(families: dict[str, Any], m: ShardMetrics) -> None:
+    """One worker's samples: its pass, each table's figures and its stages' seconds."""
+    w = m.address
+    families["pass"].add_metric([w], m.current_pass)
+    for table, f in m.figures().items():
+        for tier in TIERS:
+            families["hit_rate"].add_metric([w, table, tier], f.hit_rate[tier])
+            families["rows_from"].add_metric([w, table, tier], f.rows_from[tier])
+        for tier in f.rows:
+            families["rows"].add_metric([w, table, tier], f.rows[tier])
+            families["bytes"].add_metric([w, table, tier], f.bytes[tier])
+        for key, value in (
+            ("read", f.store_read_per_s),
+            ("written", f.store_written_per_s),
+            ("pinned", f.pinned_rows),
+            ("pending", f.pending_keys),
+            ("staged", f.rows_staged),
+            ("admitted", f.rows_admitted),
+            ("expired", f.rows_expired),
+        ):
+            families[key].add_metric([w, table], value)
+    for (_, stage), s in sorted(stage_seconds(w).items()):
+        families["seconds"].add_metric([w, stage], s)
 
 
 _COLLECTOR: _Collector | None = None

@@ -22,17 +22,22 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError
 from daskhps.retrain.codes import ExitCode
 from daskhps.retrain.days import Day, DayPlan, plan_days, scan_days
 from daskhps.retrain.errors import UnknownVersionError, VersionNotFoundError
-from daskhps.retrain.guard import judge
+from daskhps.retrain.guard import Verdict, judge
 from daskhps.retrain.lock import RetrainLock
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.retention import after_publish
 from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.retrain.versions import Outcome as AttemptOutcome
+
+if TYPE_CHECKING:
+    from daskhps.retrain.candidate import Candidate
 
 __all__ = ["Outcome", "describe_versions", "registry_of", "retrain", "rollback"]
 
@@ -106,19 +111,12 @@ def retrain(
     ``daskhps train`` does; raise ``data.generate.days`` to add one). ``dry_run`` stops after
     choosing the days (exit code 0 when there is work, 3 when not).
     """
-    from daskhps.retrain.candidate import train_candidate
-
     say = echo or (lambda message: log.info("%s", message))
     run_dir = Path(config.run.dir)
     refuse_training_run(run_dir, config.source)
     with RetrainLock(run_dir):
         registry = registry_of(config)
-        current = registry.current()
-        if current is not None:  # a refused config: before any day is generated or recorded
-            from daskhps.retrain.candidate import check_warm_start
-            from daskhps.training.checkpoint import load_checkpoint
-
-            check_warm_start(load_checkpoint(current.checkpoint), config)
+        current = _checked_current(registry, config)  # before any day is generated or recorded
         shown = (not config.run.quiet) if progress is None else progress
         days = _days(config, dry_run, shown)
         plan = plan_days(
@@ -126,95 +124,157 @@ def retrain(
         )
         if not plan.has_work:
             return Outcome(ExitCode.NOTHING_NEW, f"nothing to do: {plan.reason}", current, plan)
-        base = f"version {current.name}" if current else "scratch (nothing published yet)"
-        what = f"train on {', '.join(plan.train)} from {base}; score on {plan.eval_day}" + (
-            f"; ignored: {', '.join(plan.ignored)}" if plan.ignored else ""
-        )
+        what = _intent(plan, current)
         if dry_run:
             return Outcome(ExitCode.PUBLISHED, f"would {what}", current, plan)
         say(f"retrain: {what}")
         attempt_id = _attempt_id()
-        attempt_dir = run_dir / "attempts" / attempt_id
-        assert plan.eval_day is not None
-        try:
-            cand = train_candidate(
-                config,
-                plan,
-                attempt_dir,
-                current.checkpoint if current else None,
-                echo=echo,
-                progress=progress,
-            )
-        except Exception as e:
-            registry.record(
-                Attempt(
-                    attempt_id,
-                    current.name if current else None,
-                    plan.train,
-                    plan.eval_day,
-                    "failed",
-                    reasons=(f"{type(e).__name__}: {e}",),
-                    time=time.time(),
-                )
-            )
-            raise
-        baseline_name = f"published {current.name}" if current else "untrained model"
-        verdict = judge(cand.metrics, cand.baseline, config.retrain, baseline_name)
-        scores = (
-            f"on {plan.eval_day}: candidate {_fmt(cand.metrics)}; "
-            f"{baseline_name} {_fmt(cand.baseline)}"
-        )
-        attempt = Attempt(
-            attempt_id,
-            current.name if current else None,
-            plan.train,
-            plan.eval_day,
-            "published" if verdict.publish else "rejected",
-            reasons=verdict.failed if not verdict.publish else verdict.passed,
-            metrics=cand.metrics,
-            baseline=cand.baseline,
-            time=time.time(),
-        )
-        if not verdict.publish:
-            registry.record(attempt)
-            keep = f"{current.name} stays current" if current else "nothing is published"
-            return Outcome(
-                ExitCode.REJECTED,
-                f"candidate rejected ({verdict.explain()}); {keep}. Scores {scores}. "
-                f"The next run trains on {plan.eval_day} too. Candidate kept in {attempt_dir}",
-                current,
-                plan,
-            )
-        name = registry.next_name()
-        frozen = freeze_version(cand.checkpoint, registry.folder / name, name)
-        version = Version(
-            name=name,
-            checkpoint=str(frozen.path.resolve()),  # readers may start in another folder
-            commit=frozen.commit,
-            stores_dir=str(frozen.stores_dir),
-            parent=current.name if current else None,
-            train_days=plan.train,
-            trained_through=plan.train[-1],
-            eval_day=plan.eval_day,
-            metrics=cand.metrics,
-            baseline=cand.baseline,
-            created=time.time(),
-        )
-        registry.publish(version, dataclasses.replace(attempt, version=version.name))
-        removed = after_publish(registry, config.retrain.keep_versions)
-        gone = (
-            f" Removed {', '.join(removed)} (retrain.keep_versions: "
-            f"{config.retrain.keep_versions})."
-            if removed
-            else ""
-        )
-        return Outcome(
-            ExitCode.PUBLISHED,
-            f"published {version.name} ({verdict.explain()}). Scores {scores}. "
-            f"Checkpoint {version.checkpoint}.{gone}",
-            version,
+        assert plan.eval_day is not None  # a plan with work has a day to score on
+        run = _Run(
+            config,
+            registry,
+            current,
             plan,
+            plan.eval_day,
+            attempt_id,
+            run_dir / "attempts" / attempt_id,
         )
+        cand = _train(run, echo, progress)
+        verdict = judge(cand.metrics, cand.baseline, config.retrain, run.baseline_name)
+        attempt = _judged_attempt(run, cand, verdict)
+        if not verdict.publish:
+            return _reject(run, cand, verdict, attempt)
+        return _publish(run, cand, verdict, attempt)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One retraining attempt under way: what it trains from and on, and where."""
+
+    config: RunConfig
+    registry: Registry
+    current: Version | None
+    plan: DayPlan
+    eval_day: str
+    attempt_id: str
+    attempt_dir: Path
+
+    @property
+    def base(self) -> str | None:
+        return self.current.name if self.current else None
+
+    @property
+    def baseline_name(self) -> str:
+        return f"published {self.current.name}" if self.current else "untrained model"
+
+    def attempt(self, outcome: AttemptOutcome, **fields: Any) -> Attempt:
+        """The registry's record of this attempt."""
+        return Attempt(
+            self.attempt_id,
+            self.base,
+            self.plan.train,
+            self.eval_day,
+            outcome,
+            time=time.time(),
+            **fields,
+        )
+
+
+def _checked_current(registry: Registry, config: RunConfig) -> Version | None:
+    """The current version, once ``config`` is known to warm-start from it (a refused
+    config raises here)."""
+    current = registry.current()
+    if current is not None:
+        from daskhps.retrain.candidate import check_warm_start
+        from daskhps.training.checkpoint import load_checkpoint
+
+        check_warm_start(load_checkpoint(current.checkpoint), config)
+    return current
+
+
+def _intent(plan: DayPlan, current: Version | None) -> str:
+    """What the run will do, for the log (and a dry run's message)."""
+    base = f"version {current.name}" if current else "scratch (nothing published yet)"
+    ignored = f"; ignored: {', '.join(plan.ignored)}" if plan.ignored else ""
+    return f"train on {', '.join(plan.train)} from {base}; score on {plan.eval_day}{ignored}"
+
+
+def _train(run: _Run, echo: Callable[[str], None] | None, progress: bool | None) -> Candidate:
+    """The trained candidate; a failure is recorded as a failed attempt, then raised."""
+    from daskhps.retrain.candidate import train_candidate
+
+    try:
+        return train_candidate(
+            run.config,
+            run.plan,
+            run.attempt_dir,
+            run.current.checkpoint if run.current else None,
+            echo=echo,
+            progress=progress,
+        )
+    except Exception as e:
+        run.registry.record(run.attempt("failed", reasons=(f"{type(e).__name__}: {e}",)))
+        raise
+
+
+def _judged_attempt(run: _Run, cand: Candidate, verdict: Verdict) -> Attempt:
+    return run.attempt(
+        "published" if verdict.publish else "rejected",
+        reasons=verdict.failed if not verdict.publish else verdict.passed,
+        metrics=cand.metrics,
+        baseline=cand.baseline,
+    )
+
+
+def _scores(run: _Run, cand: Candidate) -> str:
+    return (
+        f"on {run.eval_day}: candidate {_fmt(cand.metrics)}; "
+        f"{run.baseline_name} {_fmt(cand.baseline)}"
+    )
+
+
+def _reject(run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt) -> Outcome:
+    """Record the rejected attempt; CURRENT stays as it is."""
+    run.registry.record(attempt)
+    keep = f"{run.current.name} stays current" if run.current else "nothing is published"
+    return Outcome(
+        ExitCode.REJECTED,
+        f"candidate rejected ({verdict.explain()}); {keep}. Scores {_scores(run, cand)}. "
+        f"The next run trains on {run.eval_day} too. Candidate kept in {run.attempt_dir}",
+        run.current,
+        run.plan,
+    )
+
+
+def _publish(run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt) -> Outcome:
+    """Freeze the candidate as the next version, make it current, then apply
+    ``retrain.keep_versions``."""
+    registry, keep = run.registry, run.config.retrain.keep_versions
+    name = registry.next_name()
+    frozen = freeze_version(cand.checkpoint, registry.folder / name, name)
+    version = Version(
+        name=name,
+        checkpoint=str(frozen.path.resolve()),  # readers may start in another folder
+        commit=frozen.commit,
+        stores_dir=str(frozen.stores_dir),
+        parent=run.base,
+        train_days=run.plan.train,
+        trained_through=run.plan.train[-1],
+        eval_day=run.eval_day,
+        metrics=cand.metrics,
+        baseline=cand.baseline,
+        created=time.time(),
+    )
+    registry.publish(version, dataclasses.replace(attempt, version=version.name))
+    removed = after_publish(registry, keep)
+    gone = f" Removed {', '.join(removed)} (retrain.keep_versions: {keep})." if removed else ""
+    return Outcome(
+        ExitCode.PUBLISHED,
+        f"published {version.name} ({verdict.explain()}). Scores {_scores(run, cand)}. "
+        f"Checkpoint {version.checkpoint}.{gone}",
+        version,
+        run.plan,
+    )
 
 
 def _check_restorable(version: Version) -> None:

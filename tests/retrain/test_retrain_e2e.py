@@ -39,6 +39,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.training.checkpoint import load_checkpoint
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
+from tests._runs import tiny_config
 from tests.training.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
@@ -65,29 +66,18 @@ def _arrive(all_days: Path, logs: Path, day: str, complete: bool = True) -> None
 
 def _config(tmp: Path, logs: Path, cluster: dict[str, Any] | None = None) -> Path:
     """The retraining config; ``cluster``: its section (default: its own LocalCluster)."""
-    d: dict[str, Any] = {
-        "run": {"name": "rt", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
-        "data": {"train": {"paths": [str(logs)], "require_complete": True}},
-        "passes": {"epochs": 1, "examples_per_pass": 2000, "global_batch_size": 200},
-        "table": {
-            "dim": 4,
-            "optimizer": {"kind": "adagrad", "lr": 0.05},
-            "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}},
-        },
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "adam", "lr": 0.01},
-        "cluster": cluster
-        or {
-            "n_workers": 1,
-            "threads_per_worker": 2,
-            "memory_limit": "1GiB",
-            "gpu": False,
-            "dashboard_address": None,
-        },
-        "eval": {"every_pass": False},
+    d = tiny_config(
+        tmp / "run",
+        logs,
+        run={"name": "rt"},
+        data={"train": {"require_complete": True}},
+        passes={"examples_per_pass": 2000, "global_batch_size": 200},
+        table={"tiers": {"device": {"rows": 50_000}}},
+        cluster_section=cluster,  # None: tiny_config's own LocalCluster
+        eval={"every_pass": False},
         # Tiny days make noisy AUCs: a loose guard, so the publishing steps publish.
-        "retrain": {"max_auc_drop": 0.05, "max_logloss_rise": 0.05},
-    }
+        retrain={"max_auc_drop": 0.05, "max_logloss_rise": 0.05},
+    )
     path = tmp / ("retrain.yaml" if cluster is None else "retrain-shared.yaml")
     path.write_text(yaml.safe_dump(d))
     return path

@@ -21,26 +21,20 @@ from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.serve import Servable, load_servable
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
+from tests._runs import tiny_config
 from tests.serve.helpers import reference_rows
 
 
 def _config(tmp: Path, logs: Path, cluster: dict[str, Any]) -> RunConfig:
-    return RunConfig.from_dict(
-        {
-            "run": {"name": "serve", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
-            "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
-            "passes": {"epochs": 1, "examples_per_pass": 1000, "global_batch_size": 100},
-            "table": {
-                "dim": 4,
-                "optimizer": {"kind": "adagrad", "lr": 0.05},
-                "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-            },
-            "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-            "dense_optimizer": {"kind": "adam", "lr": 0.01},
-            "cluster": cluster,
-        },
-        source="test",
+    d = tiny_config(
+        tmp / "run",
+        logs,
+        run={"name": "serve"},
+        data={"holdout": {"day": "last"}},
+        passes={"examples_per_pass": 1000},
+        cluster_section=cluster,
     )
+    return RunConfig.from_dict(d, source="test")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +26,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.serve.client import ServeClient
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
+from tests._runs import tiny_config
 from tests._signals import default_dispositions
 
 pytestmark = pytest.mark.slow
@@ -63,18 +63,17 @@ def test_serve_follows_retrain_and_answers_as_predict(
     )
     logs = tmp_path / "logs"
     section = shared_clusters.section(workers=1, threads=2)
-    config: dict[str, Any] = {
-        "run": {"name": "srv", "dir": str(tmp_path / "run"), "seed": 2, "quiet": True},
-        "data": {"train": {"paths": [str(logs)], "require_complete": True}},
-        "passes": {"epochs": 1, "examples_per_pass": 2000, "global_batch_size": 200},
-        "table": {"dim": 4, "optimizer": {"kind": "adagrad", "lr": 0.05},
-                  "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}}},
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "adam", "lr": 0.01},
-        "cluster": section,
-        "eval": {"every_pass": False},
-        "retrain": {"max_auc_drop": 0.2, "max_logloss_rise": 0.2},  # tiny days: noisy AUCs
-    }  # fmt: skip
+    config = tiny_config(
+        tmp_path / "run",
+        logs,
+        run={"name": "srv", "seed": 2},
+        data={"train": {"require_complete": True}},
+        passes={"examples_per_pass": 2000, "global_batch_size": 200},
+        table={"tiers": {"device": {"rows": 50_000}}},
+        cluster_section=section,
+        eval={"every_pass": False},
+        retrain={"max_auc_drop": 0.2, "max_logloss_rise": 0.2},  # tiny days: noisy AUCs
+    )
     cfg = tmp_path / "retrain.yaml"
     cfg.write_text(yaml.safe_dump(config))
     registry = Registry(tmp_path / "run" / "versions")

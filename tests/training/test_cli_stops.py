@@ -26,7 +26,7 @@ from daskhps.config.commands import train_interrupted
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.checkpoint import latest_checkpoint
 from tests._logs import generated_logs
-from tests._runs import cli_here
+from tests._runs import cli_here, set_keys, tiny_config
 from tests._signals import default_dispositions
 
 NOISE = ("Traceback", "Compute Failed", "commit()", "still alive", "Errno")
@@ -39,33 +39,15 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(folder: Path, logs: Path, **over: Any) -> Path:
-    d: dict[str, Any] = {
-        "run": {"name": "stops", "dir": str(folder / "run"), "seed": 1, "quiet": True},
-        "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
-        "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
-        "table": {
-            "dim": 4,
-            "optimizer": {"kind": "adagrad", "lr": 0.05},
-            "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-            "expected_keys": 100_000,
-        },
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "adam", "lr": 0.01},
-        "cluster": {
-            "n_workers": 2,
-            "threads_per_worker": 2,
-            "memory_limit": "1GiB",
-            "processes": True,
-            "gpu": False,
-            "dashboard_address": None,
-        },
-    }
-    for key, value in over.items():
-        node = d
-        *path, last = key.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = value
+    d = tiny_config(
+        folder / "run",
+        logs,
+        run={"name": "stops"},
+        data={"holdout": {"day": "last"}},
+        table={"expected_keys": 100_000},
+        cluster={"n_workers": 2, "processes": True},
+    )
+    set_keys(d, over)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(d))

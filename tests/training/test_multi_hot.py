@@ -23,6 +23,7 @@ from daskhps.table.optimizers import OptimizerSpec
 from daskhps.training.examples import RANK, WorkerExamples, bag_keys
 from daskhps.training.worker import BagPooling, bag_pooling, batch_forward
 from tests._clusters import SharedClusters
+from tests._runs import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DIM = 4
@@ -231,26 +232,15 @@ def _ads_config(
     from daskhps.config import RunConfig
 
     schema = load_schema(ROOT / "configs/schemas/ads_multi_hot.yaml")
-    return RunConfig.from_dict(
-        {
-            "run": {"name": name, "dir": str(tmp_path / name), "seed": 1, "quiet": True},
-            "data": {
-                "train": {"paths": [str(logs)]},
-                "schema": schema.to_dict(),
-                "holdout": {"day": "last"},
-            },
-            "passes": {"epochs": 1, "examples_per_pass": 120, "global_batch_size": 40},
-            "table": {
-                "dim": 4,
-                "optimizer": {"kind": "adagrad", "lr": 0.1},
-                "tiers": {"device": {"rows": 10_000}, "host": {"fraction": 0.05}},
-            },
-            "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-            "dense_optimizer": {"kind": "adam", "lr": 0.01},
-            "cluster": clusters.section(workers=n_workers, threads=1),
-        },
-        source="test",
+    d = tiny_config(
+        tmp_path / name,
+        logs,
+        data={"schema": schema.to_dict(), "holdout": {"day": "last"}},
+        passes={"examples_per_pass": 120, "global_batch_size": 40},
+        table={"optimizer": {"lr": 0.1}, "tiers": {"device": {"rows": 10_000}}},
+        cluster_section=clusters.section(workers=n_workers, threads=1),
     )
+    return RunConfig.from_dict(d, source="test")
 
 
 def _stored_keys(cfg: Any, n_workers: int) -> set[int]:

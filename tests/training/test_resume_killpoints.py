@@ -39,7 +39,7 @@ from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint,
 from daskhps.training.trainer import RunResult, Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
-from tests._runs import cli, cli_here
+from tests._runs import cli, cli_here, tiny_config
 from tests.serve.helpers import tree_state
 
 pytestmark = pytest.mark.slow
@@ -53,29 +53,15 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _write_config(folder: Path, logs: Path, **cluster: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    d = {
-        "run": {"name": "kill", "dir": str(folder / "run"), "seed": 1, "quiet": True},
-        "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
-        "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
-        "table": {
-            "dim": 4,
-            "optimizer": {"kind": "adagrad", "lr": 0.05},
-            "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-        },
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "adam", "lr": 0.01},
+    d = tiny_config(
+        folder / "run",
+        logs,
+        run={"name": "kill"},
+        data={"holdout": {"day": "last"}},
         # pass 1 a base, pass 2 a delta, pass 3 a base; pass 1's is dropped at pass 3
-        "checkpoint": {"every_passes": 1, "keep": 2, "full_every": 2},
-        "cluster": {
-            "n_workers": 1,
-            "threads_per_worker": 2,  # pass k+1 staged while pass k trains
-            "memory_limit": "1GiB",
-            "processes": True,
-            "gpu": False,
-            "dashboard_address": None,
-            **cluster,
-        },
-    }
+        checkpoint={"every_passes": 1, "keep": 2, "full_every": 2},
+        cluster={"processes": True, **cluster},
+    )
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(d))
     return path

@@ -26,7 +26,7 @@ from daskhps.table import EmbeddingTable
 from daskhps.training.trainer import RunResult, Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
-from tests._runs import cli_here
+from tests._runs import cli_here, set_keys, tiny_config
 
 PASS = 1000
 
@@ -37,25 +37,17 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(tmp: Path, logs: Path, cluster: dict[str, Any], **over: Any) -> RunConfig:
-    d: dict[str, Any] = {
-        "run": {"name": "e2e", "dir": str(tmp / "run"), "seed": 1, "quiet": True},
-        "data": {"train": {"paths": [str(logs)]}, "holdout": {"day": "last"}},
-        "passes": {"epochs": 1, "examples_per_pass": PASS, "global_batch_size": 100},
-        "table": {
-            "dim": 4,
-            "optimizer": {"kind": "sgd", "lr": 0.05},
-            "tiers": {"device": {"rows": 100_000}, "host": {"fraction": 0.05}},
-        },
-        "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "dense_optimizer": {"kind": "sgd", "lr": 0.05},
-        "cluster": cluster,
-    }
-    for key, value in over.items():
-        node = d
-        *path, last = key.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = value
+    d = tiny_config(
+        tmp / "run",
+        logs,
+        run={"name": "e2e"},
+        data={"holdout": {"day": "last"}},
+        passes={"examples_per_pass": PASS},
+        table={"optimizer": {"kind": "sgd", "lr": 0.05}},
+        dense_optimizer={"kind": "sgd", "lr": 0.05},
+        cluster_section=cluster,
+    )
+    set_keys(d, over)
     return RunConfig.from_dict(d, source="test")
 
 
