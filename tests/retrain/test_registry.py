@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,16 @@ from daskhps.retrain import (
 from daskhps.retrain.versions import published_checkpoint
 
 
-def _version(name: str, through: str, eval_day: str, parent: str | None = None) -> Version:
+def _version(
+    name: str, through: str, eval_day: str, parent: str | None = None, root: str = "/data/rt"
+) -> Version:
+    """A version whose folders are under ``root`` (absolute: outside the registry's run
+    folder they are recorded as they are)."""
     return Version(
         name=name,
-        checkpoint=f"attempts/{name}/checkpoints/pass-000001",
+        checkpoint=f"{root}/versions/{name}",
         commit=f"commit-{name}",
-        stores_dir="stores",
+        stores_dir=f"{root}/stores/a-{name}",
         parent=parent,
         train_days=(through,),
         trained_through=through,
@@ -82,6 +87,34 @@ def test_publish_history_and_rollback(tmp_path: Path) -> None:
     # A fresh reader sees the same state: nothing is cached in memory.
     assert Registry(tmp_path / "versions").current() == v1
     assert not list((tmp_path / "versions").glob(".*tmp*"))  # no temporary files left
+
+
+def test_paths_inside_the_retraining_folder_are_recorded_relative(tmp_path: Path) -> None:
+    """A copied or moved retraining folder reads its own versions: registry.json records
+    the paths inside the folder relative to ``versions/``, and they read back absolute."""
+    run = tmp_path / "rt"
+    reg = Registry(run / "versions")
+    v1 = _version("v000001", "2024-01-02", "2024-01-03", root=str(run))
+    (run / "versions" / "v000001").mkdir(parents=True)
+    (run / "stores" / "a-v000001").mkdir(parents=True)
+    reg.publish(v1, _attempt(v1, "2024-01-03"))
+    assert reg.current() == v1
+    (recorded,) = json.loads((run / "versions" / "registry.json").read_text())["versions"]
+    assert recorded["checkpoint"] == "v000001"
+    assert recorded["stores_dir"] == "../stores/a-v000001"
+    shutil.copytree(run, tmp_path / "copy")
+    copied = Registry(tmp_path / "copy" / "versions").current()
+    assert copied is not None
+    assert copied.checkpoint == str(tmp_path / "copy" / "versions" / "v000001")
+    assert copied.stores_dir == str(tmp_path / "copy" / "stores" / "a-v000001")
+    # a registry written before (absolute paths): a copy reads its own where it has them
+    data = json.loads((run / "versions" / "registry.json").read_text())
+    data["versions"][0].update(checkpoint=v1.checkpoint, stores_dir=v1.stores_dir)
+    (tmp_path / "copy" / "versions" / "registry.json").write_text(json.dumps(data))
+    legacy = Registry(tmp_path / "copy" / "versions").current()
+    assert legacy is not None and legacy.checkpoint == copied.checkpoint
+    assert legacy.stores_dir == copied.stores_dir
+    assert Registry(run / "versions").current() == v1  # the original as it was
 
 
 def test_failed_attempts_do_not_count_as_seen(tmp_path: Path) -> None:
