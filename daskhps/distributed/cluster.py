@@ -189,6 +189,9 @@ def _start_local(
     # The embedded scheduler's p2p shuffle plugin logs the start and end of every shuffle at
     # WARNING; a pass runs several, and the lines would bury the progress bar.
     logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+    # While the embedded cluster closes, the scheduler's batched stream to a worker that
+    # closed first may log its CommClosedError with a traceback at INFO: shutdown noise.
+    logging.getLogger("distributed.batched").setLevel(logging.WARNING)
     cluster: Any = None
     try:
         with dask.config.set({_HISTORY_KEY: PROFILE_HISTORY_CYCLES}):  # its workers inherit it
