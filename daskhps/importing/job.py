@@ -56,10 +56,10 @@ from daskhps.training.checkpoint import (
     checkpoint_name,
     checkpoints_dir,
     finish_checkpoint,
-    recorded_stores_dir,
     remove_checkpoint,
     write_payload,
 )
+from daskhps.training.locations import recorded_stores_dir
 
 __all__ = ["CHUNK_ROWS", "COMMIT", "ImportResult", "import_table"]
 

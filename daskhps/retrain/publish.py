@@ -27,9 +27,9 @@ from daskhps.tiers.store.check import CommitId
 from daskhps.training.checkpoint import (
     Checkpoint,
     finish_checkpoint,
-    recorded_stores_dir,
     remove_checkpoint,
 )
+from daskhps.training.locations import recorded_stores_dir
 
 __all__ = ["VERSION_PREFIX", "commit_name", "freeze_version"]
 

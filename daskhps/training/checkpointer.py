@@ -35,12 +35,12 @@ from daskhps.training.checkpoint import (
     commit_record,
     finish_checkpoint,
     list_checkpoints,
-    recorded_stores_dir,
     remove_checkpoint,
     start_checkpoint,
     write_payload,
 )
 from daskhps.training.killpoints import kill_point
+from daskhps.training.locations import recorded_stores_dir
 from daskhps.training.records import PassRecord
 from daskhps.training.recovery import RECOVERABLE
 from daskhps.training.replica import Copied, Replica, mirror_shards

@@ -274,7 +274,7 @@ def test_the_checkpoint_holds_the_dense_model_a_new_run_starts_with(
     assert rc == 0, err
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt is not None and ckpt.passes_done == 0 and ckpt.step == 0
-    fresh, _ = worker.build_dense(Trainer(load_config(config))._train_setup())
+    fresh, _ = worker.build_dense(Trainer(load_config(config)).parts.train_setup())
     want = fresh.state_dict()
     got = ckpt.dense_state()
     assert got.keys() == want.keys()
