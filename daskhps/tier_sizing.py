@@ -113,11 +113,15 @@ class TierSizing:
         memory_limit: int | None,
         device: str = "cpu",
         policy: str = "lru",
+        *,
+        check_budget: bool = True,
     ) -> dict[str, tuple[int, int]]:
-        """``{table: (device_rows, host_bytes)}`` for a worker with this memory limit."""
+        """``{table: (device_rows, host_bytes)}`` for a worker with this memory limit;
+        tiers over the memory budget are refused unless ``check_budget`` is off (``daskhps
+        plan`` sizes them anyway, to say by how much the whole run does not fit)."""
         on_gpu = torch.device(device).type == "cuda"
         problem = self.over_budget(tables, memory_limit, on_gpu=on_gpu, policy=policy)
-        if problem:
+        if problem and check_budget:
             raise ConfigError(f"tier sizing: {problem}")
         needs_limit = self.host_fraction is not None or (
             self.device_fraction is not None and not on_gpu

@@ -212,7 +212,9 @@ def worker_memory(
     spec = cfg.table_spec()
     tiers = cfg.table.tiers
     policy = tiers.policy
-    rows, host_budget = tiers.sizing.resolve([spec], memory_limit, "cpu", policy)[spec.name]
+    rows, host_budget = tiers.sizing.resolve(
+        [spec], memory_limit, "cpu", policy, check_budget=False
+    )[spec.name]
     batch = keys.largest_pass_per_owner or 0
     device = slot_cache_bytes(rows, spec.width, policy, batch_keys=batch)
     host = host_tier_bytes(host_budget, spec.width, policy, batch_keys=batch)
