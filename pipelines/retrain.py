@@ -13,7 +13,7 @@ import sys
 
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, DaskHPSError
-from daskhps.monitor.progress import quiet_run
+from daskhps.monitor.progress import Progress, quiet_run
 from daskhps.retrain import ExitCode, RetrainLockedError, UnknownVersionError
 from daskhps.retrain.job import describe_versions, retrain, rollback
 
@@ -45,7 +45,9 @@ def run(
             outcome = rollback(config, rollback_to)
         else:
             # no bars (carriage returns) in the log files a scheduler writes
-            progress = None if sys.stderr.isatty() else False
+            progress: Progress | None = None  # a bar on a terminal, else a line a pass
+            if not sys.stderr.isatty():
+                progress = False if config.run.quiet else "lines"
             outcome = retrain(config, echo=echo, progress=progress, dry_run=dry_run)
     except RetrainLockedError as e:
         _error(f"locked: {e}")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from daskhps.config import RunConfig
-from daskhps.monitor.progress import quiet_run
+from daskhps.monitor.progress import Progress, quiet_run
 from daskhps.monitor.report import write_report
 from daskhps.training.trainer import RunResult, Trainer
 
@@ -25,7 +25,7 @@ log = logging.getLogger("daskhps.pipelines.train")
 def train(
     config: RunConfig,
     *,
-    progress: bool | None = None,
+    progress: Progress | None = None,
     resume: bool = False,
     overwrite: bool = False,
     checkpoint: str | None = None,
@@ -70,8 +70,11 @@ def run(
     config: RunConfig, resume: bool = False, overwrite: bool = False, checkpoint: str | None = None
 ) -> int:
     """Run the job; returns the process exit code."""
-    # Bars redraw one line with carriage returns: in a log file that is one endless line.
-    progress = None if sys.stderr.isatty() else False
+    # Bars redraw one line with carriage returns: in a log file that is one endless line, so
+    # there a line per pass instead (none when quiet)
+    progress: Progress | None = None
+    if not sys.stderr.isatty():
+        progress = False if config.run.quiet else "lines"
     result = train(
         config, progress=progress, resume=resume, overwrite=overwrite, checkpoint=checkpoint
     )

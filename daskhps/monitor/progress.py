@@ -12,10 +12,11 @@ and the driver moves the bar as the events arrive (:class:`BatchProgress`)::
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["BatchProgress", "PassProgress", "progress_topic", "quiet_run", "report_batches"]
 
@@ -87,10 +88,16 @@ class BatchProgress:
             logging.getLogger(__name__).debug("unsubscribing from %s: %s", self.topic, e)
 
 
+# What a run shows on the terminal: a bar (True), nothing (False), or one plain line per pass
+# ("lines": stderr is a log file, where a bar's carriage returns make one endless line).
+Progress = bool | Literal["lines"]
+
+
 class PassProgress:
     """The driver's view of a run's passes: one bar ticking per batch (moved by rank 0's
     reports while a pass trains), the pass number and loss beside it, and the dashboard's
-    pass column. Passes are numbered from 1 over the whole schedule."""
+    pass column; with ``show="lines"`` one line per pass instead of the bar. Passes are
+    numbered from 1 over the whole schedule."""
 
     def __init__(
         self,
@@ -101,7 +108,7 @@ class PassProgress:
         total_passes: int,
         total_batches: int,
         batches_done: int,
-        show: bool,
+        show: Progress,
     ) -> None:
         from tqdm.auto import tqdm
 
@@ -113,12 +120,15 @@ class PassProgress:
             total=total_batches,
             initial=batches_done,
             unit="batch",
-            disable=not show,
+            disable=show is not True,
             desc="training",
         )
-        self._batches = BatchProgress(client, run_id, self.bar) if show else None
+        self._lines = show == "lines"
+        self._number = 0
+        self._batches = BatchProgress(client, run_id, self.bar) if show is True else None
 
     def start_pass(self, number: int) -> None:
+        self._number = number
         self.bar.set_description(f"pass {number}/{self.total_passes}")
         self._announce(self.client, self.addresses, number)
         if self._batches is not None:
@@ -130,6 +140,14 @@ class PassProgress:
         else:
             self.bar.update(num_batches)
         self.bar.set_postfix(loss=f"{loss:.4f}", auc=auc)
+        if self._lines:
+            shown = f", auc {auc:.4f}" if auc is not None else ""
+            print(
+                f"pass {self._number}/{self.total_passes}: {num_batches} batches, "
+                f"loss {loss:.4f}{shown}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self._batches is not None:

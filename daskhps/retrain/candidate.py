@@ -26,6 +26,7 @@ from typing import Any
 from daskhps.config import HoldoutConfig, RunConfig
 from daskhps.data.source import TrainLogs
 from daskhps.errors import CheckpointError
+from daskhps.monitor.progress import Progress
 from daskhps.retrain.days import DayPlan
 from daskhps.training.changes import check_changes
 from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
@@ -99,7 +100,7 @@ def train_candidate(
     base_checkpoint: str | None,
     *,
     echo: Callable[[str], None] | None = None,
-    progress: bool | None = None,
+    progress: Progress | None = None,
 ) -> Candidate:
     """Train the candidate of ``plan`` from ``base_checkpoint`` (None: from scratch)."""
     from daskhps.training.trainer import Trainer

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError
+from daskhps.monitor.progress import Progress
 from daskhps.retrain.codes import ExitCode
 from daskhps.retrain.days import Day, DayPlan, plan_days, scan_days
 from daskhps.retrain.errors import UnknownVersionError, VersionNotFoundError
@@ -102,7 +103,7 @@ def retrain(
     config: RunConfig,
     *,
     echo: Callable[[str], None] | None = None,
-    progress: bool | None = None,
+    progress: Progress | None = None,
     dry_run: bool = False,
 ) -> Outcome:
     """Train on the new complete days and publish the candidate if the guard holds.
@@ -117,7 +118,7 @@ def retrain(
     with RetrainLock(run_dir):
         registry = registry_of(config)
         current = _checked_current(registry, config)  # before any day is generated or recorded
-        shown = (not config.run.quiet) if progress is None else progress
+        shown = (not config.run.quiet) if progress is None else progress is True
         days = _days(config, dry_run, shown)
         plan = plan_days(
             days, current.trained_through if current else None, registry.seen_through()
@@ -199,7 +200,7 @@ def _intent(plan: DayPlan, current: Version | None) -> str:
     return f"train on {', '.join(plan.train)} from {base}; score on {plan.eval_day}{ignored}"
 
 
-def _train(run: _Run, echo: Callable[[str], None] | None, progress: bool | None) -> Candidate:
+def _train(run: _Run, echo: Callable[[str], None] | None, progress: Progress | None) -> Candidate:
     """The trained candidate; a failure is recorded as a failed attempt, then raised."""
     from daskhps.retrain.candidate import train_candidate
 

@@ -36,7 +36,7 @@ from daskhps.data.readers import ClickLog
 from daskhps.data.source import day_of
 from daskhps.distributed import RunGroup, WorkerShards
 from daskhps.errors import DataError, ResumeError
-from daskhps.monitor.progress import PassProgress
+from daskhps.monitor.progress import PassProgress, Progress
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
@@ -95,7 +95,7 @@ class PassLoop:
         *,
         warm_start: bool,
         eval_before: bool,
-        progress: bool,
+        progress: Progress,
         replica: Replica | None,
         settle: Callable[[], None],
         on_checkpoint: Callable[[], None],

@@ -34,6 +34,7 @@ from daskhps.data.readers import ClickLog
 from daskhps.data.source import day_of, resolve_files
 from daskhps.distributed.cluster import cuda_available
 from daskhps.errors import ConfigError, DataError, ResumeError, RunExistsError
+from daskhps.monitor.progress import Progress
 from daskhps.training import resume as resuming
 from daskhps.training import rundir
 from daskhps.training.checkpoint import (
@@ -90,7 +91,7 @@ def preflight(
     overwrite: bool,
     checkpoint: str | None,
     warm_start: Checkpoint | None,
-    progress: bool,
+    progress: Progress,
     echo: Callable[[str], None],
 ) -> Start:
     """Every check that needs no worker, in an order that touches nothing but generated
@@ -103,7 +104,7 @@ class _Preflight:
         self,
         config: RunConfig,
         warm_start: Checkpoint | None,
-        progress: bool,
+        progress: Progress,
         echo: Callable[[str], None],
     ) -> None:
         self.config = config
@@ -152,7 +153,7 @@ class _Preflight:
         else:
             self._new(start, overwrite)
         if cfg.data.generate is not None:
-            cfg.data.generate.ensure(progress=self.progress)
+            cfg.data.generate.ensure(progress=self.progress is True)  # a bar, or nothing
         # Read (lazily) before anything changes: paths that match nothing fail in a second.
         start.logs = read_train_and_holdout(
             cfg.data.source,

@@ -31,6 +31,7 @@ from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup
 from daskhps.errors import first_line
+from daskhps.monitor.progress import Progress
 from daskhps.passes.scan import remove_spill
 from daskhps.training import resume as resuming
 from daskhps.training import rundir
@@ -67,7 +68,7 @@ class Trainer:
         self,
         config: RunConfig,
         *,
-        progress: bool | None = None,
+        progress: Progress | None = None,
         echo: Callable[[str], None] | None = None,
         warm_start: Checkpoint | None = None,
         eval_before: bool = False,
