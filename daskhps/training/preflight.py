@@ -91,12 +91,15 @@ def preflight(
     overwrite: bool,
     checkpoint: str | None,
     warm_start: Checkpoint | None,
+    replica: Replica | None,
     progress: Progress,
     echo: Callable[[str], None],
 ) -> Start:
     """Every check that needs no worker, in an order that touches nothing but generated
-    logs (see the module docstring)."""
-    return _Preflight(config, warm_start, progress, echo).run(resume, overwrite, checkpoint)
+    logs (see the module docstring); ``replica`` is the run's copy (``RunParts.replica``)."""
+    return _Preflight(config, warm_start, replica, progress, echo).run(
+        resume, overwrite, checkpoint
+    )
 
 
 class _Preflight:
@@ -104,6 +107,7 @@ class _Preflight:
         self,
         config: RunConfig,
         warm_start: Checkpoint | None,
+        replica: Replica | None,
         progress: Progress,
         echo: Callable[[str], None],
     ) -> None:
@@ -112,8 +116,7 @@ class _Preflight:
         self.warm_start = warm_start
         self.progress = progress
         self.echo = echo
-        url = config.checkpoint.replicate_to
-        self.replica = None if url is None else Replica(url)
+        self.replica = replica
 
     def run(self, resume: bool, overwrite: bool, checkpoint: str | None) -> Start:
         cfg = self.config

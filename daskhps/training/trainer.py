@@ -99,6 +99,7 @@ class Trainer:
             overwrite=overwrite,
             checkpoint=checkpoint,
             warm_start=self.warm_start,
+            replica=self.parts.replica(),
             progress=self.progress,
             echo=self.echo,
         )
