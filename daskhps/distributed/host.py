@@ -23,6 +23,7 @@ function ``fn`` the client runs gets the host as its first argument: there is on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 from distributed import WorkerPlugin
 
+from daskhps.distributed import lease
 from daskhps.distributed._errors import ClusterError, CommError
 from daskhps.distributed._pinned import missing_workers, run_pinned
 from daskhps.distributed.collective import Comm
@@ -71,6 +73,7 @@ class RunHost(WorkerPlugin):
         self.comm: Comm | None = None
         self.rendezvous_store: Any = None  # rank 0 serves the TCP store: kept with the group
         self.replica: Any = None  # the dense model replica (daskhps.training.worker)
+        self.closing = False  # the run let go of this worker: a running pass stops
 
     # -- plugin hooks (event loop: keep them light; opening runs in a task) -------------
 
@@ -84,10 +87,13 @@ class RunHost(WorkerPlugin):
             self.shards.monitor = ShardMetrics(self.shards, addr)
             self.shards.monitor.register(worker)
 
-    def teardown(self, worker: Any) -> None:
+    async def teardown(self, worker: Any) -> None:
+        # In a thread, off the worker's event loop: closing waits for a running task to let
+        # go of the table (a driver that died mid-pass: the pass stops at its next batch).
+        self.closing = True
         if self.monitor is not None:
             self.monitor.unregister(worker)
-        self.close()
+        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
         """Close the shards (warning about uncommitted rows), drop the group. Safe twice."""
@@ -120,6 +126,12 @@ class RunHost(WorkerPlugin):
                 "after RunGroup.start and before RunGroup.close"
             )
         return self.comm
+
+    def check_open(self) -> None:
+        """Raise :class:`ClusterError` once the run let go of this worker (its driver left):
+        long tasks call it between batches."""
+        if self.closing:
+            raise ClusterError(f"run {self.token} was closed on this worker (its driver left)")
 
     def require_shards(self) -> WorkerShards:
         if self.shards is None:
@@ -203,6 +215,7 @@ class RunGroup:
             raise CommError("the cluster has no workers: start some before forming the group")
         token = uuid.uuid4().hex[:12]
         group = cls(client, addrs, token, timeout_s)
+        lease.hold(client, token, _PREFIX + token)  # a killed driver's workers let go
         client.register_plugin(RunHost(token, addrs, shards), name=_PREFIX + token)
         try:
             group.backend = form_group(
@@ -293,6 +306,7 @@ class RunGroup:
                 self.client.unregister_worker_plugin(_PREFIX + self.token)
         except Exception as e:  # the reachable workers closed anyway
             log.warning("closing run %s on the workers: %s", self.token, e)
+        lease.release(self.client, self.token)
 
     def __enter__(self) -> RunGroup:
         return self

@@ -117,17 +117,22 @@ class _Preflight:
         self.progress = progress
         self.echo = echo
         self.replica = replica
+        # The embedded cluster's workers share this machine's disk, so the stores are checked
+        # here, before any worker starts; a cluster's workers each hold their own stores,
+        # which only they can check (daskhps.training.placement, once the cluster is up).
+        self.stores_here = config.cluster.local
 
     def run(self, resume: bool, overwrite: bool, checkpoint: str | None) -> Start:
         cfg = self.config
         # Folders that cannot be written: named now, not as an errno on a worker (and before
         # check_fits, which would find no free space there).
         check_writable_dir(self.run_dir, "the run", "set run.dir to a writable folder")
-        check_writable_dir(
-            cfg.table.tiers.store_dir,
-            "the table's stores",
-            "set table.tiers.store_dir to a writable folder",
-        )
+        if self.stores_here:  # on a cluster's workers, each checks its own disk
+            check_writable_dir(
+                cfg.table.tiers.store_dir,
+                "the table's stores",
+                "set table.tiers.store_dir to a writable folder",
+            )
         if self.replica is not None:
             self.replica.check_writable(cfg.source)
         if resume and checkpoint is None and self.warm_start is None:
@@ -148,7 +153,7 @@ class _Preflight:
         store_dir = Path(cfg.table.tiers.store_dir)
         rundir.ensure_no_run_dir_clash(self.run_dir, store_dir)
         rundir.settle_interrupted(self.run_dir)  # a killed --overwrite, put right
-        rundir.refuse_published(self.run_dir, store_dir, cfg.source)
+        rundir.refuse_published(self.run_dir, store_dir if self.stores_here else None, cfg.source)
         earlier = rundir.find_earlier_run(self.run_dir, store_dir)
         start = Start(earlier=earlier, need=sizing.disk.total)
         if resume:
@@ -178,8 +183,7 @@ class _Preflight:
         if done is None or line is None:
             return None
         resuming.check_resume(done, self.config)
-        restore_from_copy(done, self.replica)
-        refuse_damaged_stores(done)
+        self._check_stores(done)
         return Start(earlier=None, need=None, ckpt=done, complete=line)
 
     def _resume(self, start: Start, checkpoint: str | None, overwrite: bool) -> None:
@@ -196,7 +200,7 @@ class _Preflight:
 
     def _new(self, start: Start, overwrite: bool) -> None:
         start.ckpt = self.warm_start
-        if self.warm_start is not None:
+        if self.warm_start is not None and self.stores_here:
             refuse_damaged_stores(self.warm_start)
         if start.earlier is not None and not overwrite:
             raise RunExistsError(
@@ -221,14 +225,20 @@ class _Preflight:
             ckpt = found
         changes = resuming.check_resume(ckpt, self.config)
         resuming.check_epochs(ckpt, self.config)
-        restore_from_copy(ckpt, self.replica)
-        refuse_damaged_stores(ckpt)
+        self._check_stores(ckpt)
         accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
         self.echo(
             f"resuming from {ckpt.path} ({ckpt.passes_done} passes done)"
             + (f"; changed: {accepted}" if accepted else "")
         )
         return ckpt
+
+    def _check_stores(self, ckpt: Checkpoint) -> None:
+        """Stores on this machine's disk: missing or damaged ones restored from the copy,
+        then refused if still damaged (a cluster's workers do both on their own disks)."""
+        if self.stores_here:
+            restore_from_copy(ckpt, self.replica)
+            refuse_damaged_stores(ckpt)
 
     def _stores_owner(self, ckpt: Checkpoint) -> Path | None:
         """A resume never writes the stores of another run: stores outside this run's folder

@@ -143,9 +143,10 @@ def published_commits(store_dir: str | Path) -> list[str]:
     return sorted(found)
 
 
-def refuse_published(run_dir: str | Path, store_dir: str | Path, source: str) -> None:
+def refuse_published(run_dir: str | Path, store_dir: str | Path | None, source: str) -> None:
     """:class:`RunExistsError` when ``run_dir`` is a retraining folder or the stores hold
-    published versions: ``train`` would otherwise remove or rewrite what they refer to."""
+    published versions: ``train`` would otherwise remove or rewrite what they refer to
+    (``store_dir`` None: the stores are on a cluster's workers, not read here)."""
     from daskhps.retrain.versions import registry_folder
 
     registry = registry_folder(run_dir)
@@ -156,7 +157,7 @@ def refuse_published(run_dir: str | Path, store_dir: str | Path, source: str) ->
             "with that folder's retraining config to train and publish, or set run.dir to "
             "another folder"
         )
-    versions = published_commits(store_dir)
+    versions = published_commits(store_dir) if store_dir is not None else []
     if versions:
         raise RunExistsError(
             f"{source}: the stores in {store_dir} hold published versions ({', '.join(versions)})"

@@ -30,7 +30,7 @@ import numpy as np
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup
-from daskhps.errors import first_line
+from daskhps.errors import ResumeError, first_line
 from daskhps.monitor.progress import Progress
 from daskhps.passes.scan import remove_spill
 from daskhps.training import resume as resuming
@@ -38,6 +38,7 @@ from daskhps.training import rundir
 from daskhps.training.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training.loop import HOLDOUT_SPILL, PassLoop
 from daskhps.training.parts import RunParts
+from daskhps.training.placement import place_new_run, place_ranks
 from daskhps.training.preflight import Start, check_cluster_fits, preflight
 from daskhps.training.records import RunResult
 from daskhps.training.recovery import (
@@ -114,8 +115,6 @@ class Trainer:
         if start.replace and start.earlier is not None:
             self._aside = rundir.move_aside(start.earlier, start.need, cfg.source)
         try:
-            if self._ckpt is not None:
-                resuming.wait_for_stores(self._ckpt)  # the killed run's workers may still exit
             result = self._run_on_cluster(start.logs)
             (self.run_dir / "summary.json").write_text(json.dumps(self._summary(result), indent=2))
         except BaseException:
@@ -152,6 +151,7 @@ class Trainer:
                 check_cluster_fits(cfg, client, len(addresses), resumed)
             spec = cfg.table_spec()
             stores = self._stores(len(addresses))
+            addresses = self._place(client, addresses, stores)
             while True:
                 result = RunResult(self.run_dir)
                 commit = self._ckpt.commit if self._ckpt is not None else None
@@ -168,15 +168,18 @@ class Trainer:
                     _close_lost(group, client, stores)
                     if len(restarts) >= recovery["max_restarts"]:
                         raise self._out_of_restarts(e, restarts) from e
-                    ckpt = recovery_point(self.run_dir, self.parts.replica())
-                    if ckpt is None:
+                    if not list_checkpoints(self.run_dir):
                         raise  # nothing of this run to continue from: the error says what
                     before = len(addresses)
-                    addresses, waited = wait_for_workers(client, before, recovery["wait_s"])
-                    if not addresses:
+                    found, waited = wait_for_workers(client, before, recovery["wait_s"])
+                    if not found:
                         raise self._out_of_restarts(e, restarts, "no worker came back") from e
-                    restart = self._restart_from(ckpt, e, restarts, before, addresses, waited)
-                    stores = self._stores(len(addresses))
+                    ckpt, placed = self._recovery_point(client, found)
+                    if ckpt is None:
+                        raise
+                    restart = self._restart_from(ckpt, e, restarts, before, found, waited)
+                    stores = self._stores(len(found))
+                    addresses = placed or self._place(client, found, stores)
                     restarts.append(replace(restart, seconds=time.monotonic() - failed_at))
                     record_restart(self.run_dir / "metrics.jsonl", restarts[-1])
                     continue
@@ -200,6 +203,38 @@ class Trainer:
         return resuming.stores_to_train_in(
             self._ckpt, self.config, num_workers, copy_from, self.echo
         )
+
+    def _place(self, client: Any, addresses: list[str], stores: Path) -> list[str]:
+        """The workers in rank order: ranks follow their stores
+        (:mod:`daskhps.training.placement`); re-sharded or copied stores, written by this
+        driver just now, in address order."""
+        cfg, ckpt = self.config, self._ckpt
+        if ckpt is None:
+            table = cfg.table_spec().name
+            return list(place_new_run(client, addresses, stores, table, cfg.source).addresses)
+        if stores != ckpt.stores_dir:
+            return addresses
+        placed = place_ranks(client, addresses, ckpt, self.parts.replica(), cfg.source)
+        return list(placed.addresses)
+
+    def _recovery_point(
+        self, client: Any, found: list[str]
+    ) -> tuple[Checkpoint | None, list[str] | None]:
+        """The newest checkpoint a restart on the workers ``found`` can continue from, and
+        its ranks' places when finding it placed them. The embedded cluster's stores are on
+        this machine (checked here); a cluster's workers each check their own disk."""
+        if self.config.cluster.local:
+            return recovery_point(self.run_dir, self.parts.replica()), None
+        for ckpt in reversed(list_checkpoints(self.run_dir)):
+            if ckpt.num_workers != len(found):
+                return ckpt, None  # re-sharded onto the workers left
+            try:
+                placed = place_ranks(client, found, ckpt, self.parts.replica(), self.config.source)
+            except ResumeError as e:
+                log.warning("cannot continue from %s: %s", ckpt.name, first_line(e))
+                continue
+            return ckpt, list(placed.addresses)
+        return None, None
 
     def _loop(self, stores: Path) -> PassLoop:
         return PassLoop(
@@ -241,7 +276,6 @@ class Trainer:
         )
         resuming.restore_metrics(self.run_dir / "metrics.jsonl", ckpt.passes_done)
         self._ckpt, self.warm_start = ckpt, None  # from now on a resume of this run
-        resuming.wait_for_stores(ckpt)
         return Restart(
             restart=len(restarts) + 1,
             cause=cause,

@@ -371,6 +371,7 @@ def train_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> RankPassR
         shards.apply_gradients(table, keys, grads)
 
     for b in range(nb):
+        host.check_open()  # a driver that left stops the pass here, not at its end
         value = train_step(
             model,
             rep.opt,
@@ -412,6 +413,7 @@ def eval_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> tuple[np.n
 
     with torch.no_grad():
         for b in range(batches.num_batches):
+            host.check_open()
             dense, keys, offsets, _ = data.batch(b)
             logits, _, _ = batch_forward(model, ex, lookup, dense, keys, offsets, rep.pooling)
             preds.append(torch.sigmoid(logits))

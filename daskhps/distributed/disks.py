@@ -1,0 +1,148 @@
+"""What one worker's disk holds of a run's rank stores, found on that worker.
+
+::
+
+    driver: survey_workers(client, addresses, Survey(...))
+      ─► every worker, pinned: survey_disk(survey)          (reads its own disk only)
+           store_dir writable?  ─► each <store_dir>/<table>/rank-<r> there:
+             sound at the commit asked for (and the commit the checkpoint recorded)?
+             its writer lock free (waiting up to lock_wait_s for a killed run's workers)?
+      ◄─ DiskReport per worker: a few lines and numbers, never a row
+
+On several machines the driver sees none of the workers' disks, so nothing on the driver opens
+a rank store: the questions a resume, a restart or a new run asks of the stores (which ranks
+are here and sound, is anything still locked, can the folder be written, does it hold another
+run's stores) are answered by :func:`survey_disk` on the worker that holds them.
+:mod:`daskhps.training.placement` turns the answers into the ranks' places.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daskhps._paths import check_writable_dir
+from daskhps.distributed._pinned import run_pinned
+from daskhps.errors import StoreLockedError, UnwritablePathError, first_line
+from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.store.check import CommitId, StoreChecker
+
+__all__ = ["DiskReport", "HeldStore", "Survey", "survey_disk", "survey_workers"]
+
+_RANK = re.compile(r"rank-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What to look for: the stores of ``table`` under ``stores_dir``, at ``commit`` (None: a
+    new run, which needs the folder empty), each rank's recorded commit identity where known
+    (``recorded[r]``), waiting up to ``lock_wait_s`` for a lock to be let go."""
+
+    stores_dir: str
+    table: str
+    commit: str | None = None
+    recorded: tuple[dict[str, Any] | None, ...] = ()
+    lock_wait_s: float = 0.0
+
+    def recorded_id(self, rank: int) -> CommitId | None:
+        if rank >= len(self.recorded) or self.recorded[rank] is None:
+            return None
+        return CommitId.from_json(self.recorded[rank])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class HeldStore:
+    """One rank store on a worker's disk: ``damage`` (first problem at the commit asked for,
+    or that it is another run's) is None when it is sound; ``locked`` names a writer that
+    still held it after the wait."""
+
+    rank: int
+    path: str
+    damage: str | None = None
+    locked: str | None = None
+
+    @property
+    def sound(self) -> bool:
+        return self.damage is None and self.locked is None
+
+
+@dataclass(frozen=True)
+class DiskReport:
+    """One worker's answer: where it runs, whether its ``stores_dir`` can be written, and the
+    rank stores there."""
+
+    address: str
+    host: str
+    unwritable: str | None = None
+    stores: tuple[HeldStore, ...] = field(default_factory=tuple)
+
+    def sound_ranks(self) -> set[int]:
+        return {s.rank for s in self.stores if s.sound}
+
+    def where(self) -> str:
+        return f"worker {self.address} on host {self.host}"
+
+
+def survey_disk(survey: Survey) -> DiskReport:
+    """On a worker (or, for the embedded cluster, the driver's machine its workers share): what
+    this machine's disk holds of ``survey``'s stores. Writes nothing: the write probe leaves no
+    trace and the lock probe takes a shared lock."""
+    from distributed import get_worker
+
+    try:
+        address = str(get_worker().address)
+    except ValueError:  # not in a worker: the driver's own machine
+        address = "local"
+    host = socket.gethostname()
+    try:
+        check_writable_dir(survey.stores_dir, "the table's stores", "")
+    except UnwritablePathError as e:
+        return DiskReport(address, host, unwritable=first_line(e).rstrip("; "))
+    folder = Path(survey.stores_dir) / survey.table
+    ranks = sorted(
+        (int(m.group(1)), p)
+        for p in (folder.iterdir() if folder.is_dir() else [])
+        if (m := _RANK.match(p.name)) is not None and p.is_dir()
+    )
+    checker = StoreChecker()
+    deadline = time.monotonic() + survey.lock_wait_s
+    held = []
+    for rank, path in ranks:
+        damage = None
+        if survey.commit is not None:
+            check = checker.check(path, survey.commit, survey.recorded_id(rank))
+            damage = check.damage[0] if check.damage else None
+        held.append(HeldStore(rank, str(path), damage, _lock_holder(path, deadline)))
+    return DiskReport(address, host, stores=tuple(held))
+
+
+def _lock_holder(path: Path, deadline: float) -> str | None:
+    """Who holds the store's writer lock once ``deadline`` passed (None: nobody)."""
+    while True:
+        try:
+            WriterLock(path, f"store {path.name}").check_free()
+            return None
+        except StoreLockedError as e:
+            if time.monotonic() >= deadline:
+                return first_line(e)
+            time.sleep(0.1)
+
+
+def survey_workers(
+    client: Any, addresses: Sequence[str], survey: Survey, timeout_s: float | None = None
+) -> list[DiskReport]:
+    """:func:`survey_disk` on every worker of ``addresses`` at once (pinned); reports in the
+    order of ``addresses``."""
+    return run_pinned(
+        client,
+        list(addresses),
+        survey_disk,
+        survey,
+        what="survey stores",
+        timeout_s=timeout_s,
+    )

@@ -1,0 +1,194 @@
+"""Ranks follow their stores: which worker trains which rank, decided from what each worker's
+disk holds.
+
+::
+
+    new run:  every worker's store_dir writable and free of stores ─► ranks in address order
+    resume, restart, warm start (same worker count):
+      survey every worker (daskhps.distributed.disks) ─► rank r goes to a worker whose disk
+      holds a sound store of rank r at the checkpoint's commit (address order where that
+      works: an embedded cluster's workers share one disk and keep today's ranks)
+      ─► a rank whose store is on no worker's disk (lost with its host) goes to a worker left
+         over, which restores it from checkpoint.replicate_to onto its own disk
+      ─► no copy: one line naming the lost ranks and the checkpoint they were in
+
+Nothing here opens a store on the driver: the survey and the restore are pinned tasks on the
+workers that hold (or will hold) the stores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from daskhps.distributed._pinned import run_pinned
+from daskhps.distributed.disks import DiskReport, Survey, survey_workers
+from daskhps.errors import CheckpointError, ConfigError, ResumeError, RunExistsError
+from daskhps.training.checkpoint import Checkpoint
+from daskhps.training.replica import Replica
+
+__all__ = ["LOCK_WAIT_S", "Placement", "match_ranks", "place_new_run", "place_ranks"]
+
+log = logging.getLogger(__name__)
+
+# How long a worker waits for a store's lock to be let go: the workers of a killed driver
+# release its stores once the scheduler says the driver left (daskhps.distributed.lease),
+# after a running pass stops at its next batch.
+LOCK_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The workers in rank order, and the ranks each new worker restored from the copy."""
+
+    addresses: tuple[str, ...]
+    restored: tuple[int, ...] = ()
+
+
+def match_ranks(holders: Sequence[set[int]], num_ranks: int) -> list[int | None]:
+    """Worker of each rank: ``holders[w]`` are the ranks worker ``w`` holds a sound store of.
+    As many ranks as possible go to a holder (a maximum matching: augmenting paths), rank
+    ``r`` to worker ``r`` wherever that works; None for a rank no free holder has."""
+    owner: list[int | None] = [None] * num_ranks  # rank -> worker
+    taken: dict[int, int] = {}  # worker -> rank
+    for r in range(min(num_ranks, len(holders))):
+        if r in holders[r]:
+            owner[r], taken[r] = r, r
+
+    def augment(r: int, seen: set[int]) -> bool:
+        for w, held in enumerate(holders):
+            if r in held and w not in seen:
+                seen.add(w)
+                if w not in taken or augment(taken[w], seen):
+                    owner[r], taken[w] = w, r
+                    return True
+        return False
+
+    for r in range(num_ranks):
+        if owner[r] is None:
+            augment(r, set())
+    return owner
+
+
+def place_new_run(
+    client: Any, addresses: Sequence[str], store_dir: str | Path, table: str, source: str
+) -> Placement:
+    """A new run's ranks (address order), once every worker showed that it can write
+    ``store_dir`` and holds no stores there; one line naming the worker and the key
+    otherwise (nothing is written on any disk)."""
+    reports = survey_workers(client, addresses, Survey(str(store_dir), table))
+    _refuse_unwritable(reports, source)
+    for rep in reports:
+        if rep.stores:
+            raise RunExistsError(
+                f"{source}: table.tiers.store_dir: {rep.where()} already holds table stores at "
+                f"{Path(rep.stores[0].path).parent} (another run's, or an earlier run of this "
+                "folder); set table.tiers.store_dir to a new folder, or remove them on that host"
+            )
+    return Placement(tuple(addresses))
+
+
+def place_ranks(
+    client: Any,
+    addresses: Sequence[str],
+    ckpt: Checkpoint,
+    replica: Replica | None,
+    source: str,
+    lock_wait_s: float = LOCK_WAIT_S,
+) -> Placement:
+    """The workers of ``addresses`` (as many as ``ckpt`` has ranks) in rank order for a run
+    continuing from ``ckpt``; ranks whose store is on no worker's disk restored from
+    ``replica`` by the worker that takes them (see the module docstring)."""
+    survey = Survey(
+        str(ckpt.stores_dir),
+        str(ckpt.table["table"]),
+        ckpt.commit,
+        tuple(None if c is None else c.to_json() for c in ckpt.recorded_commits()),
+        lock_wait_s,
+    )
+    reports = survey_workers(client, addresses, survey)
+    _refuse_unwritable(reports, source)
+    for rep in reports:
+        for s in rep.stores:
+            if s.locked is not None and s.damage is None:
+                raise ResumeError(
+                    f"cannot continue from {ckpt.name}: on {rep.where()}, {s.locked} (still "
+                    f"held after {lock_wait_s:g} s; is the run still going?)"
+                )
+    owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
+    free = [w for w in range(len(reports)) if w not in set(owner)]
+    lost = [r for r, w in enumerate(owner) if w is None]
+    if lost:
+        if replica is None or not replica.has_checkpoint(ckpt.name):
+            raise ResumeError(_lost_line(ckpt, lost, reports, replica))
+        for r in lost:
+            owner[r] = free.pop(0)
+        _restore_on_workers(client, ckpt, replica, {r: reports[owner[r]].address for r in lost})  # type: ignore[index]
+    order = tuple(reports[w].address for w in owner)  # type: ignore[index]
+    if list(order) != list(addresses)[: len(order)]:
+        log.info(
+            "ranks follow their stores: %s", ", ".join(f"{r}: {a}" for r, a in enumerate(order))
+        )
+    return Placement(order, tuple(lost))
+
+
+def _refuse_unwritable(reports: Sequence[DiskReport], source: str) -> None:
+    for rep in reports:
+        if rep.unwritable is not None:
+            raise ConfigError(
+                f"{source}: table.tiers.store_dir: on {rep.where()}: {rep.unwritable}; set it "
+                "to a folder every worker can write on its own disk"
+            )
+
+
+def _lost_line(
+    ckpt: Checkpoint, lost: list[int], reports: Sequence[DiskReport], replica: Replica | None
+) -> str:
+    damaged = [
+        f"{rep.where()}: {s.damage}" for rep in reports for s in rep.stores if s.rank in lost
+    ]
+    ranks = ", ".join(str(r) for r in lost)
+    why = (
+        "and checkpoint.replicate_to is not set"
+        if replica is None
+        else f"and the copy at {replica.url} does not hold {ckpt.name}"
+    )
+    seen = f" (found instead: {damaged[0]})" if damaged else ""
+    return (
+        f"cannot continue from {ckpt.name} of {ckpt.path.parent.parent}: the store of rank"
+        f"{'s' if len(lost) > 1 else ''} {ranks} is on none of the {len(reports)} workers' "
+        f"disks{seen}, {why}; bring back the hosts that held them, or continue from an earlier "
+        "checkpoint with --resume --checkpoint NAME --overwrite"
+    )
+
+
+def _restore_rank(rank: int, ckpt: Checkpoint, url: str) -> str:
+    """On the worker that takes ``rank``: download its store of ``ckpt`` from the copy onto
+    this worker's disk (a damaged or foreign store there is moved aside, never deleted)."""
+    return str(Replica(url).restore_store(ckpt, rank))
+
+
+def _restore_on_workers(
+    client: Any, ckpt: Checkpoint, replica: Replica, where: dict[int, str]
+) -> None:
+    ranks = sorted(where)
+    try:
+        run_pinned(
+            client,
+            [where[r] for r in ranks],
+            _restore_rank,
+            ckpt,
+            replica.url,
+            rank_args=[(r,) for r in ranks],
+            what="restore stores from the copy",
+        )
+    except (CheckpointError, OSError) as e:
+        raise ResumeError(f"cannot continue from {ckpt.name}: {e}") from None
+    for r in ranks:
+        log.warning(
+            "rank %d's store of %s was on no worker's disk: restored from %s onto %s",
+            *(r, ckpt.name, replica.url, where[r]),
+        )
