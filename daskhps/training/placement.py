@@ -189,6 +189,6 @@ def _restore_on_workers(
         raise ResumeError(f"cannot continue from {ckpt.name}: {e}") from None
     for r in ranks:
         log.warning(
-            "rank %d's store of %s was on no worker's disk: restored from %s onto %s",
+            "restored rank %d's store of %s from %s onto %s (it was on no worker's disk)",
             *(r, ckpt.name, replica.url, where[r]),
         )

@@ -224,6 +224,9 @@ def test_resume_onto_damaged_stores_stops_before_any_worker(
     d = cfg.config.to_dict()
     d["run"]["dir"] = str(run)
     d["table"]["tiers"]["store_dir"] = str(run / "stores")
+    # the embedded cluster, whose workers share this disk: the driver checks the stores
+    # before any worker starts (a cluster's workers check their own, once it is reached)
+    d["cluster"] = {**d["cluster"], "address": None, "n_workers": 1, "memory_limit": "1GiB"}
     path = run.parent / "resume.yaml"
     path.write_text(yaml.safe_dump(d))
     assert main(["train", str(path), "--resume"]) == 1
