@@ -65,11 +65,19 @@ def skip_without_namespaces() -> None:
 class Hosts(RealCluster):
     """``n`` hosts; host ``i`` is worker process ``i`` (lost hosts keep their index)."""
 
-    def __init__(self, folder: Path, n: int, *, disk: Path, **kwargs: object) -> None:
+    def __init__(
+        self, folder: Path, n: int, *, disk: Path, readonly: Path | None = None, **kwargs: object
+    ) -> None:
         skip_without_namespaces()
         disk.mkdir(parents=True, exist_ok=True)  # the mount point, empty on the driver's side
-        super().__init__(folder, workers=n, hide=disk, **kwargs)  # type: ignore[arg-type]
+        # ``readonly``: a shared folder the driver can write and the hosts cannot (the bad
+        # input of a path only the driver's machine can write)
+        ro = (readonly,) if readonly is not None else ()
+        for path in ro:
+            path.mkdir(parents=True, exist_ok=True)
+        super().__init__(folder, workers=n, hide=disk, readonly=ro, **kwargs)  # type: ignore[arg-type]
         self.disk = disk
+        self.readonly_dir = readonly
 
     def alive_hosts(self) -> list[int]:
         return [i for i, w in enumerate(self.workers) if w.poll() is None]

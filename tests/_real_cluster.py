@@ -46,12 +46,14 @@ class RealCluster:
         tls: Any = None,
         cwd: Path | None = None,
         hide: Path | None = None,
+        readonly: tuple[Path, ...] = (),
     ) -> None:
         self.folder = Path(folder)
         self.cwd = cwd  # the folder the workers start in (default: this process's)
         # a folder the workers do not see: an empty tmpfs over it in a mount namespace of
         # their own, as on a host without the driver's disk
         self.hide = hide
+        self.readonly = readonly  # folders the workers see read-only (with ``hide``)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.threads, self.memory_limit, self.nanny = threads, memory_limit, nanny
         self.timeout_s = timeout_s
@@ -113,7 +115,10 @@ class RealCluster:
                 "--no-dashboard", "--local-directory", str(self.folder / f"worker-{i}"),
                 "--nanny" if self.nanny else "--no-nanny", *self._tls_args()]  # fmt: skip
         if self.hide is not None:
-            mount = f'mount -t tmpfs none {shlex.quote(str(self.hide))} && exec "$@"'
+            mount = f"mount -t tmpfs none {shlex.quote(str(self.hide))}"
+            for ro in map(shlex.quote, map(str, self.readonly)):
+                mount += f" && mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
+            mount += ' && exec "$@"'
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
         self.workers.append(self._spawn(f"worker-{i}", argv, self.cwd))
         if wait:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from daskhps.distributed._pinned import run_pinned
 from daskhps.errors import StoreLockedError, UnwritablePathError, first_line
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.store.check import CommitId, StoreChecker
+from daskhps.tiers.store.manifest import scan_manifests
 
 __all__ = ["DiskReport", "HeldStore", "Survey", "survey_disk", "survey_workers"]
 
@@ -65,6 +66,7 @@ class HeldStore:
     path: str
     damage: str | None = None
     locked: str | None = None
+    found: str | None = None  # the identity of the commit found (CommitId), if any
 
     @property
     def sound(self) -> bool:
@@ -113,12 +115,19 @@ def survey_disk(survey: Survey) -> DiskReport:
     deadline = time.monotonic() + survey.lock_wait_s
     held = []
     for rank, path in ranks:
-        damage = None
+        damage = found = None
         if survey.commit is not None:
             check = checker.check(path, survey.commit, survey.recorded_id(rank))
             damage = check.damage[0] if check.damage else None
-        held.append(HeldStore(rank, str(path), damage, _lock_holder(path, deadline)))
+            found = _commit_id(path, survey.commit)
+        held.append(HeldStore(rank, str(path), damage, _lock_holder(path, deadline), found))
     return DiskReport(address, host, stores=tuple(held))
+
+
+def _commit_id(path: Path, commit: str) -> str | None:
+    good, _ = scan_manifests(path / "commits")
+    named = [m for m in good if m.name == commit]
+    return str(CommitId.of(named[-1])) if named else None
 
 
 def _lock_holder(path: Path, deadline: float) -> str | None:
@@ -134,15 +143,11 @@ def _lock_holder(path: Path, deadline: float) -> str | None:
 
 
 def survey_workers(
-    client: Any, addresses: Sequence[str], survey: Survey, timeout_s: float | None = None
-) -> list[DiskReport]:
-    """:func:`survey_disk` on every worker of ``addresses`` at once (pinned); reports in the
-    order of ``addresses``."""
-    return run_pinned(
-        client,
-        list(addresses),
-        survey_disk,
-        survey,
-        what="survey stores",
-        timeout_s=timeout_s,
-    )
+    client: Any,
+    addresses: Sequence[str],
+    survey: Survey,
+    look: Callable[[Survey], Any] = survey_disk,
+) -> list[Any]:
+    """``look(survey)`` (:func:`survey_disk`, or a caller's function around it) on every
+    worker of ``addresses`` at once (pinned); answers in the order of ``addresses``."""
+    return run_pinned(client, list(addresses), look, survey, what="survey stores")

@@ -18,6 +18,7 @@ workers that hold (or will hold) the stores.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.distributed._pinned import run_pinned
-from daskhps.distributed.disks import DiskReport, Survey, survey_workers
+from daskhps.distributed.disks import DiskReport, Survey, survey_disk, survey_workers
 from daskhps.errors import CheckpointError, ConfigError, ResumeError, RunExistsError
 from daskhps.training.checkpoint import Checkpoint
-from daskhps.training.replica import Replica
+from daskhps.training.replica import KEY, Replica
 
 __all__ = ["LOCK_WAIT_S", "Placement", "match_ranks", "place_new_run", "place_ranks"]
 
@@ -74,13 +75,17 @@ def match_ranks(holders: Sequence[set[int]], num_ranks: int) -> list[int | None]
 
 
 def place_new_run(
-    client: Any, addresses: Sequence[str], store_dir: str | Path, table: str, source: str
+    client: Any,
+    addresses: Sequence[str],
+    store_dir: str | Path,
+    table: str,
+    replica: Replica | None,
+    source: str,
 ) -> Placement:
     """A new run's ranks (address order), once every worker showed that it can write
-    ``store_dir`` and holds no stores there; one line naming the worker and the key
-    otherwise (nothing is written on any disk)."""
-    reports = survey_workers(client, addresses, Survey(str(store_dir), table))
-    _refuse_unwritable(reports, source)
+    ``store_dir`` and the copy, and holds no stores there; one line naming the worker and
+    the key otherwise (nothing is written on any disk)."""
+    reports = _survey(client, addresses, Survey(str(store_dir), table), replica, source)
     for rep in reports:
         if rep.stores:
             raise RunExistsError(
@@ -109,8 +114,7 @@ def place_ranks(
         tuple(None if c is None else c.to_json() for c in ckpt.recorded_commits()),
         lock_wait_s,
     )
-    reports = survey_workers(client, addresses, survey)
-    _refuse_unwritable(reports, source)
+    reports = _survey(client, addresses, survey, replica, source)
     for rep in reports:
         for s in rep.stores:
             if s.locked is not None and s.damage is None:
@@ -118,6 +122,7 @@ def place_ranks(
                     f"cannot continue from {ckpt.name}: on {rep.where()}, {s.locked} (still "
                     f"held after {lock_wait_s:g} s; is the run still going?)"
                 )
+    _refuse_rival_claims(reports, ckpt)
     owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
     free = [w for w in range(len(reports)) if w not in set(owner)]
     lost = [r for r, w in enumerate(owner) if w is None]
@@ -135,13 +140,60 @@ def place_ranks(
     return Placement(order, tuple(lost))
 
 
-def _refuse_unwritable(reports: Sequence[DiskReport], source: str) -> None:
-    for rep in reports:
+def _look(survey: Survey, copy_url: str | None) -> tuple[DiskReport, str | None]:
+    """On a worker: its disk's answer, and why it cannot write the copy (None: it can)."""
+    problem = None
+    if copy_url is not None:
+        try:
+            Replica(copy_url).check_writable("")
+        except ConfigError as e:
+            problem = str(e).removeprefix(": ").removeprefix(f"{KEY}: ")
+    return survey_disk(survey), problem
+
+
+def _survey(
+    client: Any,
+    addresses: Sequence[str],
+    survey: Survey,
+    replica: Replica | None,
+    source: str,
+) -> list[DiskReport]:
+    """Every worker's answer; one line for the first worker that cannot write the stores or
+    the copy."""
+    url = replica.url if replica is not None else None
+    answers = survey_workers(client, addresses, survey, functools.partial(_look, copy_url=url))
+    for rep, copy_problem in answers:
         if rep.unwritable is not None:
             raise ConfigError(
                 f"{source}: table.tiers.store_dir: on {rep.where()}: {rep.unwritable}; set it "
                 "to a folder every worker can write on its own disk"
             )
+        if copy_problem is not None:
+            raise ConfigError(
+                f"{source}: {KEY}: on {rep.where()}: {copy_problem} (every worker writes its "
+                "stores' copy there)"
+            )
+    return [rep for rep, _ in answers]
+
+
+def _refuse_rival_claims(reports: Sequence[DiskReport], ckpt: Checkpoint) -> None:
+    """Two workers holding different stores of one rank at the checkpoint's commit, where the
+    checkpoint recorded no commit identity to tell the right one: refused, naming both."""
+    recorded = ckpt.recorded_commits()
+    claims: dict[int, tuple[DiskReport, str]] = {}
+    for rep in reports:
+        for s in rep.stores:
+            known = s.rank >= len(recorded) or recorded[s.rank] is not None
+            if not s.sound or s.found is None or known:
+                continue
+            other = claims.setdefault(s.rank, (rep, s.found))
+            if other[1] != s.found:
+                raise ResumeError(
+                    f"cannot continue from {ckpt.name}: {other[0].where()} and {rep.where()} "
+                    f"both hold a store of rank {s.rank} at {s.path}, with different commits "
+                    f"{ckpt.commit!r} ({other[1]}; {s.found}); remove the one that is not this "
+                    "run's"
+                )
 
 
 def _lost_line(

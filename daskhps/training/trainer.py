@@ -211,7 +211,10 @@ class Trainer:
         cfg, ckpt = self.config, self._ckpt
         if ckpt is None:
             table = cfg.table_spec().name
-            return list(place_new_run(client, addresses, stores, table, cfg.source).addresses)
+            placed = place_new_run(
+                client, addresses, stores, table, self.parts.replica(), cfg.source
+            )
+            return list(placed.addresses)
         if stores != ckpt.stores_dir:
             return addresses
         placed = place_ranks(client, addresses, ckpt, self.parts.replica(), cfg.source)

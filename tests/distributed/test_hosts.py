@@ -36,7 +36,9 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     root = tmp_path_factory.mktemp("hosts")
-    with Hosts(root / "processes", HOSTS, disk=root / "disk", threads=2) as h:
+    with Hosts(
+        root / "processes", HOSTS, disk=root / "disk", readonly=root / "readonly", threads=2
+    ) as h:
         yield h
     assert h.driver_sees() == []  # nobody wrote the workers' store path on the driver's side
 
@@ -61,17 +63,60 @@ def _dense(run_dir: Path) -> dict[str, torch.Tensor]:
     return ckpt.dense_state()
 
 
-def test_a_run_trains_with_every_store_on_its_own_hosts_disk(
-    tmp_path: Path, logs: Path, hosts: Hosts
-) -> None:
-    config = _config(tmp_path, logs, hosts, "plain")
-    run = cli("train", str(config), timeout=300)
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory, logs: Path, hosts: Hosts) -> Path:
+    """A run trained to its end on the hosts (its folder)."""
+    tmp_path = tmp_path_factory.mktemp("plain")
+    run = cli("train", str(_config(tmp_path, logs, hosts, "plain")), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    ckpt = latest_checkpoint(tmp_path / "plain")
+    return tmp_path / "plain"
+
+
+def test_a_run_trains_with_every_store_on_its_own_hosts_disk(plain: Path, hosts: Hosts) -> None:
+    ckpt = latest_checkpoint(plain)
     assert ckpt is not None and ckpt.passes_done == 4
     on_disks = [hosts.files(i, "plain") for i in hosts.alive_hosts()]
     ranks = [{f.split("/")[2] for f in files} for files in on_disks]
     assert sorted(map(sorted, ranks)) == [["rank-0"], ["rank-1"]]
+
+
+def _disks(hosts: Hosts) -> list[list[str]]:
+    return [hosts.files(i) for i in hosts.alive_hosts()]
+
+
+@pytest.mark.parametrize(
+    ("keys", "line"),
+    [
+        (
+            {"table.tiers.store_dir": "{readonly}/stores"},
+            "table.tiers.store_dir: on worker tcp://127.0.0.1:",
+        ),
+        (
+            {"checkpoint.replicate_to": "{readonly}/copy"},
+            "checkpoint.replicate_to: on worker tcp://127.0.0.1:",
+        ),
+        (
+            {"table.tiers.store_dir": "{disk}/plain"},
+            "already holds table stores at {disk}/plain/embeddings",
+        ),
+    ],
+    ids=["stores-unwritable", "copy-unwritable", "another-runs-stores"],
+)
+def test_bad_input_on_the_hosts_is_one_line_and_changes_no_disk(
+    tmp_path: Path, logs: Path, hosts: Hosts, plain: Path, keys: dict[str, str], line: str
+) -> None:
+    where = {"readonly": hosts.readonly_dir, "disk": hosts.disk}
+    config = _config(tmp_path, logs, hosts, "bad")
+    disks, copy = _disks(hosts), sorted(plain.parent.rglob("*"))
+    sets = [f"{k}={v.format(**where)}" for k, v in keys.items()]
+    run = cli("train", str(config), *(a for kv in sets for a in ("--set", kv)), timeout=300)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert line.format(**where) in last, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert _disks(hosts) == disks and sorted(plain.parent.rglob("*")) == copy
+    assert list(hosts.readonly_dir.iterdir()) == []  # type: ignore[union-attr]
+    assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
 def test_a_killed_driver_leaves_nothing_held_and_resume_continues(
