@@ -127,8 +127,7 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     StoreNotFoundError
         When the checkpoint's stores are not on this machine (on its workers' disks, or
         another's rows at their path) and it has no sound copy at ``checkpoint.replicate_to``
-        (:func:`daskhps.training.reading.stores_here`): the stores read come from that copy
-        when it has one.
+        to read them from instead (:func:`daskhps.training.reading.stores_here`).
     """
     from daskhps.retrain.versions import published_checkpoint
     from daskhps.training.checkpoint import MANIFEST, find_checkpoint, load_checkpoint

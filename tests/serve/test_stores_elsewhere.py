@@ -197,6 +197,15 @@ def test_stores_moved_away_are_read_from_the_copy(
     assert main(["inspect", str(run), "--verify", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["verified"] and not info["damaged"]
+    # a stale partial folder at a store's path (no metadata, no commit) is not the store
+    partial = run / "stores" / "embeddings" / "rank-0"
+    (partial / "segments").mkdir(parents=True)
+    (partial / "segments" / "leftover").write_bytes(b"x" * 10)
+    last = describe(run)["checkpoints"][-1]
+    assert last["read_from_copy"]["why"].startswith(
+        f"not on this machine: the store at {partial} holds other rows (store metadata "
+    )
+    assert not last["damage"] and last["rows"] == original["inspect"]["checkpoints"][-1]["rows"]
 
 
 def _another_runs_commit(run: Path) -> None:
