@@ -129,8 +129,10 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "Checks every checkpoint's files against its manifest (size, sha256) and every "
         "store segment its commit reads against the store's metadata (size; sha256 with "
-        f"--verify). Exit status: 0 nothing damaged, 1 error, {INSPECT_DAMAGED} damage found "
-        "(each damaged file is named)."
+        "--verify). Stores not on this machine (on the workers' disks, or another run's at "
+        "their path) are read from the run's copy at checkpoint.replicate_to, said in one "
+        "line. Exit status: 0 nothing damaged, 1 error (stores neither here nor in a copy), "
+        f"{INSPECT_DAMAGED} damage found (each damaged file is named)."
     )
 
 

@@ -23,7 +23,8 @@ def _model_argument(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="VERSION_OR_PATH",
         help="a checkpoint folder (<run dir>/checkpoints/pass-NNNNNN) or a run directory "
-        "(its latest complete checkpoint)",
+        "(its latest complete checkpoint); stores not on this machine are read from the run's "
+        "copy at checkpoint.replicate_to",
     )
     p.add_argument(
         "--checkpoint",
@@ -118,7 +119,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="VERSION_OR_RUN_OR_CHECKPOINT",
         help="a retraining run directory (serves the version CURRENT names, and follows it: "
         "publishes and rollbacks), or a version's folder, a checkpoint folder or a training "
-        "run directory (its latest checkpoint; served as it is at start)",
+        "run directory (its latest checkpoint; served as it is at start); stores not on this "
+        "machine are read from the run's copy at checkpoint.replicate_to",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")

@@ -13,7 +13,8 @@ version with :func:`load_servable`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from daskhps.config import RunConfig
 
 __all__ = ["Servable", "TableVersion", "load_servable"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,10 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     CheckpointError
         When ``path`` holds no complete checkpoint (torn, damaged, or none at all), or the
         checkpoint named is missing or damaged (the message lists the valid ones).
+    StoreNotFoundError
+        When the checkpoint's stores are not on this machine (on its workers' disks, or
+        another's rows at their path) and it has no sound copy at ``checkpoint.replicate_to``
+        to read them from instead (:func:`daskhps.training.reading.stores_here`).
     """
     from daskhps.retrain.versions import published_checkpoint
     from daskhps.training.checkpoint import MANIFEST, find_checkpoint, load_checkpoint
@@ -143,11 +150,14 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
         )
     else:
         ckpt = find_checkpoint(p, checkpoint)
-    from daskhps.training.replica import sound_checkpoint
+    from daskhps.training.reading import stores_here
 
-    ckpt = sound_checkpoint(ckpt)  # its stores gone with a disk: the copy, if there is one
+    reading = stores_here(ckpt)  # its stores on other machines' disks: its copy, if it has one
+    stores = reading.require()
+    if reading.from_copy:
+        log.warning("checkpoint %s: its rows are %s", ckpt.path, reading.note)
     try:
-        return Servable.from_checkpoint(ckpt)
+        servable = Servable.from_checkpoint(stores)
     except DaskHPSError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -155,3 +165,5 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
             f"checkpoint {ckpt.path}: its manifest is unusable for serving ({e!r}); use "
             "another checkpoint"
         ) from e
+    # the name of the checkpoint asked for (a published version's, not its copy's candidate)
+    return replace(servable, name=str(ckpt.name))

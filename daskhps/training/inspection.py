@@ -6,6 +6,10 @@ Every checkpoint's files are checked against its manifest (size and sha256), and
 and index snapshot its stores' commits read against the stores' own metadata (sizes; with
 ``verify`` also the sha256 recorded when each chunk file was written). Folders that are never
 loaded are listed with the reason (:class:`~daskhps.training.checkpoint.Skipped`).
+
+The stores are the checkpoint's own where this machine holds them, else its copy at
+``checkpoint.replicate_to`` (said in one line, and checked and verified in their place), else
+it stops with one line saying where they are (:mod:`daskhps.training.reading`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from daskhps.training.checkpoint import (
     load_checkpoint,
     scan_checkpoints,
 )
+from daskhps.training.reading import stores_here
 
 __all__ = ["describe", "describe_checkpoint", "render"]
 
@@ -49,15 +54,14 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
     """One checkpoint as plain values (what ``inspect --json`` prints), with the damage
     ``checker`` (default: sizes only) finds in the stores it reads."""
     checker = checker or StoreChecker()
+    reading = stores_here(ckpt, checker, avoid_damage=False)
+    stores = reading.require()  # its own stores, or its copy's; else one line naming both
     shards = []
-    recorded = ckpt.recorded_commits()
     for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]:
         rank = int(s["rank"])
-        found = checker.check(
-            ckpt.store_path(rank), ckpt.commit, recorded[rank] if rank < len(recorded) else None
-        )
+        found = reading.checks[rank]
         # A damaged store is not opened: the damage says more than the error would.
-        rows, pending = _store_rows(ckpt, rank) if found.ok else (None, None)
+        rows, pending = _store_rows(stores, rank) if found.ok else (None, None)
         shards.append(
             {
                 **s,
@@ -86,6 +90,17 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
         "daskhps_version": ckpt.daskhps_version,
         "commit": ckpt.commit,
         "stores_dir": str(ckpt.stores_dir),
+        # the stores read, when they are its copy's: they are not on this machine
+        "read_from_copy": (
+            {
+                "checkpoint": str(stores.path),
+                "stores_dir": str(stores.stores_dir),
+                "commit": stores.commit,
+                "why": reading.why,
+            }
+            if reading.from_copy
+            else None
+        ),
         "num_workers": ckpt.num_workers,
         "num_shards": ckpt.num_shards,
         "table": {
@@ -210,11 +225,14 @@ def render(info: dict[str, Any]) -> str:
         rows = "rows unknown" if unread else f"{c['rows']:,} rows"
         if c.get("pending_keys") is not None:
             rows += f" ({c['pending_keys']:,} more keys seen, not admitted yet)"
+        copy = c.get("read_from_copy")
         lines.append(
-            f"  stores {c['stores_dir']} at commit {c['commit']}: {rows}, "
+            f"  stores {(copy or c)['stores_dir']} at commit {(copy or c)['commit']}: {rows}, "
             f"{_size(c['store_bytes'])} on disk"
             + (f" ({_size(added)} added)" if added is not None else "")
         )
+        if copy:
+            lines.append(f"  stores: read from the copy at {copy['checkpoint']}: {copy['why']}")
         if c.get("lifecycle"):
             lines.append(
                 "  keys admitted / rows expired per day: "

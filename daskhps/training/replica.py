@@ -15,7 +15,9 @@ change once written, so only the files new since the last copy travel: a delta c
 costs its delta), the checkpoint's files follow and ``MANIFEST.json`` comes last, so a copy
 cut short is never loaded. Only then are the copy's files that the local stores dropped
 removed. A rank store that is missing or damaged when a run resumes or recovers is restored
-from the copy; ``predict`` and serving read the copy when a checkpoint's stores are damaged.
+from the copy; ``inspect``, ``predict``, ``export`` and ``serve`` read the copy where it lies
+when a checkpoint's stores are not on their machine, or damaged
+(:mod:`daskhps.training.reading`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
     Checkpoint,
+    Skipped,
     check_checkpoint,
-    store_damage,
 )
 
-__all__ = ["Copied", "Replica", "mirror_shards", "restore_stores", "sound_checkpoint"]
+__all__ = ["KEY", "Copied", "Replica", "mirror_shards", "restore_stores"]
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +156,13 @@ class Replica:
 
     # -- reading -----------------------------------------------------------------------
 
-    def local_checkpoint(self, name: str) -> Checkpoint | None:
-        """The copy of checkpoint ``name`` as a checkpoint of its own (a local copy, complete
-        and verified), else None."""
+    def local_checkpoint(self, name: str) -> Checkpoint | Skipped | None:
+        """The copy of checkpoint ``name`` as a checkpoint of its own, where it lies (its files
+        verified), or why it is never loaded; None when the copy is not a folder of this
+        machine (object storage is not read in place)."""
         if not self.local:
             return None
-        found = check_checkpoint(Path(self.checkpoint_path(name)))
-        return found if isinstance(found, Checkpoint) else None
+        return check_checkpoint(Path(self.checkpoint_path(name)))
 
     def restore_store(self, ckpt: Checkpoint, rank: int) -> Path:
         """Put the copy of rank ``rank``'s store of ``ckpt`` in its local place; a damaged store
@@ -213,25 +215,6 @@ def restore_stores(ckpt: Checkpoint, replica: Replica) -> list[str]:
             f"{check.damage[0]})"
         )
     return done
-
-
-def sound_checkpoint(ckpt: Checkpoint) -> Checkpoint:
-    """``ckpt``, or its copy at its ``checkpoint.replicate_to`` when its own stores are damaged
-    or missing and the copy's are sound (logged); what ``predict`` and serving read."""
-    damage = store_damage(ckpt)
-    url = ckpt.config.checkpoint.replicate_to if damage else None
-    if url is None:
-        return ckpt
-    copy = Replica(url).local_checkpoint(ckpt.name)
-    if copy is None or store_damage(copy):
-        return ckpt
-    log.warning(
-        "the stores of checkpoint %s are damaged (%s): reading its copy %s",
-        ckpt.path,
-        damage[0],
-        copy.path,
-    )
-    return copy
 
 
 def mirror_store(fs: Any, local: Path, dest: str) -> Copied:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import tornado.netutil
 
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.serve import TableVersion
+from daskhps.serve.client import ServeClient
+from daskhps.serve.server import ServeOptions, Server
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
 from daskhps.training.checkpoint import Checkpoint
@@ -83,3 +89,31 @@ def publish_checkpoint(registry: Registry, name: str, ckpt: Checkpoint) -> None:
                 days[0], "2024-01-02"),
         Attempt(f"a-{name}", None, days, "2024-01-02", "published", name),
     )  # fmt: skip
+
+
+class Running:
+    """A :class:`Server` on its own IO loop thread, on a free loopback port."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        self.port = sockets[0].getsockname()[1]
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = Server(options)
+
+        async def start() -> None:
+            self.server.start(sockets)
+
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+        self.client = ServeClient(f"http://127.0.0.1:{self.port}")
+        self.client.wait_ready(120)
+
+    def refresh(self) -> Any:
+        return asyncio.run_coroutine_threadsafe(self.server.refresh_once(), self.loop).result(120)
+
+    def close(self) -> None:
+        self.client.close()
+        self.loop.call_soon_threadsafe(self.server.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)

@@ -8,7 +8,6 @@ v2 = pass 2) and move ``CURRENT`` as ``retrain`` and ``--rollback`` do.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import re
@@ -28,42 +27,14 @@ import tornado.netutil
 
 from daskhps.retrain.versions import Registry
 from daskhps.serve.client import ServeClient
-from daskhps.serve.server import ServeOptions, Server
+from daskhps.serve.server import ServeOptions
 from daskhps.training.checkpoint import list_checkpoints
 from tests._signals import default_dispositions
-from tests.serve.helpers import publish_checkpoint, tree_state
+from tests.serve.helpers import Running, publish_checkpoint, tree_state
 
 pytestmark = pytest.mark.slow
 
 SCHEMA_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
-
-
-class Running:
-    """A :class:`Server` on its own IO loop thread, on a free loopback port."""
-
-    def __init__(self, options: ServeOptions) -> None:
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        self.port = sockets[0].getsockname()[1]
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server = Server(options)
-
-        async def start() -> None:
-            self.server.start(sockets)
-
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
-        self.client = ServeClient(f"http://127.0.0.1:{self.port}")
-        self.client.wait_ready(120)
-
-    def refresh(self) -> Any:
-        return asyncio.run_coroutine_threadsafe(self.server.refresh_once(), self.loop).result(120)
-
-    def close(self) -> None:
-        self.client.close()
-        self.loop.call_soon_threadsafe(self.server.stop)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
 
 
 def _rows(frame: pd.DataFrame, raw: pd.DataFrame) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from daskhps.config import RunConfig
-from daskhps.errors import CheckpointError, DaskHPSError
+from daskhps.errors import CheckpointError, DaskHPSError, StoreNotFoundError
+from daskhps.table import open_shard_store
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpoint import (
     Checkpoint,
@@ -254,6 +255,17 @@ def test_remove_checkpoint_deletes_the_manifest_first(tmp_path: Path) -> None:
     assert list_checkpoints(tmp_path) == []
 
 
+def _stores(run_dir: Path, commits: list[str]) -> None:
+    """Both ranks' stores of ``_write``'s checkpoints, with a commit of each name."""
+    spec = _config(run_dir).table_spec()
+    for rank in (0, 1):
+        with open_shard_store(spec, run_dir / "stores" / "embeddings" / f"rank-{rank}") as s:
+            for i, name in enumerate(commits):
+                keys = torch.arange(10 * i, 10 * i + 10 + rank, dtype=torch.int64)
+                s.upsert(keys, torch.full((len(keys), spec.width), float(i)))
+                s.commit(name)
+
+
 def test_inspect_lists_checkpoints_and_unfinished_folders(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -262,6 +274,7 @@ def test_inspect_lists_checkpoints_and_unfinished_folders(
 
     _write(tmp_path, 1)
     _write(tmp_path, 2)
+    _stores(tmp_path, ["pass-000001", "pass-000002"])
     ck.start_checkpoint(tmp_path, checkpoint_name(3))  # killed before its manifest
     info = describe(tmp_path)
     assert [c["passes_done"] for c in info["checkpoints"]] == [1, 2]
@@ -269,19 +282,23 @@ def test_inspect_lists_checkpoints_and_unfinished_folders(
     assert info["skipped"][0]["kind"] == "incomplete"
     first = info["checkpoints"][0]
     assert first["table"] == {"name": "embeddings", "dim": 4, "optimizer": "adagrad"}
-    # no stores here: reported as damage (such a checkpoint cannot be used), not raised
-    assert first["shards"][0]["store_rows"] is None
-    stores = tmp_path / "stores" / "embeddings"
-    assert first["damage"] == [
-        f"rank {r}: no store at {stores}/rank-{r} (moved, deleted, or on another machine)"
-        for r in (0, 1)
-    ]
-    assert info["damaged"] and len(info["damage"]) == 4  # 2 checkpoints x 2 ranks
+    assert [s["store_rows"] for s in first["shards"]] == [10, 11]
+    assert not info["damaged"] and first["read_from_copy"] is None
     text = render(info)
     assert "pass-000003: incomplete, never loaded: no MANIFEST.json" in text
-    assert "rank 0: store damaged" in text and "DAMAGED rank 1: no store at" in text
-    assert main(["inspect", str(tmp_path / "checkpoints" / "pass-000002"), "--json"]) == 3
+    assert "rank 1: store 11 rows" in text and "DAMAGED" not in text
+    assert main(["inspect", str(tmp_path / "checkpoints" / "pass-000002"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checkpoints"][0]["step"] == 20
+    # rank 1's store gone (on another machine's disk), and no copy: one line, not damage
+    os.rename(tmp_path / "stores" / "embeddings" / "rank-1", tmp_path / "rank-1-elsewhere")
+    with pytest.raises(StoreNotFoundError) as e:
+        describe(tmp_path)
+    store = tmp_path / "stores" / "embeddings" / "rank-1"
+    assert f"reads stores that are not on this machine (no store at {store})" in str(e.value)
+    assert main(["inspect", str(tmp_path / "checkpoints" / "pass-000002")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("daskhps inspect: error: checkpoint ") and err.count("\n") == 1
+    assert "set checkpoint.replicate_to for the run" in err
     assert main(["inspect", str(tmp_path / "nothing")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("daskhps inspect: error:") and "does not exist" in err

@@ -74,6 +74,9 @@ class StoreCheck:
     ----------
     path, commit:
         The store and the commit checked (None: its latest).
+    found:
+        The identity of the commit of that name the store holds; None when there is none to
+        read (no store, no metadata, no such commit).
     segments:
         Segments the commit reads rows from (all of them checked).
     snapshots:
@@ -89,6 +92,7 @@ class StoreCheck:
 
     path: Path
     commit: str | None
+    found: CommitId | None = None
     segments: int = 0
     snapshots: int = 0
     without_checksum: int = 0
@@ -142,6 +146,7 @@ class StoreChecker:
         m = self._manifest(p, commit, out)
         if m is None:
             return out
+        out.found = CommitId.of(m)
         if recorded is not None and not recorded.matches(m):
             out.damage.append(
                 f"commit {m.name!r} of store {p} is not the one recorded ({recorded}; the store "
