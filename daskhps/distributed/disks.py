@@ -31,7 +31,6 @@ from daskhps.distributed._pinned import run_pinned
 from daskhps.errors import StoreLockedError, UnwritablePathError, first_line
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.store.check import CommitId, StoreChecker
-from daskhps.tiers.store.manifest import scan_manifests
 
 __all__ = ["DiskReport", "HeldStore", "Survey", "survey_disk", "survey_workers"]
 
@@ -119,15 +118,9 @@ def survey_disk(survey: Survey) -> DiskReport:
         if survey.commit is not None:
             check = checker.check(path, survey.commit, survey.recorded_id(rank))
             damage = check.damage[0] if check.damage else None
-            found = _commit_id(path, survey.commit)
+            found = None if check.found is None else str(check.found)
         held.append(HeldStore(rank, str(path), damage, _lock_holder(path, deadline), found))
     return DiskReport(address, host, stores=tuple(held))
-
-
-def _commit_id(path: Path, commit: str) -> str | None:
-    good, _ = scan_manifests(path / "commits")
-    named = [m for m in good if m.name == commit]
-    return str(CommitId.of(named[-1])) if named else None
 
 
 def _lock_holder(path: Path, deadline: float) -> str | None:
