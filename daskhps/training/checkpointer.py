@@ -253,8 +253,14 @@ class Checkpointer:
         for c in extra:
             if not self._own_stores(c.stores_dir):
                 continue  # another run's (a resume copied its rows): never this run's to remove
-            if c.stores_dir.resolve() not in used and c.stores_dir.exists():
+            if c.stores_dir.resolve() not in used:
                 log.info("removing stores %s: no kept checkpoint uses them", c.stores_dir)
-                shutil.rmtree(c.stores_dir, ignore_errors=True)
+                # on every worker: each removes what its own disk holds of them
+                self.group.client.run(_remove_folder, str(c.stores_dir))
                 used.add(c.stores_dir.resolve())
         return [c.name for c in extra]
+
+
+def _remove_folder(path: str) -> None:
+    """On a worker: remove ``path`` from its disk, if it is there."""
+    shutil.rmtree(path, ignore_errors=True)
