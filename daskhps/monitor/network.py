@@ -50,12 +50,12 @@ __all__ = [
     "KINDS",
     "PASS_KINDS",
     "SOURCE",
+    "PassKeys",
     "RankTraffic",
     "RouteAccount",
     "account_shuffled",
     "forget_routed",
     "network_record",
-    "pass_key_owners",
     "take_routed",
 ]
 
@@ -179,13 +179,36 @@ def forget_routed(token: str) -> None:
             del _ROUTED[key]
 
 
-def pass_key_owners(keys: Any, owner: Any, world_size: int) -> list[int]:
-    """How many of the unique keys in ``keys`` (a tensor of a rank's examples' keys) each
-    rank owns; ``owner`` maps unique keys to their owner rank."""
-    import torch
+class PassKeys:
+    """The unique keys of a rank's batches over a pass, by owner: each batch's routed keys
+    (unique in the batch, grouped by owner) are kept, and counted once at the pass's end.
 
-    uniq = torch.unique(keys.reshape(-1))
-    return torch.bincount(owner(uniq), minlength=world_size).tolist()
+    Nothing is hashed again (the routing knows each key's owner), and what is sorted at the
+    end is the batches' unique keys, not every key of the pass."""
+
+    def __init__(self) -> None:
+        self._keys: list[Any] = []
+        self._counts: list[list[int]] = []
+
+    def add(self, keys: Any, counts: Sequence[int]) -> None:
+        """A batch's unique keys, grouped by owner rank: ``counts[o]`` of them are rank o's."""
+        self._keys.append(keys)
+        self._counts.append(list(counts))
+
+    def by_owner(self, world_size: int) -> list[int]:
+        """How many distinct keys of the pass each rank owns."""
+        import torch
+
+        if not self._keys:
+            return [0] * world_size
+        keys = torch.cat([k.reshape(-1).cpu() for k in self._keys])
+        counts = torch.tensor(self._counts, dtype=torch.int64).reshape(-1)
+        owner = torch.arange(world_size).repeat(len(self._counts))
+        owners = torch.repeat_interleave(owner, counts)
+        sorted_keys, order = torch.sort(keys)
+        first = torch.ones(len(keys), dtype=torch.bool)
+        torch.ne(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
+        return torch.bincount(owners[order[first]], minlength=world_size).tolist()
 
 
 @dataclass

@@ -37,7 +37,7 @@ from daskhps.data.schema import Schema
 from daskhps.distributed import Exchange, RunHost, WorkerShards
 from daskhps.distributed.exchange import Routing
 from daskhps.models import ModelSpec, pool
-from daskhps.monitor.network import RankTraffic, pass_key_owners, take_routed
+from daskhps.monitor.network import PassKeys, RankTraffic, take_routed
 from daskhps.monitor.progress import report_batches
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import WorkerExamples
@@ -323,16 +323,20 @@ def train_step(
     grad_clip_norm: float | None,
     pooling: BagPooling | None,
     times: dict[str, float],
+    seen: PassKeys | None = None,
 ) -> float:
     """One synchronous mini-batch step of this rank; returns the summed loss of its share.
 
     ``batch`` is ``(dense, keys, offsets, labels)`` (see :meth:`WorkerExamples.batch`); the
     loss is the mean over the whole global batch of ``global_size`` examples. Seconds per
-    stage are added to ``times``.
+    stage are added to ``times``; ``seen`` keeps the batch's routed keys (the pass's least
+    network traffic is counted from them).
     """
     dense, keys, offsets, labels = batch
     t0 = time.perf_counter()
     routing, leaf = pull_batch(exchange, lookup_fn, keys)
+    if seen is not None:
+        seen.add(routing.keys, routing.send_counts)
     t1 = time.perf_counter()
     logits = model(dense, sparse_input(leaf, routing, offsets, pooling))
     loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
@@ -368,6 +372,7 @@ def train_pass(
     data = WorkerExamples.from_frame(part, setup.schema, B, nb)
     comm = host.require_comm()
     comm.traffic.take()  # the pass's bytes only (an evaluation's lookups are not counted)
+    seen = PassKeys()
     lrs = batches.lrs
     table = setup.table
     times: dict[str, float] = defaultdict(float)
@@ -394,6 +399,7 @@ def train_pass(
             grad_clip_norm=setup.grad_clip_norm,
             pooling=rep.pooling,
             times=times,
+            seen=seen,
         )
         rep.step += 1
         loss_sum += value
@@ -407,12 +413,12 @@ def train_pass(
         loss_sum=loss_sum,
         batch_loss_sums=losses,
         seconds=dict(times),
-        network=_pass_traffic(host, rep, data, position, nb),
+        network=_pass_traffic(host, rep, seen, position, nb),
     )
 
 
 def _pass_traffic(
-    host: RunHost, rep: _Replica, data: WorkerExamples, position: int, batches: int
+    host: RunHost, rep: _Replica, seen: PassKeys, position: int, batches: int
 ) -> RankTraffic:
     """This rank's network figures of the pass it just trained (see the module docstring)."""
     comm = host.require_comm()
@@ -421,7 +427,7 @@ def _pass_traffic(
     return RankTraffic(
         sent={k: s for k, (s, _) in moved.items()},
         received={k: r for k, (_, r) in moved.items()},
-        owners=pass_key_owners(data.keys, rep.exchange.shard_map.worker, comm.world_size),
+        owners=seen.by_owner(comm.world_size),
         row_bytes=rep.setup.embedding_dim * 4,  # float32 rows and gradients
         dense_bytes=dense * 4,
         batches=batches,

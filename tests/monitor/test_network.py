@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+import torch
 from prometheus_client import REGISTRY, generate_latest
 
 from daskhps.distributed import RunHost, TierSizing, WorkerShards
@@ -17,6 +18,7 @@ from daskhps.monitor import network
 from daskhps.monitor.network import (
     KINDS,
     SOURCE,
+    PassKeys,
     RankTraffic,
     RouteAccount,
     account_shuffled,
@@ -65,6 +67,31 @@ def test_the_least_is_each_remote_unique_key_once_each_way() -> None:
     assert total["sent"] == sum(rec[k]["sent"] for k in KINDS)
     assert total["min"] == sum(rec[k]["min"] for k in KINDS)
     assert total["rank_sent"] == [sum(rec[k]["rank_sent"][r] for k in KINDS) for r in range(3)]
+
+
+def test_the_pass_keys_are_the_batches_distinct_keys_by_owner() -> None:
+    """Each batch's routed keys (unique, grouped by owner) count once over the pass, by the
+    owner the routing gave them: the same as deduplicating every key of the pass at once."""
+    from daskhps.distributed import Exchange
+    from daskhps.sharding import ShardMap
+
+    shard_map = ShardMap(16, 3)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 3000, (200, 5), generator=g) for _ in range(7)]
+    seen = PassKeys()
+    for b in batches:  # what Exchange.route gives on 3 ranks: unique keys grouped by owner
+        uniq = torch.unique(b)
+        owner = shard_map.worker(uniq)
+        seen.add(
+            uniq[torch.argsort(owner, stable=True)], torch.bincount(owner, minlength=3).tolist()
+        )
+    every = torch.unique(torch.cat([b.reshape(-1) for b in batches]))
+    assert seen.by_owner(3) == torch.bincount(shard_map.worker(every), minlength=3).tolist()
+    assert PassKeys().by_owner(2) == [0, 0]
+    one = Exchange(None, ShardMap(4, 1)).route(batches[0])
+    alone = PassKeys()
+    alone.add(one.keys, one.send_counts)
+    assert alone.by_owner(1) == [len(torch.unique(batches[0]))]
 
 
 def test_one_rank_needs_and_sends_nothing() -> None:
