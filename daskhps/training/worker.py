@@ -406,9 +406,8 @@ def train_pass(
         losses.append(value)
         if host.rank == 0:
             report_batches(setup.run_id, b + 1, nb)  # the driver's progress bar
-    rank = host.require_rank()
     return RankPassResult(
-        rank=rank,
+        rank=host.require_rank(),
         examples=data.num_examples,
         loss_sum=loss_sum,
         batch_loss_sums=losses,
