@@ -10,11 +10,20 @@ CPU, nccl on CUDA). The default group of ``init_process_group`` is deliberately 
 This module is torch only: how the ranks of a Dask cluster find each other is
 :mod:`daskhps.distributed.rendezvous`. A lost peer surfaces as :class:`CommError` (a
 collective or the rendezvous failed or timed out after ``timeout_s``), never as a hang.
+
+Every collective adds the bytes this rank sends to and receives from *other* ranks to
+:attr:`Comm.traffic`, by the kind of what it carries (``keys``, ``rows``, ``grads``,
+``dense``; ``other`` unless the caller says). The counts are the split sizes the call is
+given times the bytes of a row: integer adds, no extra collective. A rank's own split never
+touches the network and is not counted. An all-reduce counts what the ring algorithm moves,
+``2 (n - 1) / n`` of the tensor each way (gloo's all-reduce is a ring; NCCL's tree moves about
+as much): the algorithm is not visible from here, so that figure is a model, not a count.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -25,9 +34,40 @@ import torch.distributed as dist
 
 from daskhps.distributed._errors import CommError
 
-__all__ = ["Comm"]
+__all__ = ["Comm", "Traffic", "ring_allreduce_bytes"]
 
 log = logging.getLogger(__name__)
+
+
+class Traffic:
+    """Bytes one rank sent to and received from the other ranks, by kind, since the last
+    :meth:`take`. Plain integer adds: cheap enough for every collective of every batch."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        self.received: dict[str, int] = {}
+
+    def add(self, kind: str, sent: int, received: int) -> None:
+        self.sent[kind] = self.sent.get(kind, 0) + sent
+        self.received[kind] = self.received.get(kind, 0) + received
+
+    def take(self) -> dict[str, tuple[int, int]]:
+        """``{kind: (sent, received)}`` so far, and start again from zero."""
+        out = {k: (self.sent[k], self.received.get(k, 0)) for k in self.sent}
+        self.sent, self.received = {}, {}
+        return out
+
+
+def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``:
+    ``2 (n - 1) / n`` of them (a reduce-scatter, then an all-gather), the least any
+    all-reduce algorithm moves per rank."""
+    return 2 * (world_size - 1) * nbytes // world_size if world_size > 1 else 0
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row (``t[0]``) of ``t``, also when it has no rows."""
+    return math.prod(t.shape[1:]) * t.element_size()
 
 
 class Comm:
@@ -55,6 +95,7 @@ class Comm:
         self.timeout_s = timeout_s
         self.pg = pg
         self._store = store  # rank 0 serves the TCP store: keep it alive with the group
+        self.traffic = Traffic()  # bytes to and from the other ranks, by kind
 
     @classmethod
     def create(
@@ -114,12 +155,20 @@ class Comm:
         input: torch.Tensor,
         output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int],
+        kind: str = "other",
     ) -> None:
         """Rows ``input[splits[j]]`` go to rank ``j``; rank ``i``'s rows land in
-        ``output[out_splits[i]]`` (uneven and empty splits allowed)."""
+        ``output[out_splits[i]]`` (uneven and empty splits allowed). The rows to and from
+        the other ranks count in :attr:`traffic` as ``kind``."""
         if self.pg is None:
             output.copy_(input)
             return
+        me = self.rank
+        self.traffic.add(
+            kind,
+            (sum(input_split_sizes) - input_split_sizes[me]) * _row_bytes(input),
+            (sum(output_split_sizes) - output_split_sizes[me]) * _row_bytes(output),
+        )
         opts = dist.AllToAllOptions()
         self._wait(
             "all_to_all_single",
@@ -128,10 +177,13 @@ class Comm:
             ),
         )
 
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        """Sum ``tensor`` across ranks, in place."""
+    def all_reduce(self, tensor: torch.Tensor, kind: str = "other") -> None:
+        """Sum ``tensor`` across ranks, in place; counts in :attr:`traffic` as ``kind``, at
+        a ring's bytes (:func:`ring_allreduce_bytes`)."""
         if self.pg is None:
             return
+        ring = ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world_size)
+        self.traffic.add(kind, ring, ring)
         opts = dist.AllreduceOptions()  # reduceOp defaults to SUM
         self._wait("all_reduce", lambda: self.pg.allreduce([tensor], opts))
 

@@ -18,6 +18,10 @@ Example with 2 ranks, where keys ``a, b`` belong to rank 0 and ``c, d, e`` to ra
 
 ``rows[routing.inverse]`` gives the batch's rows in batch order. With one rank everything
 short-circuits to local calls with the same results.
+
+What crosses the network is counted on the rank's :attr:`Comm.traffic` by kind: ``keys``
+(the per-owner key counts, 8 bytes to each other rank, and the keys), ``rows``, ``grads``
+and ``dense`` (the dense gradients' all-reduce); a rank's keys it owns itself stay local.
 """
 
 from __future__ import annotations
@@ -101,10 +105,10 @@ class Exchange:
         send = torch.bincount(owner, minlength=self.world_size)
         recv = torch.empty_like(send)
         comm = self._comm()
-        comm.all_to_all_single(recv, send, self._ones, self._ones)
+        comm.all_to_all_single(recv, send, self._ones, self._ones, kind="keys")
         send_l, recv_l = send.tolist(), recv.tolist()
         owned = torch.empty(sum(recv_l), dtype=torch.int64, device=self.device)
-        comm.all_to_all_single(owned, uniq, recv_l, send_l)
+        comm.all_to_all_single(owned, uniq, recv_l, send_l, kind="keys")
         return Routing(uniq, inv, send_l, owned, recv_l, pos, offsets)
 
     def pull_rows(self, routing: Routing, lookup_fn: LookupFn) -> torch.Tensor:
@@ -116,7 +120,7 @@ class Exchange:
             return served
         out = served.new_empty((len(routing.keys), *served.shape[1:]))
         self._comm().all_to_all_single(
-            out, served.contiguous(), routing.send_counts, routing.recv_counts
+            out, served.contiguous(), routing.send_counts, routing.recv_counts, kind="rows"
         )
         return out
 
@@ -134,7 +138,7 @@ class Exchange:
             return
         out = grads.new_empty((len(routing.owned), *grads.shape[1:]))
         self._comm().all_to_all_single(
-            out, grads.contiguous(), routing.recv_counts, routing.send_counts
+            out, grads.contiguous(), routing.recv_counts, routing.send_counts, kind="grads"
         )
         apply_fn(routing.owned, out)
 
@@ -151,7 +155,7 @@ class Exchange:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1).to(self.device) for p in ps])  # type: ignore[union-attr]
-        self._comm().all_reduce(flat)
+        self._comm().all_reduce(flat, kind="dense")
         offset = 0
         for p in ps:
             n = p.numel()

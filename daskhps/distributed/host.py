@@ -39,6 +39,7 @@ from daskhps.distributed.collective import Comm
 from daskhps.distributed.rendezvous import form_group
 from daskhps.distributed.shards import WorkerShards
 from daskhps.monitor import ShardMetrics, stage_span
+from daskhps.monitor.network import forget_routed
 
 __all__ = ["RunGroup", "RunHost", "local_host"]
 
@@ -99,6 +100,7 @@ class RunHost(WorkerPlugin):
         """Close the shards (warning about uncommitted rows), drop the group. Safe twice."""
         if self.shards is not None:
             self.shards.close()
+        forget_routed(self.token)  # network figures of passes that never trained
         comm, self.comm, self.rendezvous_store = self.comm, None, None
         self.replica = None
         if comm is not None:

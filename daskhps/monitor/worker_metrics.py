@@ -10,6 +10,8 @@
       admit ──► note_admitted(table, n)        count ──► note_pending(table, n)
       expire ──► note_expired(table, n, pending)
       stats ──► update(table, stats, store_rows)    (full stats, under the lock it holds)
+      a pass's record ──► note_network(figures)   (the driver, announce_network: this rank's
+                                                   bytes to and from the others, by kind)
       teardown ──► unregister(worker)
 
 Callbacks run on the worker's event loop at every heartbeat, so they read a snapshot, and
@@ -35,7 +37,15 @@ from typing import Any
 
 from daskhps.monitor.stages import stage_seconds
 
-__all__ = ["TIERS", "ShardMetrics", "TableFigures", "announce_pass", "metric_name"]
+__all__ = [
+    "NETWORK_FIGURES",
+    "TIERS",
+    "ShardMetrics",
+    "TableFigures",
+    "announce_network",
+    "announce_pass",
+    "metric_name",
+]
 
 TIERS = ("device", "host", "store", "init")  # where a staged row came from
 PREFIX = "daskhps"
@@ -87,6 +97,8 @@ def metric_name(table: str, figure: str) -> str:
 
 
 FIGURES = tuple(TableFigures().flat())
+# A rank's network figures of the last pass, by kind (daskhps.monitor.network)
+NETWORK_FIGURES = ("sent", "received", "min_sent", "min_received")
 
 
 class ShardMetrics:
@@ -121,6 +133,10 @@ class ShardMetrics:
         self.store_refresh_s = store_refresh_s
         self.rate_window_s = rate_window_s
         self.current_pass = -1  # -1: no pass has started
+        # the last pass's bytes to and from the other ranks, by kind then NETWORK_FIGURES,
+        # and the sent and received bytes of every pass so far, by kind
+        self.network: dict[str, dict[str, int]] = {}
+        self.network_total: dict[str, dict[str, int]] = {}
         self._figures = {name: TableFigures() for name in host.specs}
         # (time, store rows read, store rows written) per table, the last rate_window_s
         self._samples: dict[str, deque[tuple[float, int, int]]] = {n: deque() for n in host.specs}
@@ -160,6 +176,31 @@ class ShardMetrics:
             f = self._figures[table]
             f.rows_expired += int(expired)
             f.pending_keys = int(pending)
+
+    def note_network(self, figures: dict[str, dict[str, int]]) -> None:
+        """This rank's network figures of a pass (``{kind: {figure: bytes}}``, figures of
+        :data:`NETWORK_FIGURES`): the last pass's, and added to the totals."""
+        with self._lock:
+            self.network = {k: dict(v) for k, v in figures.items()}
+            for kind, f in figures.items():
+                total = self.network_total.setdefault(kind, {"sent": 0, "received": 0})
+                total["sent"] += int(f.get("sent", 0))
+                total["received"] += int(f.get("received", 0))
+
+    def network_figures(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Copies of the last pass's network figures and of the totals, by kind."""
+        with self._lock:
+            return (
+                {k: dict(v) for k, v in self.network.items()},
+                {k: dict(v) for k, v in self.network_total.items()},
+            )
+
+    def network_flat(self) -> dict[str, int]:
+        """The last pass's figures summed over kinds (the Workers-table columns)."""
+        with self._lock:
+            return {
+                f: sum(int(v.get(f, 0)) for v in self.network.values()) for f in NETWORK_FIGURES
+            }
 
     def update(self, table: str, stats: dict[str, Any], store_rows: int) -> None:
         """Take ``EmbeddingTable.stats()`` of ``table`` (read by a caller holding its lock)."""
@@ -254,13 +295,17 @@ class ShardMetrics:
                     self._names.append(name)
             metrics[f"{PREFIX}_pass"] = _PassCallback(self)
             self._names.append(f"{PREFIX}_pass")
+            for figure in NETWORK_FIGURES:
+                name = f"{PREFIX}_network_{figure}_bytes"
+                metrics[name] = _NetworkCallback(self, figure)
+                self._names.append(name)
         _collector().add(self)
 
     def unregister(self, worker: Any) -> None:
         metrics = getattr(worker, "metrics", None)
         if isinstance(metrics, dict):
             for name in self._names:
-                if isinstance(metrics.get(name), _Callback | _PassCallback):
+                if isinstance(metrics.get(name), _Callback | _PassCallback | _NetworkCallback):
                     metrics.pop(name, None)
         self._names = []
         _collector().remove(self)
@@ -288,6 +333,16 @@ class _PassCallback:
         return self.metrics.current_pass
 
 
+class _NetworkCallback:
+    """``worker.metrics`` entry: one network figure of the last pass, over every kind."""
+
+    def __init__(self, metrics: ShardMetrics, figure: str) -> None:
+        self.metrics, self.figure = metrics, figure
+
+    def __call__(self, worker: Any = None) -> int:
+        return self.metrics.network_flat()[self.figure]
+
+
 # -- the current pass ------------------------------------------------------------------
 
 
@@ -302,6 +357,27 @@ def announce_pass(client: Any, addresses: list[str], index: int) -> None:
     """Tell every worker in ``addresses`` that pass ``index`` is training (the ``pass``
     column). Runs on the workers' event loops, not in a task thread."""
     client.run(_set_pass, index, workers=list(addresses), on_error="ignore")
+
+
+def _set_network(by_address: dict[str, dict[str, dict[str, int]]], dask_worker: Any = None) -> bool:
+    address = str(dask_worker.address)
+    m = _collector().get(address)
+    if m is not None and address in by_address:
+        m.note_network(by_address[address])
+    return m is not None
+
+
+def announce_network(client: Any, addresses: list[str], record: dict[str, Any]) -> None:
+    """Give rank ``r`` (worker ``addresses[r]``) its figures of a pass's ``network`` record
+    (:func:`daskhps.monitor.network.network_record`), for the dashboard and ``/metrics``."""
+    by_address: dict[str, dict[str, dict[str, int]]] = {}
+    for r, address in enumerate(addresses):
+        by_address[address] = {
+            kind: {f: int(v[f"rank_{f}"][r]) for f in NETWORK_FIGURES}
+            for kind, v in record.items()
+            if isinstance(v, dict) and kind != "total" and "rank_sent" in v
+        }
+    client.run(_set_network, by_address, workers=list(addresses), on_error="ignore")
 
 
 # -- Prometheus ------------------------------------------------------------------------
@@ -351,6 +427,7 @@ class _Family:
     counter: bool = False
 
 
+_WKD = ("worker", "kind", "direction")
 _WTT = ("worker", "table", "tier")
 _WT = ("worker", "table")
 # In the order /metrics lists them: the gauges, then the counters.
@@ -377,6 +454,17 @@ _FAMILIES: dict[str, _Family] = {
     "pending": _Family(
         "daskhps_pending_keys", "Keys seen and not admitted yet (table.admission)", _WT
     ),
+    "net_pass": _Family(
+        "daskhps_network_pass_bytes",
+        "Bytes this rank sent to (direction=sent) or received from the other ranks in the "
+        "last pass, by what they carry",
+        _WKD,
+    ),
+    "net_min": _Family(
+        "daskhps_network_pass_minimum_bytes",
+        "The least the last pass needed this rank to send or receive, by what it carries",
+        _WKD,
+    ),
     "staged": _Family("daskhps_rows_staged", "Rows staged into the device tier", _WT, counter=True),
     "admitted": _Family(
         "daskhps_rows_admitted", "Keys admission gave a row (table.admission)", _WT, counter=True
@@ -395,6 +483,13 @@ _FAMILIES: dict[str, _Family] = {
     ),
     "seconds": _Family(
         "daskhps_stage_seconds", "Seconds spent in each stage", ("worker", "stage"), counter=True
+    ),
+    "net_total": _Family(
+        "daskhps_network_bytes",
+        "Bytes this rank sent to or received from the other ranks in the passes so far, by "
+        "what they carry",
+        _WKD,
+        counter=True,
     ),
 }
 
@@ -434,6 +529,14 @@ def _add_worker(families: dict[str, Any], m: ShardMetrics) -> None:
             families[key].add_metric([w, table], value)
     for (_, stage), s in sorted(stage_seconds(w).items()):
         families["seconds"].add_metric([w, stage], s)
+    last, total = m.network_figures()
+    for kind, net in last.items():
+        for direction in ("sent", "received"):
+            families["net_pass"].add_metric([w, kind, direction], net.get(direction, 0))
+            families["net_min"].add_metric([w, kind, direction], net.get(f"min_{direction}", 0))
+    for kind, net in total.items():
+        for direction in ("sent", "received"):
+            families["net_total"].add_metric([w, kind, direction], net[direction])
 
 
 _COLLECTOR: _Collector | None = None

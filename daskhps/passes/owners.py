@@ -28,6 +28,7 @@ import pandas as pd
 from daskhps._scheduler import scheduler_workers
 from daskhps.data.readers import ClickLog
 from daskhps.monitor import stage_span
+from daskhps.monitor.network import SOURCE, RouteAccount, account_shuffled
 from daskhps.passes.keys import KEY_COLUMNS, pass_keys, select_examples
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
@@ -43,12 +44,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:
+def _with_owner(
+    df: pd.DataFrame, shard_map: ShardMap, account: RouteAccount | None = None
+) -> pd.DataFrame:
     with stage_span("shuffle"):  # owner routing; Dask's own shuffle tasks show separately
         keys = df["key"].to_numpy()
         shard = shard_map.shard(keys)
         worker = (shard * shard_map.num_workers) // shard_map.num_shards
-        return pd.DataFrame(
+        out = pd.DataFrame(
             {
                 "worker": worker,
                 "shard": shard,
@@ -57,11 +60,19 @@ def _with_owner(df: pd.DataFrame, shard_map: ShardMap) -> pd.DataFrame:
                 "day": df["day"].to_numpy(),
             }
         )
+        if account is not None:  # the rank the keys leave from, for the network figures
+            out[SOURCE] = np.int16(account.rank_here())
+        return out
 
 
-def _finish(df: pd.DataFrame) -> pd.DataFrame:
+def _finish(
+    df: pd.DataFrame, account: RouteAccount | None = None, partition_info: Any = None
+) -> pd.DataFrame:
     """Global dedup (each key reaches one partition only) and sort by (shard, key): counts
-    add up, the latest day stays."""
+    add up, the latest day stays. With ``account``, the bytes that reached this partition
+    from other ranks are counted first (``daskhps.monitor.network``)."""
+    if account is not None and partition_info is not None:
+        df = account_shuffled(account, "pass_keys", df, partition_info["number"])
     with stage_span("dedup"):
         df = df.reset_index()
         keys, first, inverse = np.unique(
@@ -86,20 +97,25 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def owner_keys(
-    keys: dd.DataFrame, shard_map: ShardMap, shuffle_method: str | None = None
+    keys: dd.DataFrame,
+    shard_map: ShardMap,
+    shuffle_method: str | None = None,
+    account: RouteAccount | None = None,
 ) -> dd.DataFrame:
     """Route the keys of :func:`pass_keys` so partition ``w`` holds exactly worker ``w``'s.
 
     Columns ``worker, shard, key, count, day``; each partition sorted by ``(shard, key)`` and
     duplicate free, with each key's occurrences in the pass and its latest day.
-    ``shuffle_method`` is passed to Dask (``tasks``, ``p2p``, ``disk`` or None).
+    ``shuffle_method`` is passed to Dask (``tasks``, ``p2p``, ``disk`` or None). With
+    ``account``, the bytes the keys take between ranks are counted (kind ``pass_keys``).
     """
     W = shard_map.num_workers
     columns = {"worker": "int64", "shard": "int64", **KEY_COLUMNS}
     meta = pd.DataFrame({k: pd.Series([], dtype=t) for k, t in columns.items()})
-    owned = keys.map_partitions(_with_owner, shard_map, meta=meta)
+    tagged = meta if account is None else meta.assign(**{SOURCE: np.int16(0)}).iloc[:0]
+    owned = keys.map_partitions(_with_owner, shard_map, account, meta=tagged)
     routed = owned.set_index("worker", divisions=list(range(W + 1)), shuffle_method=shuffle_method)
-    return routed.map_partitions(_finish, meta=meta)
+    return routed.map_partitions(_finish, account, meta=meta)
 
 
 def plan_owner_keys(

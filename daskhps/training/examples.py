@@ -30,6 +30,7 @@ from daskhps.data.hashing import missing_key
 from daskhps.data.keylists import key_list_columns, pack_key_lists, packed_meta, unpack_key_lists
 from daskhps.data.schema import LABEL, Schema
 from daskhps.errors import DataError
+from daskhps.monitor.network import SOURCE, RouteAccount, account_shuffled
 from daskhps.passes.keys import pass_partitions
 
 __all__ = ["WorkerExamples", "bag_keys", "route_examples", "worker_of_rank"]
@@ -60,6 +61,7 @@ def _tag(
     batch_size: int,
     num_workers: int,
     lists: Mapping[str, pa.DataType],
+    account: RouteAccount | None = None,
     partition_info: Any = None,
 ) -> pd.DataFrame:
     lo, hi, first_pos = bounds[partition_info["number"]]
@@ -69,10 +71,19 @@ def _tag(
     out = df.copy()
     out[RANK] = rank
     out[WORKER] = worker_of_rank(rank, n, batch_size, num_workers)
+    if account is not None:  # the rank the rows leave from, for the network figures
+        out[SOURCE] = np.int16(account.rank_here())
     return pack_key_lists(out, lists)
 
 
-def _sort(df: pd.DataFrame, lists: Mapping[str, pa.DataType]) -> pd.DataFrame:
+def _sort(
+    df: pd.DataFrame,
+    lists: Mapping[str, pa.DataType],
+    account: RouteAccount | None = None,
+    partition_info: Any = None,
+) -> pd.DataFrame:
+    if account is not None and partition_info is not None:
+        df = account_shuffled(account, "examples", df, partition_info["number"])
     return unpack_key_lists(df.sort_values(RANK).reset_index(drop=True), lists)
 
 
@@ -85,11 +96,13 @@ def route_examples(
     batch_size: int,
     num_workers: int,
     order: np.ndarray | None = None,
+    account: RouteAccount | None = None,
 ) -> dd.DataFrame:
     """Rows at plan positions ``[start, stop)`` in ``num_workers`` partitions, partition ``w``
     holding worker ``w``'s rows sorted by their rank in the training order.
 
     ``order`` lists the positions in training order (a shuffled pass); None keeps plan order.
+    With ``account``, the bytes the rows take between ranks are counted (kind ``examples``).
     """
     n = stop - start
     if n <= 0:
@@ -109,6 +122,7 @@ def route_examples(
     # Multi-hot columns cross the shuffle packed as bytes: p2p cannot rebuild Arrow list
     # dtypes on the receiving worker (see daskhps.data.keylists).
     lists = key_list_columns(meta)
+    sent = meta if account is None else meta.assign(**{SOURCE: np.int16(0)}).iloc[:0]
     tagged = sub.map_partitions(
         _tag,
         bounds,
@@ -118,11 +132,12 @@ def route_examples(
         batch_size,
         num_workers,
         lists,
-        meta=packed_meta(meta, lists),
+        account,
+        meta=packed_meta(sent, lists),
     )
     routed = tagged.set_index(WORKER, divisions=list(range(num_workers + 1)))
     return routed.map_partitions(
-        _sort, lists, meta=meta.drop(columns=[WORKER]).reset_index(drop=True)
+        _sort, lists, account, meta=meta.drop(columns=[WORKER]).reset_index(drop=True)
     )
 
 

@@ -9,7 +9,8 @@
              count the keys seen, expire rows where a log day ends
              release (unpin; the next pass staged ahead is pinned again)
              evaluate on the holdout (read-only lookups), tier figures ─► PassRecord
-             metrics.jsonl line ─► checkpoint when due
+             (with the bytes between ranks, daskhps.monitor.network; each rank's on the
+             dashboard) ─► metrics.jsonl line ─► checkpoint when due
     end:   final commit or evaluation, dense weights
 
 A lost worker raises out of :meth:`PassLoop.run`; the trainer tears the group down and starts
@@ -37,6 +38,7 @@ from daskhps.data.source import day_of
 from daskhps.distributed import RunGroup, WorkerShards
 from daskhps.errors import DataError, ResumeError
 from daskhps.monitor.progress import PassProgress, Progress
+from daskhps.monitor.worker_metrics import announce_network
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
@@ -168,6 +170,7 @@ class PassLoop:
                 _note_lifecycle(checkpointer.lifecycle, rec, last_day[active.spec.index])
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
+                announce_network(client, addresses, rec.network)  # dashboard, /metrics
                 step += active.spec.num_batches
                 progress.end_pass(active.spec.num_batches, rec.train_loss, rec.auc)
                 result.passes.append(line := rec.to_json())
@@ -319,6 +322,7 @@ class PassLoop:
             outs: list[RankPassResult] = ctx.group.run(
                 worker.train_pass,
                 batches,
+                active.position,
                 rank_args=[(f,) for f in active.examples],
                 what="train pass",
                 stage="train",

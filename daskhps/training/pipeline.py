@@ -33,6 +33,7 @@ from typing import Any
 
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup, StageAhead, WorkerShards
+from daskhps.monitor.network import RouteAccount
 from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
 from daskhps.sharding import ShardMap
@@ -155,8 +156,14 @@ def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPas
     rows = ctx.train_log.partitions(where)
     rows = dataclasses.replace(rows, frame=rows.frame.persist())
     start, stop = spec.start - offset, spec.stop - offset
+    # the shuffles count their bytes between ranks on the workers; the pass's training
+    # collects them (daskhps.monitor.network)
+    account = RouteAccount(ctx.group.token, position, tuple(addresses))
     owned = owner_keys(
-        pass_keys(rows, lengths, start, stop), ctx.shard_map, ctx.plan.config.shuffle_method
+        pass_keys(rows, lengths, start, stop),
+        ctx.shard_map,
+        ctx.plan.config.shuffle_method,
+        account,
     )
     routed = route_examples(
         rows.frame,
@@ -166,6 +173,7 @@ def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPas
         batch_size=ctx.batch_size,
         num_workers=len(addresses),
         order=spec.order() - offset if spec.shuffled else None,
+        account=account,
     )
     keys, examples = place_together(ctx.group.client, [owned, routed], addresses)
     del rows, owned, routed  # their graphs hold the read partitions: released with them

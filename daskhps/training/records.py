@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daskhps.monitor.network import RankTraffic, network_record
+
 __all__ = ["Batches", "PassRecord", "RankPassResult", "RunResult"]
 
 
@@ -41,6 +43,7 @@ class RankPassResult:
     loss_sum: float
     batch_loss_sums: list[float]
     seconds: dict[str, float]
+    network: RankTraffic = field(default_factory=RankTraffic)
 
 
 @dataclass
@@ -67,6 +70,7 @@ class PassRecord:
     bad_rows_skipped: dict[str, Any] = field(default_factory=dict)
     admission: dict[str, int] = field(default_factory=dict)  # with table.admission only
     expiry: dict[str, Any] = field(default_factory=dict)  # passes that end a day, with expiry
+    network: dict[str, Any] = field(default_factory=dict)  # bytes between ranks, by kind
 
     @classmethod
     def of_ranks(
@@ -96,6 +100,7 @@ class PassRecord:
             rows_staged=rows_staged,
             staged_from=staged_from,
             worker_seconds={k: max(o.seconds.get(k, 0.0) for o in outs) for k in outs[0].seconds},
+            network=network_record([o.network for o in outs]),
         )
 
     @property
@@ -127,6 +132,8 @@ class PassRecord:
             out["admission"] = self.admission
         if self.expiry:
             out["expiry"] = self.expiry
+        if self.network:
+            out["network"] = self.network
         return out
 
 

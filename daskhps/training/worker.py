@@ -12,6 +12,11 @@ One mini-batch, on every rank in lockstep::
         ──► sum of BCE / global batch size ──► backward
     leaf.grad ──push──► owners ──table.apply_gradients (sparse optimizer)
     dense grads ──all_reduce(sum)──► clip ──► dense optimizer step (identical on every rank)
+
+A pass's result carries the rank's network figures (:class:`RankTraffic`): the bytes its
+collectives moved by kind (counted by :class:`~daskhps.distributed.Comm`), the unique keys
+of its examples by owner (what the pass needs at the least), and the bytes the shuffles that
+prepared the pass brought to this worker (:mod:`daskhps.monitor.network`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from daskhps.data.schema import Schema
 from daskhps.distributed import Exchange, RunHost, WorkerShards
 from daskhps.distributed.exchange import Routing
 from daskhps.models import ModelSpec, pool
+from daskhps.monitor.network import PassKeys, RankTraffic, take_routed
 from daskhps.monitor.progress import report_batches
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import WorkerExamples
@@ -317,16 +323,20 @@ def train_step(
     grad_clip_norm: float | None,
     pooling: BagPooling | None,
     times: dict[str, float],
+    seen: PassKeys | None = None,
 ) -> float:
     """One synchronous mini-batch step of this rank; returns the summed loss of its share.
 
     ``batch`` is ``(dense, keys, offsets, labels)`` (see :meth:`WorkerExamples.batch`); the
     loss is the mean over the whole global batch of ``global_size`` examples. Seconds per
-    stage are added to ``times``.
+    stage are added to ``times``; ``seen`` keeps the batch's routed keys (the pass's least
+    network traffic is counted from them).
     """
     dense, keys, offsets, labels = batch
     t0 = time.perf_counter()
     routing, leaf = pull_batch(exchange, lookup_fn, keys)
+    if seen is not None:
+        seen.add(routing.keys, routing.send_counts)
     t1 = time.perf_counter()
     logits = model(dense, sparse_input(leaf, routing, offsets, pooling))
     loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
@@ -351,12 +361,18 @@ def train_step(
     return float(loss.detach())
 
 
-def train_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> RankPassResult:
-    """Train this rank's share of every global batch of one pass (``part``: its examples)."""
+def train_pass(
+    host: RunHost, batches: Batches, position: int, part: pd.DataFrame
+) -> RankPassResult:
+    """Train this rank's share of every global batch of one pass (``part``: its examples;
+    ``position``: the pass's place in the run's schedule)."""
     rep = _replica(host)
     setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
     B, n, nb = batches.batch_size, batches.num_examples, batches.num_batches
     data = WorkerExamples.from_frame(part, setup.schema, B, nb)
+    comm = host.require_comm()
+    comm.traffic.take()  # the pass's bytes only (an evaluation's lookups are not counted)
+    seen = PassKeys()
     lrs = batches.lrs
     table = setup.table
     times: dict[str, float] = defaultdict(float)
@@ -384,6 +400,7 @@ def train_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> RankPassR
             grad_clip_norm=setup.grad_clip_norm,
             pooling=rep.pooling,
             times=times,
+            seen=seen,
         )
         rep.step += 1
         loss_sum += value
@@ -396,6 +413,25 @@ def train_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> RankPassR
         loss_sum=loss_sum,
         batch_loss_sums=losses,
         seconds=dict(times),
+        network=_pass_traffic(host, rep, seen, position, nb),
+    )
+
+
+def _pass_traffic(
+    host: RunHost, rep: _Replica, seen: PassKeys, position: int, batches: int
+) -> RankTraffic:
+    """This rank's network figures of the pass it just trained (see the module docstring)."""
+    comm = host.require_comm()
+    moved = comm.traffic.take()
+    dense = sum(p.numel() for p in rep.model.parameters() if p.requires_grad)
+    return RankTraffic(
+        sent={k: s for k, (s, _) in moved.items()},
+        received={k: r for k, (_, r) in moved.items()},
+        owners=seen.by_owner(comm.world_size),
+        row_bytes=rep.setup.embedding_dim * 4,  # float32 rows and gradients
+        dense_bytes=dense * 4,
+        batches=batches,
+        routed=take_routed(host.token, position, host.addresses[host.require_rank()]),
     )
 
 

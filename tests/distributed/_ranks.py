@@ -89,3 +89,55 @@ def run_nccl(rank: int, world: int, root: str) -> None:
     comm.all_to_all_single(out, torch.full((sum(send),), float(rank), device=device), recv, send)
     comm.close()
     torch.save({"sum": t.cpu(), "got": out.cpu()}, Path(root) / f"nccl-{rank}.pt")
+
+
+def traffic_batches(world: int, rank: int) -> list[torch.Tensor]:
+    """Batches of random sizes and key ranges (seeded by rank), an empty one, and one of keys
+    this rank owns itself only (nothing of it may count)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for _ in range(6):
+        size = int(torch.randint(1, 400, (1,), generator=g))
+        pool = int(torch.randint(50, 5000, (1,), generator=g))
+        out.append(torch.randint(0, pool, (size,), generator=g))
+    out.append(torch.zeros(0, dtype=torch.int64))
+    keys = torch.arange(10_000)
+    out.append(keys[ShardMap(NUM_SHARDS, world).worker(keys) == rank][:300])
+    return out
+
+
+def run_traffic(rank: int, world: int, root: str) -> None:
+    """Route, pull, push and all-reduce every batch of :func:`traffic_batches` through a real
+    gloo group; save, per batch, the routing's split counts and what ``comm.traffic`` counted
+    for each step."""
+    root_p = Path(root)
+    comm = Comm.create(rank, world, init_method=f"file://{root_p / 'store'}", timeout_s=30)
+    ex = Exchange(comm, ShardMap(NUM_SHARDS, world))
+    model = torch.nn.Linear(5, 3)
+    steps = []
+    with EmbeddingTable.open(SPEC, root_p / f"rank-{rank}", device_rows=20_000) as table:
+        for keys in traffic_batches(world, rank):
+            comm.traffic.take()
+            routing = ex.route(keys)
+            routed = comm.traffic.take()
+            rows = ex.pull_rows(routing, table.lookup)
+            pulled = comm.traffic.take()
+            ex.push_grads(routing, torch.ones_like(rows), table.apply_gradients)
+            pushed = comm.traffic.take()
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            ex.allreduce_dense(model)
+            reduced = comm.traffic.take()
+            steps.append(
+                {
+                    "send": routing.send_counts,
+                    "recv": routing.recv_counts,
+                    "route": routed,
+                    "pull": pulled,
+                    "push": pushed,
+                    "dense": reduced,
+                }
+            )
+        table.commit("end")
+    comm.close()
+    torch.save(steps, root_p / f"traffic-{rank}.pt")

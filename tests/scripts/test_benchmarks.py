@@ -249,3 +249,16 @@ def test_bench_lifecycle_quick(tmp_path: Path) -> None:
     assert (tmp_path / "lifecycle.svg").read_text().count("<polyline") == 6
     days = json.loads((tmp_path / "lifecycle.json").read_text())["days"]
     assert days["bounded"][0]["pending_keys"] > 0 == days["unbounded"][0]["pending_keys"]
+
+
+@pytest.mark.slow
+def test_bench_network_quick() -> None:
+    """A small day on two workers: every kind measured against the least its pass needs
+    (never below it), and the projection for each host count and link."""
+    recs = run_script("bench_network.py", "--rows", "20000", "--pass-rows", "10000")
+    by_name = {r["name"]: r for r in recs}
+    for kind in ("keys", "rows", "grads", "dense", "pass_keys", "examples", "total"):
+        rec = by_name[f"bytes a pass, busiest host: {kind}"]
+        assert rec["unit"] == "B" and rec["value"] > 0 and rec["ratio"] >= 1.0, rec
+    projected = [r for r in recs if r["name"].startswith("network seconds a pass")]
+    assert len(projected) == 6 and all(r["value"] > 0 and r["host_bytes"] > 0 for r in projected)

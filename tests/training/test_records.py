@@ -21,6 +21,7 @@ LINE_KEYS = [
     "seconds",
     "epoch",
     "bad_rows_skipped",
+    "network",
 ]
 
 
