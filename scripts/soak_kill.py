@@ -1,9 +1,10 @@
-"""Soak test: SIGKILL workers and the driver at random moments of a run; every run must still
-end with the model of an uninterrupted one.
+"""Soak test: SIGKILL workers, hosts and the driver at random moments of a run; every run must
+still end with the model of an uninterrupted one.
 
     python scripts/soak_kill.py [--json] [--out DIR] [--parts workers,driver]
                                 [--kills 10] [--rows-per-day 40000] [--seed 0]
                                 [--time-limit-s 3600]
+    python scripts/soak_kill.py --hosts 4 [--kills 10] ...     (the hosts part alone; root)
 
 The run is the quickstart (configs/quickstart.yaml) at ``--rows-per-day`` rows a day, in passes
 of ``--examples-per-pass`` (32 passes over 2 epochs on 2 workers), each pass checkpointed. First it
@@ -18,6 +19,13 @@ trains once uninterrupted on the embedded cluster (the reference). Then, in two 
 ``driver``   ``daskhps train`` on its embedded cluster, SIGKILLed ``--kills`` times at a
              random moment after its next checkpoint, each followed by ``daskhps train
              --resume``; the last resume runs to the end.
+``hosts``    (``--hosts N``) N hosts, each a ``dask worker --nanny`` in a mount namespace of
+             its own with a private, empty disk (a tmpfs) at ``table.tiers.store_dir``, and
+             ``checkpoint.replicate_to`` on a folder all share. ``--kills`` times, at a random
+             moment after the next checkpoint, a random host is lost with its disk (its whole
+             process group SIGKILLed) and a new host starts on an empty disk; the run restores
+             the lost ranks from the copy onto the new host by itself. The final model is read
+             from the copy (the driver sees no host's disk). Needs root (``unshare -m``).
 
 Each part's final checkpoint is compared with the reference: dense weights and every stored
 row, bit for bit (the worker count comes back each time). Reported per part: kills made and
@@ -35,6 +43,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -105,11 +114,13 @@ def _same_model(run: Path, reference: Path) -> tuple[bool, str]:
 
 
 class _Cluster:
-    """``dask scheduler`` and ``dask worker --nanny`` processes on 127.0.0.1."""
+    """``dask scheduler`` and ``dask worker --nanny`` processes on 127.0.0.1; with ``disk``,
+    each worker's process group is a host with a private empty tmpfs at ``disk``."""
 
-    def __init__(self, folder: Path, workers: int) -> None:
+    def __init__(self, folder: Path, workers: int, disk: Path | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
+        self.disk = disk
         self.procs: list[subprocess.Popen] = []
         sched_file = folder / "scheduler.json"
         self._spawn(
@@ -124,18 +135,24 @@ class _Cluster:
             time.sleep(0.1)
         time.sleep(0.2)
         self.address = json.loads(sched_file.read_text())["address"]
+        self.sched_file = sched_file
+        self.hosts = workers
         self.nannies = [self._worker(i, sched_file) for i in range(workers)]
 
     def _worker(self, i: int, sched_file: Path) -> subprocess.Popen:
         argv = ["worker", "--scheduler-file", str(sched_file), "--host", "127.0.0.1",
                 "--nthreads", "2", "--memory-limit", "3GiB", "--no-dashboard", "--nanny",
                 "--local-directory", str(self.folder / f"worker-{i}")]  # fmt: skip
-        return self._spawn(f"worker-{i}", argv)
+        return self._spawn(f"worker-{i}", argv, private=self.disk)
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], private: Path | None = None) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "dask", *argv]
+        if private is not None:  # a host: its own mount namespace, an empty disk at `private`
+            mount = f'mount -t tmpfs none {shlex.quote(str(private))} && exec "$@"'
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *cmd]
         with open(self.folder / f"{name}.log", "ab") as log:
             p = subprocess.Popen(
-                [sys.executable, "-m", "dask", *argv],
+                cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -155,6 +172,19 @@ class _Cluster:
             return None  # one is being started again right now
         victim = rng.choice(sorted(pids))
         os.kill(victim, signal.SIGKILL)
+        return victim
+
+    def lose_a_host(self, rng: random.Random) -> int | None:
+        """SIGKILL a random host's whole process group (nanny, worker and, with them, the
+        mount namespace holding its disk) and start a new host on an empty disk; the lost
+        host's index, None when fewer hosts than the run needs are up."""
+        alive = [i for i, p in enumerate(self.nannies) if p.poll() is None]
+        if len(alive) < self.hosts:
+            return None
+        victim = rng.choice(alive)
+        os.killpg(self.nannies[victim].pid, signal.SIGKILL)
+        self.nannies[victim].wait(30)
+        self.nannies.append(self._worker(len(self.nannies), self.sched_file))
         return victim
 
     def close(self) -> None:
@@ -198,6 +228,40 @@ def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadl
     finally:
         cluster.close()
     summary = _summary(run_dir)
+    return rc, seconds, kills, summary
+
+
+def _hosts_part(out: Path, args: argparse.Namespace, rng: random.Random, deadline: float):
+    run_dir = out / "hosts"
+    disk = out / "disk"  # every host's own tmpfs is mounted here; the driver's side stays empty
+    disk.mkdir(parents=True, exist_ok=True)
+    cluster = _Cluster(out / "cluster-hosts", args.hosts, disk=disk)
+    kills: list[float] = []
+    try:
+        sets = [*_sets(out, "hosts", args.rows_per_day, args.examples_per_pass),
+                "--set", f"cluster.address={cluster.address}",
+                "--set", f"cluster.max_restarts={args.kills + 1}",
+                "--set", "cluster.restart_wait_s=120",
+                "--set", f"table.tiers.store_dir={disk / 'stores'}",
+                "--set", f"checkpoint.replicate_to={out / 'hosts-copy'}"]  # fmt: skip
+        t0 = time.perf_counter()
+        proc = _train(sets, out / "hosts.log")
+        for restarts in range(1, args.kills + 1):
+            done = _checkpoints(run_dir)
+            if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
+                break
+            time.sleep(rng.uniform(0.0, 3.0))
+            if proc.poll() is not None or cluster.lose_a_host(rng) is None:
+                break
+            kills.append(time.perf_counter() - t0)
+            if not _wait_for(lambda n=restarts: _restarts_logged(run_dir) >= n, proc, deadline):
+                break
+        rc = _finish(proc, deadline)
+        seconds = time.perf_counter() - t0
+    finally:
+        cluster.close()
+    summary = _summary(run_dir)
+    summary["driver_wrote_on_the_disk_path"] = sum(1 for _ in disk.rglob("*"))
     return rc, seconds, kills, summary
 
 
@@ -261,9 +325,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--seed", type=int, default=0, help="of the kill moments and victims")
     ap.add_argument("--time-limit-s", type=float, default=3600.0)
+    ap.add_argument("--hosts", type=int, default=0, help="the hosts part alone, on this many hosts")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if not set(parts) <= {"workers", "driver"}:
+    if args.hosts:
+        if shutil.which("unshare") is None or os.geteuid() != 0:
+            raise SystemExit("--hosts: needs root and unshare (a mount namespace per host)")
+        parts = ["hosts"]
+    if not set(parts) <= {"workers", "driver", "hosts"}:
         raise SystemExit(f"--parts: workers and/or driver, got {args.parts!r}")
     rep = Reporter(args.json)
     rng = random.Random(args.seed)
@@ -278,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         t0 = time.perf_counter()
         ref_sets = _sets(out, "reference", args.rows_per_day, args.examples_per_pass)
+        if args.hosts:  # as many embedded workers as hosts: the same ranks, the same model
+            ref_sets += ["--set", f"cluster.n_workers={args.hosts}"]
         ref = _train(ref_sets, out / "reference.log")
         if ref.wait() != 0:
             raise SystemExit(f"the reference run failed; see {out / 'reference.log'}")
@@ -288,9 +359,11 @@ def main(argv: list[str] | None = None) -> None:
             if time.monotonic() > deadline:
                 rep.emit(f"{part}: not started (time limit)", 0, "kills")
                 continue
-            fn = _workers_part if part == "workers" else _driver_part
+            fn = {"workers": _workers_part, "driver": _driver_part, "hosts": _hosts_part}[part]
             rc, seconds, kills, summary = fn(out, args, rng, deadline)
-            same, why = _same_model(out / part, out / "reference")
+            # the hosts' disks are gone: their final model is read from the copy
+            final = out / ("hosts-copy" if part == "hosts" else part)
+            same, why = _same_model(final, out / "reference")
             rep.emit(
                 f"{part}: kills survived",
                 len(kills) if same and rc == 0 else 0,
@@ -300,11 +373,17 @@ def main(argv: list[str] | None = None) -> None:
                 model=why,
             )
             rep.emit(f"{part}: wall time", seconds, "s", baseline=ref_s, baseline_name="reference")
-            if part == "workers":
+            if part == "hosts":
+                rep.emit(
+                    "hosts: files the driver wrote at the hosts' store path",
+                    summary.get("driver_wrote_on_the_disk_path", 0),
+                    "files",
+                )
+            if part in ("workers", "hosts"):
                 restarts = summary.get("restarts", [])
                 recovery = [float(r["seconds"]) for r in restarts]
                 rep.emit(
-                    "workers: restarts recorded",
+                    f"{part}: restarts recorded",
                     len(restarts),
                     "restarts",
                     recovery_median_s=round(statistics.median(recovery), 2) if recovery else None,

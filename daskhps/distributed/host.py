@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,13 +88,19 @@ class RunHost(WorkerPlugin):
             self.shards.monitor = ShardMetrics(self.shards, addr)
             self.shards.monitor.register(worker)
 
-    async def teardown(self, worker: Any) -> None:
-        # In a thread, off the worker's event loop: closing waits for a running task to let
-        # go of the table (a driver that died mid-pass: the pass stops at its next batch).
+    def teardown(self, worker: Any) -> Awaitable[None] | None:
         self.closing = True
         if self.monitor is not None:
             self.monitor.unregister(worker)
-        await asyncio.to_thread(self.close)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # called outside a worker's event loop: close here and now
+            self.close()
+            return None
+        # On the worker's event loop (which awaits what this returns): close in a thread, as
+        # closing waits for a running task to let go of the table (a driver that died
+        # mid-pass: the pass stops at its next batch).
+        return asyncio.to_thread(self.close)
 
     def close(self) -> None:
         """Close the shards (warning about uncommitted rows), drop the group. Safe twice."""

@@ -91,7 +91,8 @@ def place_new_run(
             raise RunExistsError(
                 f"{source}: table.tiers.store_dir: {rep.where()} already holds table stores at "
                 f"{Path(rep.stores[0].path).parent} (another run's, or an earlier run of this "
-                "folder); set table.tiers.store_dir to a new folder, or remove them on that host"
+                "folder; --overwrite sets aside only what the driver's machine holds); set "
+                "table.tiers.store_dir to a new folder, or remove them on that host"
             )
     return Placement(tuple(addresses))
 
