@@ -19,6 +19,7 @@ run's stores) are answered by :func:`survey_disk` on the worker that holds them.
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from daskhps.errors import StoreLockedError, UnwritablePathError, first_line
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.store.check import CommitId, StoreChecker
 
-__all__ = ["DiskReport", "HeldStore", "Survey", "survey_disk", "survey_workers"]
+__all__ = ["DiskReport", "HeldStore", "Survey", "remove_folder", "survey_disk", "survey_workers"]
 
 _RANK = re.compile(r"rank-(\d+)$")
 
@@ -144,3 +145,8 @@ def survey_workers(
     """``look(survey)`` (:func:`survey_disk`, or a caller's function around it) on every
     worker of ``addresses`` at once (pinned); answers in the order of ``addresses``."""
     return run_pinned(client, list(addresses), look, survey, what="survey stores")
+
+
+def remove_folder(path: str) -> None:
+    """On a worker (``client.run``): remove ``path`` from its own disk, if it is there."""
+    shutil.rmtree(path, ignore_errors=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from daskhps.config import RunConfig
 from daskhps.distributed import RunGroup, WorkerShards
+from daskhps.distributed.disks import remove_folder
 from daskhps.errors import CheckpointError, first_line
 from daskhps.training import worker
 from daskhps.training.checkpoint import (
@@ -256,11 +256,6 @@ class Checkpointer:
             if c.stores_dir.resolve() not in used:
                 log.info("removing stores %s: no kept checkpoint uses them", c.stores_dir)
                 # on every worker: each removes what its own disk holds of them
-                self.group.client.run(_remove_folder, str(c.stores_dir))
+                self.group.client.run(remove_folder, str(c.stores_dir))
                 used.add(c.stores_dir.resolve())
         return [c.name for c in extra]
-
-
-def _remove_folder(path: str) -> None:
-    """On a worker: remove ``path`` from its disk, if it is there."""
-    shutil.rmtree(path, ignore_errors=True)

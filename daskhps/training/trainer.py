@@ -30,9 +30,11 @@ import numpy as np
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup
+from daskhps.distributed.disks import remove_folder
 from daskhps.errors import ResumeError, first_line
 from daskhps.monitor.progress import Progress
 from daskhps.passes.scan import remove_spill
+from daskhps.table import TableSpec
 from daskhps.training import resume as resuming
 from daskhps.training import rundir
 from daskhps.training.checkpoint import Checkpoint, list_checkpoints
@@ -140,7 +142,6 @@ class Trainer:
         """Attempts on the cluster until one ends the schedule, or a failure stops the run."""
         cfg = self.config
         recovery = self.parts.recovery_args()
-        restarts: list[Restart] = []
         with self.parts.start_cluster() as handle:
             if handle.dashboard_link:
                 self.echo(f"dashboard: {handle.dashboard_link}")
@@ -152,48 +153,71 @@ class Trainer:
             spec = cfg.table_spec()
             stores = self._stores(len(addresses))
             addresses = self._place(client, addresses, stores)
-            while True:
-                result = RunResult(self.run_dir)
-                commit = self._ckpt.commit if self._ckpt is not None else None
-                group = RunGroup.start(
-                    client,
-                    addresses,
-                    shards=self.parts.worker_shards(spec, stores, commit),
-                    **self.parts.comm_args(),
-                )
-                try:
-                    self._loop(stores).run(group, logs, result)
-                except RECOVERABLE as e:
-                    failed_at = time.monotonic()
-                    _close_lost(group, client, stores)
-                    if len(restarts) >= recovery["max_restarts"]:
-                        raise self._out_of_restarts(e, restarts) from e
-                    if not list_checkpoints(self.run_dir):
-                        raise  # nothing of this run to continue from: the error says what
-                    before = len(addresses)
-                    found, waited = wait_for_workers(client, before, recovery["wait_s"])
-                    if not found:
-                        raise self._out_of_restarts(e, restarts, "no worker came back") from e
-                    ckpt, placed = self._recovery_point(client, found)
-                    if ckpt is None:
-                        raise
-                    restart = self._restart_from(ckpt, e, restarts, before, found, waited)
-                    stores = self._stores(len(found))
-                    addresses = placed or self._place(client, found, stores)
-                    restarts.append(replace(restart, seconds=time.monotonic() - failed_at))
-                    record_restart(self.run_dir / "metrics.jsonl", restarts[-1])
-                    continue
-                except BaseException:
-                    _close_lost(group, client, stores)
+            try:
+                return self._attempts(client, addresses, spec, stores, logs, recovery)
+            except BaseException:
+                if self._ckpt is None and not list_checkpoints(self.run_dir):
+                    # a new run that failed before its first checkpoint: the stores it made
+                    # on the workers' disks go (place_new_run found none there before it)
+                    try:
+                        client.run(remove_folder, str(stores / spec.name))
+                    except Exception as e:  # a lost worker's disk is gone anyway
+                        log.warning("removing the new run's stores on the workers: %s", e)
+                raise
+
+    def _attempts(
+        self,
+        client: Any,
+        addresses: list[str],
+        spec: TableSpec,
+        stores: Path,
+        logs: tuple[ClickLog, ClickLog | None],
+        recovery: dict[str, Any],
+    ) -> RunResult:
+        """Attempts on the cluster until one ends the schedule, or a failure stops the run."""
+        restarts: list[Restart] = []
+        while True:
+            result = RunResult(self.run_dir)
+            commit = self._ckpt.commit if self._ckpt is not None else None
+            group = RunGroup.start(
+                client,
+                addresses,
+                shards=self.parts.worker_shards(spec, stores, commit),
+                **self.parts.comm_args(),
+            )
+            try:
+                self._loop(stores).run(group, logs, result)
+            except RECOVERABLE as e:
+                failed_at = time.monotonic()
+                _close_lost(group, client, stores)
+                if len(restarts) >= recovery["max_restarts"]:
+                    raise self._out_of_restarts(e, restarts) from e
+                if not list_checkpoints(self.run_dir):
+                    raise  # nothing of this run to continue from: the error says what
+                before = len(addresses)
+                found, waited = wait_for_workers(client, before, recovery["wait_s"])
+                if not found:
+                    raise self._out_of_restarts(e, restarts, "no worker came back") from e
+                ckpt, placed = self._recovery_point(client, found)
+                if ckpt is None:
                     raise
-                # Finished: the rows changed since the last checkpoint are kept ("warn").
-                try:
-                    group.close_shards("warn")
-                    client.run(remove_spill, stores / HOLDOUT_SPILL)
-                finally:
-                    group.close()
-                result.restarts = [r.to_json() for r in restarts]
-                return result
+                restart = self._restart_from(ckpt, e, restarts, before, found, waited)
+                stores = self._stores(len(found))
+                addresses = placed or self._place(client, found, stores)
+                restarts.append(replace(restart, seconds=time.monotonic() - failed_at))
+                record_restart(self.run_dir / "metrics.jsonl", restarts[-1])
+                continue
+            except BaseException:
+                _close_lost(group, client, stores)
+                raise
+            # Finished: the rows changed since the last checkpoint are kept ("warn").
+            try:
+                group.close_shards("warn")
+                client.run(remove_spill, stores / HOLDOUT_SPILL)
+            finally:
+                group.close()
+            result.restarts = [r.to_json() for r in restarts]
+            return result
 
     def _stores(self, num_workers: int) -> Path:
         """The stores this attempt trains in (see :func:`resuming.stores_to_train_in`); another
@@ -234,7 +258,7 @@ class Trainer:
             try:
                 placed = place_ranks(client, found, ckpt, self.parts.replica(), self.config.source)
             except ResumeError as e:
-                log.warning("cannot continue from %s: %s", ckpt.name, first_line(e))
+                log.warning("%s", first_line(e))  # it names the checkpoint passed over
                 continue
             return ckpt, list(placed.addresses)
         return None, None

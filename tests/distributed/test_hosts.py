@@ -48,11 +48,13 @@ def _config(tmp_path: Path, logs: Path, hosts: Hosts, name: str, **keys: object)
         tmp_path / name,
         logs,
         cluster_section={"address": hosts.address, "max_restarts": 2, "restart_wait_s": 30},
-        data={"holdout": {"day": "last"}},
-        passes={"examples_per_pass": 300},
-        table={"tiers": {"store_dir": str(hosts.disk / name)}},
-        checkpoint={"replicate_to": str(tmp_path / f"{name}-copy")},
-        **keys,
+        **{
+            "data": {"holdout": {"day": "last"}},
+            "passes": {"examples_per_pass": 300},
+            "table": {"tiers": {"store_dir": str(hosts.disk / name)}},
+            "checkpoint": {"replicate_to": str(tmp_path / f"{name}-copy")},
+            **keys,
+        },
     )
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
@@ -165,3 +167,19 @@ def test_a_host_lost_with_its_disk_comes_back_from_the_copy(
     assert cli("train", str(whole), timeout=300).returncode == 0
     a, b = _dense(run_dir), _dense(tmp_path / "whole")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_store_on_the_hosts(
+    tmp_path: Path, logs: Path, hosts: Hosts
+) -> None:
+    garbage = tmp_path / "garbage" / "day=2024-01-01"
+    garbage.mkdir(parents=True)
+    (garbage / "part-0.tsv").write_text("not\ta\tclick\tlog\n" * 50)
+    (garbage / "_SUCCESS").write_text("")
+    config = _config(tmp_path, garbage.parent, hosts, "failed", data={"holdout": None})
+    run = cli("train", str(config), timeout=300)
+    assert run.returncode != 0
+    assert "gave a row" in run.stderr.strip().splitlines()[-1], run.stderr[-3000:]
+    assert all(hosts.files(i, "failed") == [] for i in hosts.alive_hosts())
+    again = cli("train", str(config), timeout=300)  # the same command fails the same way
+    assert again.stderr.strip().splitlines()[-1] == run.stderr.strip().splitlines()[-1]
