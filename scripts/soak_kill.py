@@ -246,9 +246,10 @@ def _hosts_part(out: Path, args: argparse.Namespace, rng: random.Random, deadlin
                 "--set", f"checkpoint.replicate_to={out / 'hosts-copy'}"]  # fmt: skip
         t0 = time.perf_counter()
         proc = _train(sets, out / "hosts.log")
+        copy = out / "hosts-copy"  # a lost disk comes back from the copy: wait for its next
         for restarts in range(1, args.kills + 1):
-            done = _checkpoints(run_dir)
-            if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
+            done = _checkpoints(copy)
+            if not _wait_for(lambda d=done: _checkpoints(copy) > d, proc, deadline):
                 break
             time.sleep(rng.uniform(0.0, 3.0))
             if proc.poll() is not None or cluster.lose_a_host(rng) is None:
