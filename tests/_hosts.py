@@ -66,7 +66,14 @@ class Hosts(RealCluster):
     """``n`` hosts; host ``i`` is worker process ``i`` (lost hosts keep their index)."""
 
     def __init__(
-        self, folder: Path, n: int, *, disk: Path, readonly: Path | None = None, **kwargs: object
+        self,
+        folder: Path,
+        n: int,
+        *,
+        disk: Path,
+        readonly: Path | None = None,
+        disk_size: str = "128m",
+        **kwargs: object,
     ) -> None:
         skip_without_namespaces()
         disk.mkdir(parents=True, exist_ok=True)  # the mount point, empty on the driver's side
@@ -75,7 +82,9 @@ class Hosts(RealCluster):
         ro = (readonly,) if readonly is not None else ()
         for path in ro:
             path.mkdir(parents=True, exist_ok=True)
-        super().__init__(folder, workers=n, hide=disk, readonly=ro, **kwargs)  # type: ignore[arg-type]
+        super().__init__(  # type: ignore[arg-type]
+            folder, workers=n, hide=disk, readonly=ro, hide_size=disk_size, **kwargs
+        )
         self.disk = disk
         self.readonly_dir = readonly
 

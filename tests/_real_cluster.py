@@ -47,6 +47,7 @@ class RealCluster:
         cwd: Path | None = None,
         hide: Path | None = None,
         readonly: tuple[Path, ...] = (),
+        hide_size: str | None = None,
     ) -> None:
         self.folder = Path(folder)
         self.cwd = cwd  # the folder the workers start in (default: this process's)
@@ -54,6 +55,7 @@ class RealCluster:
         # their own, as on a host without the driver's disk
         self.hide = hide
         self.readonly = readonly  # folders the workers see read-only (with ``hide``)
+        self.hide_size = hide_size  # the tmpfs's size (mount's size=): a disk that can fill
         self.folder.mkdir(parents=True, exist_ok=True)
         self.threads, self.memory_limit, self.nanny = threads, memory_limit, nanny
         self.timeout_s = timeout_s
@@ -115,7 +117,8 @@ class RealCluster:
                 "--no-dashboard", "--local-directory", str(self.folder / f"worker-{i}"),
                 "--nanny" if self.nanny else "--no-nanny", *self._tls_args()]  # fmt: skip
         if self.hide is not None:
-            mount = f"mount -t tmpfs none {shlex.quote(str(self.hide))}"
+            size = f"-o size={self.hide_size} " if self.hide_size else ""
+            mount = f"mount -t tmpfs {size}none {shlex.quote(str(self.hide))}"
             for ro in map(shlex.quote, map(str, self.readonly)):
                 mount += f" && mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
             mount += ' && exec "$@"'

@@ -46,6 +46,12 @@ class DiskEstimate:
         parts = (self.live, self.history or 0, self.snapshots or 0)
         return sum(parts) + self.compaction_headroom + self.checkpoints_dense
 
+    @property
+    def stores(self) -> int | None:
+        """The stores' part of :attr:`total` (the dense checkpoints go to ``run.dir``)."""
+        total = self.total
+        return None if total is None else total - self.checkpoints_dense
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total": self.total}
 

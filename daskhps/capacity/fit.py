@@ -318,7 +318,10 @@ def size_run(
             "distinct keys unknown: store disk not sized; pass --scan or set table.expected_keys"
         )
     disk = _disk(cfg, keys)
-    if disk.total is not None and disk.free is not None and disk.total > disk.free:
+    # A cluster's workers each hold their share on their own disk: they check it themselves
+    # (daskhps.training.placement); the embedded cluster's all land on this machine's.
+    here = cfg.cluster.local
+    if here and disk.total is not None and disk.free is not None and disk.total > disk.free:
         msg = (
             f"the stores and checkpoints need about {_gib(disk.total)} on {disk.path}, which "
             f"has {_gib(disk.free)} free; free disk, move table.tiers.store_dir, or keep "

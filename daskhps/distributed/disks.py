@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps._paths import check_writable_dir
+from daskhps.capacity.disk import free_bytes
 from daskhps.distributed._pinned import run_pinned
 from daskhps.errors import StoreLockedError, UnwritablePathError, first_line
 from daskhps.tiers._lock import WriterLock
@@ -82,6 +83,7 @@ class DiskReport:
     host: str
     unwritable: str | None = None
     stores: tuple[HeldStore, ...] = field(default_factory=tuple)
+    free_bytes: int | None = None  # free on the disk that holds (or will hold) the stores
 
     def sound_ranks(self) -> set[int]:
         return {s.rank for s in self.stores if s.sound}
@@ -121,7 +123,8 @@ def survey_disk(survey: Survey) -> DiskReport:
             damage = check.damage[0] if check.damage else None
             found = None if check.found is None else str(check.found)
         held.append(HeldStore(rank, str(path), damage, _lock_holder(path, deadline), found))
-    return DiskReport(address, host, stores=tuple(held))
+    _, free = free_bytes(survey.stores_dir)
+    return DiskReport(address, host, stores=tuple(held), free_bytes=free)
 
 
 def _lock_holder(path: Path, deadline: float) -> str | None:

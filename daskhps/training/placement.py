@@ -27,7 +27,13 @@ from typing import Any
 
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.disks import DiskReport, Survey, survey_disk, survey_workers
-from daskhps.errors import CheckpointError, ConfigError, ResumeError, RunExistsError
+from daskhps.errors import (
+    CapacityError,
+    CheckpointError,
+    ConfigError,
+    ResumeError,
+    RunExistsError,
+)
 from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.replica import KEY, Replica
 
@@ -81,11 +87,22 @@ def place_new_run(
     table: str,
     replica: Replica | None,
     source: str,
+    store_bytes: int | None = None,
 ) -> Placement:
     """A new run's ranks (address order), once every worker showed that it can write
-    ``store_dir`` and the copy, and holds no stores there; one line naming the worker and
-    the key otherwise (nothing is written on any disk)."""
+    ``store_dir`` and the copy, has room for its share of ``store_bytes`` (the estimate of all
+    the stores) and holds no stores there; one line naming the worker and the key otherwise
+    (nothing is written on any disk)."""
     reports = _survey(client, addresses, Survey(str(store_dir), table), replica, source)
+    share = None if store_bytes is None else -(-store_bytes // len(addresses))
+    for rep in reports:
+        if share is not None and rep.free_bytes is not None and share > rep.free_bytes:
+            raise CapacityError(
+                f"{source}: table.tiers.store_dir: on {rep.where()}: its share of the stores "
+                f"needs about {share / 2**30:.2f} GiB and its disk has "
+                f"{rep.free_bytes / 2**30:.2f} GiB free; free disk there, add workers, or keep "
+                "fewer checkpoints"
+            )
     for rep in reports:
         if rep.stores:
             raise RunExistsError(

@@ -63,6 +63,7 @@ class Start:
 
     earlier: rundir.EarlierRun | None
     need: int | None
+    store_bytes: int | None = None  # the stores' part of ``need``, over all workers
     replace: bool = False
     discard: list[str] = field(default_factory=list)
     logs: tuple[ClickLog, ClickLog | None] = None  # type: ignore[assignment]
@@ -155,7 +156,7 @@ class _Preflight:
         rundir.settle_interrupted(self.run_dir)  # a killed --overwrite, put right
         rundir.refuse_published(self.run_dir, store_dir if self.stores_here else None, cfg.source)
         earlier = rundir.find_earlier_run(self.run_dir, store_dir)
-        start = Start(earlier=earlier, need=sizing.disk.total)
+        start = Start(earlier=earlier, need=sizing.disk.total, store_bytes=sizing.disk.stores)
         if resume:
             self._resume(start, checkpoint, overwrite)
         else:

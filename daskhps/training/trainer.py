@@ -235,8 +235,10 @@ class Trainer:
         cfg, ckpt = self.config, self._ckpt
         if ckpt is None:
             table = cfg.table_spec().name
+            assert self._start is not None
             placed = place_new_run(
-                client, addresses, stores, table, self.parts.replica(), cfg.source
+                *(client, addresses, stores, table, self.parts.replica(), cfg.source),
+                store_bytes=self._start.store_bytes if not cfg.cluster.local else None,
             )
             return list(placed.addresses)
         if stores != ckpt.stores_dir:

@@ -101,8 +101,12 @@ def _disks(hosts: Hosts) -> list[list[str]]:
             {"table.tiers.store_dir": "{disk}/plain"},
             "already holds table stores at {disk}/plain/embeddings",
         ),
+        (
+            {"table.expected_keys": "16000000"},  # about 0.4 GiB of rows: a 128 MiB disk each
+            "table.tiers.store_dir: on worker tcp://127.0.0.1:",
+        ),
     ],
-    ids=["stores-unwritable", "copy-unwritable", "another-runs-stores"],
+    ids=["stores-unwritable", "copy-unwritable", "another-runs-stores", "disk-too-small"],
 )
 def test_bad_input_on_the_hosts_is_one_line_and_changes_no_disk(
     tmp_path: Path, logs: Path, hosts: Hosts, plain: Path, keys: dict[str, str], line: str
