@@ -422,5 +422,7 @@ class _Stream:
         self.bytes_sent += (n - send_l[self.rank]) * row + counts
         self.bytes_received += (len(out) - recv_l[self.rank]) * row + counts
         self.rounds += 1
-        got_keys = out[:, :_KEY_WORDS].contiguous().view(torch.int64).view(-1)
+        # reshape copies the key words into one run (an empty slice keeps the stride of
+        # its rows, which no view may reinterpret), then reads each pair as one int64
+        got_keys = out[:, :_KEY_WORDS].reshape(-1).view(torch.int64)
         return got_keys, out[:, _KEY_WORDS:].contiguous()
