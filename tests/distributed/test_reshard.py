@@ -241,6 +241,10 @@ def test_an_old_rank_without_a_holder_is_refused(
         reshard_on_workers(
             cluster.client, ckpt, {0: addrs[0], 1: addrs[0], 2: stranger}, addrs, tmp_path / "o"
         )
+    with pytest.raises(ResumeError, match=r"its own stores are there"):
+        reshard_on_workers(
+            cluster.client, ckpt, {0: addrs[0], 1: addrs[0], 2: addrs[1]}, addrs, ckpt.stores_dir
+        )
     assert not (tmp_path / "out").exists() and not (tmp_path / "o").exists()
 
 
