@@ -1,7 +1,8 @@
 """Benchmark what a recovery onto fewer (or more) workers costs: re-sharding a checkpoint's
-stores, against copying the same store files, same run.
+stores, against copying the same store files, same run; and re-sharding on the workers
+against re-sharding in one process.
 
-    python scripts/bench_reshard.py [--json] [--quick] [--rows N] [--dim 64]
+    python scripts/bench_reshard.py [--json] [--quick] [--rows N] [--dim 64] [--runs 3]
 
 A recovery that continues on another worker count re-shards the last checkpoint: every row is
 read from its old rank store and written to its new owner's (docs/checkpoints.md). A table of
@@ -11,7 +12,14 @@ built with ``daskhps import`` into 2 rank stores; then, timed:
 1. the stores' files copied (``shutil.copytree``): what the disk does at best, the baseline;
 2. re-sharding them onto 1 worker and onto 3 (``daskhps.training.resume.reshard``);
 3. opening one rank store at the checkpoint's commit: what a recovery onto the same count
-   does instead.
+   does instead;
+4. the 3 rank stores of step 2 re-sharded onto 2 workers (one lost, its store restored onto
+   the first survivor) and onto 4, both ways, ``--runs`` times each, interleaved: in this
+   process (``resume.reshard``) and on a LocalCluster of that many workers, one thread each
+   (``daskhps.distributed.reshard_on_workers``, the rows moving worker to worker through the
+   process group's all-to-all). The median rows/s of each, their ratio, and the bytes that
+   crossed between workers against the least any re-shard sends (each row that changes
+   worker, with its key).
 
 Rows per second, and the seconds they give for the scale benchmark's 49.1M-row table
 (docs/scale.md), extrapolated linearly: re-sharding streams the rows in blocks, so its time
@@ -21,8 +29,10 @@ follows the row count as long as the key index fits in memory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +44,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter
 
-from daskhps.training.checkpoint import load_checkpoint
+from daskhps.distributed import ReshardReport, reshard_on_workers, start_cluster
+from daskhps.training.checkpoint import Checkpoint, load_checkpoint
 from daskhps.training.resume import reshard
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="200,000 rows: a smoke run")
     ap.add_argument("--rows", type=int, default=4_000_000, help="rows of the table")
     ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3, help="runs of each step 4 re-shard")
     args = ap.parse_args(argv)
     rows = 200_000 if args.quick else args.rows
     rep = Reporter(args.json)
@@ -89,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             reshard(ckpt, workers, t / f"resharded-{workers}")
             seconds = time.perf_counter() - t0
-            shutil.rmtree(t / f"resharded-{workers}")
+            if workers != 3:  # the 3 rank stores are step 4's
+                shutil.rmtree(t / f"resharded-{workers}")
             rep.emit(
                 f"re-shard from 2 workers to {workers}",
                 rows / seconds,
@@ -109,7 +122,61 @@ def main(argv: list[str] | None = None) -> None:
             "s",
             at_scale_s=round(open_s * SCALE_ROWS / rows, 1),
         )
+        three = dataclasses.replace(ckpt, stores_dir=t / "resharded-3", num_workers=3)
+        for workers in (2, 4):
+            _on_workers(rep, three, workers, args.runs, t)
         rep.emit("load average (1 min) at the end", os.getloadavg()[0], "")
+
+
+def _on_workers(rep: Reporter, ckpt: Checkpoint, workers: int, runs: int, tmp: Path) -> None:
+    """``ckpt``'s stores onto ``workers`` workers, ``runs`` times each way, interleaved: in
+    this process, and on a LocalCluster of ``workers`` workers (old rank r held by worker
+    r mod ``workers``)."""
+    one: list[float] = []
+    reports: list[ReshardReport] = []
+    loads: list[float] = []
+    with start_cluster(
+        n_workers=workers, threads_per_worker=1, memory_limit="auto", dashboard_address=None
+    ) as handle:
+        addrs = handle.addresses
+        holders = {r: addrs[r % workers] for r in range(ckpt.num_workers)}
+        for _ in range(runs):
+            out = tmp / f"one-{workers}"
+            t0 = time.perf_counter()
+            reshard(ckpt, workers, out)
+            one.append(time.perf_counter() - t0)
+            shutil.rmtree(out)
+            out = tmp / f"workers-{workers}"
+            reports.append(reshard_on_workers(handle.client, ckpt, holders, addrs, out))
+            shutil.rmtree(out)
+            loads.append(round(os.getloadavg()[0], 2))
+    rows = reports[0].rows
+    single = rows / statistics.median(one)
+    what = f"re-shard from {ckpt.num_workers} workers to {workers}"
+    rep.emit(
+        f"{what}, in one process",
+        single,
+        "rows/s",
+        runs_s=[round(s, 2) for s in one],
+    )
+    median = statistics.median(r.seconds for r in reports)
+    last = reports[0]
+    rep.emit(
+        f"{what}, on {workers} workers",
+        rows / median,
+        "rows/s",
+        baseline=single,
+        baseline_name="re-sharding in one process",
+        runs_s=[round(r.seconds, 2) for r in reports],
+        ranks_s=[round(max(k.seconds for k in r.ranks), 2) for r in reports],
+        moved_mib=round(last.bytes_moved / 2**20, 1),
+        min_mib=round(last.min_bytes / 2**20, 1),
+        moved_of_min=round(last.bytes_moved / last.min_bytes, 4) if last.min_bytes else None,
+        rows_moved=last.rows_moved,
+        rounds=last.ranks[0].rounds,
+        at_scale_s=round(SCALE_ROWS / (rows / median)),
+        load=loads,
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ not. In data-flow order:
   function on every rank;
 * :class:`Comm` — one rank's explicit torch.distributed group, formed through Dask by
   :mod:`daskhps.distributed.rendezvous`;
-* :class:`Exchange` — per-mini-batch keys, rows and gradients between ranks.
+* :class:`Exchange` — per-mini-batch keys, rows and gradients between ranks;
+* :func:`reshard_on_workers` — a checkpoint's stores onto another worker count, the rows
+  moving worker to worker.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from daskhps.distributed.cluster import ClusterHandle, cuda_available, start_clu
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
 from daskhps.distributed.host import RunGroup, RunHost, local_host
+from daskhps.distributed.reshard import ReshardReport, reshard_on_workers
 from daskhps.distributed.shards import StageAhead, WorkerShards
 from daskhps.tier_sizing import TierSizing  # what WorkerShards is sized by
 
@@ -29,6 +32,7 @@ __all__ = [
     "Comm",
     "CommError",
     "Exchange",
+    "ReshardReport",
     "Routing",
     "RunGroup",
     "RunHost",
@@ -38,6 +42,7 @@ __all__ = [
     "WorkerShards",
     "cuda_available",
     "local_host",
+    "reshard_on_workers",
     "run_pinned",
     "start_cluster",
 ]

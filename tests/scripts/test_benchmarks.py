@@ -130,6 +130,11 @@ def test_bench_reshard_quick() -> None:
         r = recs[f"re-shard from 2 workers to {workers}"]
         assert r["unit"] == "rows/s" and r["value"] > 0 and r["baseline"] == copy["value"]
         assert r["at_scale_s"] > 0
+    for workers in (2, 4):  # the 3 rank stores onto 2 and 4: in one process, on the workers
+        one = recs[f"re-shard from 3 workers to {workers}, in one process"]
+        r = recs[f"re-shard from 3 workers to {workers}, on {workers} workers"]
+        assert len(one["runs_s"]) == len(r["runs_s"]) == 3 and r["baseline"] == one["value"]
+        assert r["rows_moved"] > 0 and r["moved_mib"] >= r["min_mib"] > 0
 
 
 @pytest.mark.slow
