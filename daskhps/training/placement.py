@@ -27,6 +27,7 @@ from typing import Any
 
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.disks import DiskReport, Survey, survey_disk, survey_workers
+from daskhps.distributed.reshard import reshard_on_workers
 from daskhps.errors import (
     CapacityError,
     CheckpointError,
@@ -37,7 +38,14 @@ from daskhps.errors import (
 from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.replica import KEY, Replica
 
-__all__ = ["LOCK_WAIT_S", "Placement", "match_ranks", "place_new_run", "place_ranks"]
+__all__ = [
+    "LOCK_WAIT_S",
+    "Placement",
+    "match_ranks",
+    "place_new_run",
+    "place_ranks",
+    "place_resharded",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,21 +133,8 @@ def place_ranks(
     """The workers of ``addresses`` (as many as ``ckpt`` has ranks) in rank order for a run
     continuing from ``ckpt``; ranks whose store is on no worker's disk restored from
     ``replica`` by the worker that takes them (see the module docstring)."""
-    survey = Survey(
-        str(ckpt.stores_dir),
-        str(ckpt.table["table"]),
-        ckpt.commit,
-        tuple(None if c is None else c.to_json() for c in ckpt.recorded_commits()),
-        lock_wait_s,
-    )
-    reports = _survey(client, addresses, survey, replica, source)
-    for rep in reports:
-        for s in rep.stores:
-            if s.locked is not None and s.damage is None:
-                raise ResumeError(
-                    f"cannot continue from {ckpt.name}: on {rep.where()}, {s.locked} (still "
-                    f"held after {lock_wait_s:g} s; is the run still going?)"
-                )
+    reports = _survey(client, addresses, _survey_of(ckpt, lock_wait_s), replica, source)
+    _refuse_locked(reports, ckpt, lock_wait_s)
     _refuse_rival_claims(reports, ckpt)
     owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
     free = [w for w in range(len(reports)) if w not in set(owner)]
@@ -156,6 +151,72 @@ def place_ranks(
             "ranks follow their stores: %s", ", ".join(f"{r}: {a}" for r, a in enumerate(order))
         )
     return Placement(order, tuple(lost))
+
+
+def place_resharded(
+    client: Any,
+    addresses: Sequence[str],
+    ckpt: Checkpoint,
+    replica: Replica | None,
+    out_dir: Path,
+    source: str,
+    lock_wait_s: float = LOCK_WAIT_S,
+) -> Placement:
+    """``ckpt``'s rows re-sharded onto the workers ``addresses`` (address order: new rank
+    ``j`` writes ``<out_dir>/<table>/rank-<j>`` on the disk of ``addresses[j]``), on the
+    workers (:func:`daskhps.distributed.reshard.reshard_on_workers`): each old rank store is
+    read where it lies, spread over the workers that hold one, and a store on no worker's
+    disk is first restored from ``replica`` by the worker with the fewest."""
+    reports = _survey(client, addresses, _survey_of(ckpt, lock_wait_s), replica, source)
+    _refuse_locked(reports, ckpt, lock_wait_s)
+    _refuse_rival_claims(reports, ckpt)
+    load = [0] * len(reports)
+    holders: dict[int, str] = {}
+    lost = []
+    for r in range(ckpt.num_workers):
+        have = [w for w, rep in enumerate(reports) if r in rep.sound_ranks()]
+        if not have:
+            lost.append(r)
+            continue
+        w = min(have, key=lambda w: (load[w], w))  # spread the reading over the holders
+        load[w] += 1
+        holders[r] = reports[w].address
+    if lost:
+        if replica is None or not replica.has_checkpoint(ckpt.name):
+            raise ResumeError(_lost_line(ckpt, lost, reports, replica))
+        where = {}
+        for r in lost:
+            w = min(range(len(reports)), key=lambda w: (load[w], w))
+            load[w] += 1
+            where[r] = holders[r] = reports[w].address
+        _restore_on_workers(client, ckpt, replica, where)
+    report = reshard_on_workers(client, ckpt, holders, list(addresses), out_dir)
+    log.info(
+        "re-sharded %s on the workers: %d rows in %.1f s, %d bytes between workers (%d at least)",
+        *(ckpt.name, report.rows, report.seconds, report.bytes_moved, report.min_bytes),
+    )
+    return Placement(tuple(addresses), tuple(lost))
+
+
+def _survey_of(ckpt: Checkpoint, lock_wait_s: float) -> Survey:
+    """What to ask of the workers' disks about ``ckpt``'s stores."""
+    return Survey(
+        str(ckpt.stores_dir),
+        str(ckpt.table["table"]),
+        ckpt.commit,
+        tuple(None if c is None else c.to_json() for c in ckpt.recorded_commits()),
+        lock_wait_s,
+    )
+
+
+def _refuse_locked(reports: Sequence[DiskReport], ckpt: Checkpoint, lock_wait_s: float) -> None:
+    for rep in reports:
+        for s in rep.stores:
+            if s.locked is not None and s.damage is None:
+                raise ResumeError(
+                    f"cannot continue from {ckpt.name}: on {rep.where()}, {s.locked} (still "
+                    f"held after {lock_wait_s:g} s; is the run still going?)"
+                )
 
 
 def _look(survey: Survey, copy_url: str | None) -> tuple[DiskReport, str | None]:

@@ -169,24 +169,25 @@ def stores_to_train_in(
     num_workers: int,
     copy_from: Path | None,
     echo: Callable[[str], None],
-) -> Path:
-    """The stores to train in: the config's for a new run, the checkpoint's on resume,
-    re-sharded from the checkpoint's when the number of workers changed, or copied from them
-    into the config's when they belong to the run in ``copy_from`` (never written here)."""
+) -> tuple[Path, bool]:
+    """The stores to train in, and whether ``ckpt``'s rows must first be written into them
+    (re-sharded on the workers: :func:`daskhps.training.placement.place_resharded`): the
+    config's for a new run, the checkpoint's on resume, new ones beside the config's when the
+    number of workers changed, or the config's when ``ckpt``'s stores belong to the run in
+    ``copy_from`` (never written here)."""
     mine = Path(os.path.abspath(config.table.tiers.store_dir))
     if ckpt is None:
-        return mine
+        return mine, False
     if copy_from is not None:
         echo(
             f"copying the rows of {ckpt.name} from {ckpt.stores_dir} into {mine}: those "
             f"stores belong to the run in {copy_from}, which this resume must not change"
         )
-        return reshard(ckpt, num_workers, mine)
+        return mine, True
     if ckpt.num_workers == num_workers:
-        return ckpt.stores_dir
-    out = resharded_dir(config.table.tiers.store_dir, ckpt, num_workers)
+        return ckpt.stores_dir, False
     echo(f"re-sharding {ckpt.name} from {ckpt.num_workers} to {num_workers} workers")
-    return reshard(ckpt, num_workers, out)
+    return resharded_dir(mine, ckpt, num_workers), True
 
 
 def stores_owner(ckpt: Checkpoint, run_dir: Path) -> Path | None:

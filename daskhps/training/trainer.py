@@ -40,7 +40,7 @@ from daskhps.training import rundir
 from daskhps.training.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training.loop import HOLDOUT_SPILL, PassLoop
 from daskhps.training.parts import RunParts
-from daskhps.training.placement import place_new_run, place_ranks
+from daskhps.training.placement import place_new_run, place_ranks, place_resharded
 from daskhps.training.preflight import Start, check_cluster_fits, preflight
 from daskhps.training.records import RunResult
 from daskhps.training.recovery import (
@@ -151,8 +151,9 @@ class Trainer:
                 resumed = self._ckpt is not None and self.warm_start is None
                 check_cluster_fits(cfg, client, len(addresses), resumed)
             spec = cfg.table_spec()
-            stores = self._stores(len(addresses))
-            addresses = self._place(client, addresses, stores)
+            target = self._stores(len(addresses))
+            addresses = self._place(client, addresses, target)
+            stores = target[0]
             try:
                 return self._attempts(client, addresses, spec, stores, logs, recovery)
             except BaseException:
@@ -202,8 +203,9 @@ class Trainer:
                 if ckpt is None:
                     raise
                 restart = self._restart_from(ckpt, e, restarts, before, found, waited)
-                stores = self._stores(len(found))
-                addresses = placed or self._place(client, found, stores)
+                target = self._stores(len(found))
+                addresses = placed or self._place(client, found, target)
+                stores = target[0]
                 restarts.append(replace(restart, seconds=time.monotonic() - failed_at))
                 record_restart(self.run_dir / "metrics.jsonl", restarts[-1])
                 continue
@@ -219,30 +221,35 @@ class Trainer:
             result.restarts = [r.to_json() for r in restarts]
             return result
 
-    def _stores(self, num_workers: int) -> Path:
-        """The stores this attempt trains in (see :func:`resuming.stores_to_train_in`); another
-        run's stores are copied once, by the first attempt."""
+    def _stores(self, num_workers: int) -> tuple[Path, bool]:
+        """The stores this attempt trains in, and whether the checkpoint's rows are first
+        re-sharded into them (see :func:`resuming.stores_to_train_in`); another run's stores
+        are copied once, by the first attempt."""
         assert self._start is not None
         copy_from, self._start.copy_stores_from = self._start.copy_stores_from, None
         return resuming.stores_to_train_in(
             self._ckpt, self.config, num_workers, copy_from, self.echo
         )
 
-    def _place(self, client: Any, addresses: list[str], stores: Path) -> list[str]:
+    def _place(self, client: Any, addresses: list[str], stores: tuple[Path, bool]) -> list[str]:
         """The workers in rank order: ranks follow their stores
-        (:mod:`daskhps.training.placement`); re-sharded or copied stores, written by this
-        driver just now, in address order."""
+        (:mod:`daskhps.training.placement`); the checkpoint's rows re-sharded (or copied) on
+        the workers first where ``stores`` says so, in address order."""
         cfg, ckpt = self.config, self._ckpt
+        folder, rewrite = stores
+        if rewrite:
+            assert ckpt is not None
+            replica = self.parts.replica()
+            placed = place_resharded(client, addresses, ckpt, replica, folder, cfg.source)
+            return list(placed.addresses)
         if ckpt is None:
             table = cfg.table_spec().name
             assert self._start is not None
             placed = place_new_run(
-                *(client, addresses, stores, table, self.parts.replica(), cfg.source),
+                *(client, addresses, folder, table, self.parts.replica(), cfg.source),
                 store_bytes=self._start.store_bytes if not cfg.cluster.local else None,
             )
             return list(placed.addresses)
-        if stores != ckpt.stores_dir:
-            return addresses
         placed = place_ranks(client, addresses, ckpt, self.parts.replica(), cfg.source)
         return list(placed.addresses)
 

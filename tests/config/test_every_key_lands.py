@@ -126,7 +126,7 @@ class Built:
         """The trainer's WorkerShards in a run host, set up and opened on a stand-in for rank
         0's worker."""
         # as Trainer.run opens them for a new run
-        stores = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
+        stores, _ = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
         shards = self.trainer.parts.worker_shards(self.cfg.table_spec(), stores, None)
         host = RunHost("keys", ADDRESSES, shards)
         limit = self.trainer.parts.cluster_args()["memory_limit"]
@@ -155,7 +155,7 @@ class Built:
 
     @cached_property
     def checkpointer(self) -> Checkpointer:
-        stores = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
+        stores, _ = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
         return Checkpointer(self.cfg, self.trainer.run_dir, None, stores)  # type: ignore[arg-type]
 
 
