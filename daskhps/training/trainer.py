@@ -16,11 +16,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ import numpy as np
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup
+from daskhps.distributed.cluster import ClusterHandle, KeptCluster
 from daskhps.errors import ResumeError, first_line
 from daskhps.monitor.progress import Progress
 from daskhps.passes.scan import remove_spill
@@ -63,6 +66,9 @@ class Trainer:
     loaded, as a resume does; the caller checks that the config is compatible. Daily
     retraining trains each new stretch of days this way. ``eval_before``: evaluate the
     starting model on the holdout before the first pass (``RunResult.initial_eval``).
+    ``cluster``: a cluster the caller keeps (started by the run when it needs one, closed by
+    the caller; a retraining job publishes with its workers); None: the run's own, closed at
+    its end.
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class Trainer:
         echo: Callable[[str], None] | None = None,
         warm_start: Checkpoint | None = None,
         eval_before: bool = False,
+        cluster: KeptCluster | None = None,
     ) -> None:
         self.config = config
         self.echo = echo or (lambda message: log.info("%s", message))
@@ -82,6 +89,7 @@ class Trainer:
         self.parts = RunParts(config, self.run_id)
         self.warm_start = warm_start
         self.eval_before = eval_before
+        self.kept = cluster
         self._ckpt: Checkpoint | None = None  # what the run continues from
         self._aside: rundir.MovedAside | None = None  # an earlier run --overwrite replaces
         self._start: Start | None = None  # what the preflight found
@@ -141,7 +149,7 @@ class Trainer:
         cfg = self.config
         recovery = self.parts.recovery_args()
         restarts: list[Restart] = []
-        with self.parts.start_cluster() as handle:
+        with self._cluster() as handle:
             if handle.dashboard_link:
                 self.echo(f"dashboard: {handle.dashboard_link}")
             addresses = list(handle.addresses)
@@ -194,6 +202,12 @@ class Trainer:
                     group.close()
                 result.restarts = [r.to_json() for r in restarts]
                 return result
+
+    def _cluster(self) -> AbstractContextManager[ClusterHandle]:
+        """The run's own cluster (closed when the block ends), or the caller's kept one."""
+        if self.kept is None:
+            return self.parts.start_cluster()
+        return contextlib.nullcontext(self.kept.get(self.parts.start_cluster))
 
     def _stores(self, num_workers: int) -> Path:
         """The stores this attempt trains in (see :func:`resuming.stores_to_train_in`); another
