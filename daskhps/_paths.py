@@ -14,7 +14,7 @@ from pathlib import Path
 
 from daskhps.errors import UnwritablePathError
 
-__all__ = ["check_writable_dir", "tree_bytes"]
+__all__ = ["check_writable_dir", "tree_bytes", "writing_problem"]
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Path:
@@ -31,15 +31,25 @@ def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Pat
     tried again.
     """
     p = Path(path)
+    problem = writing_problem(p)
+    if problem is not None:
+        raise UnwritablePathError(f"cannot write {what} to {p}: {problem}; {fix}")
+    return p
+
+
+def writing_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be a folder files are written to (the step that failed, and the
+    error's reason), tried as :func:`check_writable_dir` does; None when it can."""
+    p = Path(path)
     for attempt in range(_TRIES):
         try:
             with _one_check_at_a_time():
                 _try_writing(p, last=attempt == _TRIES - 1)
-            return p
+            return None
         except _Vanished:
             time.sleep(0.001 * (attempt + 1))
         except _Refused as e:
-            raise UnwritablePathError(f"cannot write {what} to {p}: {e}; {fix}") from None
+            return str(e)
     raise AssertionError("unreachable: the last try refuses or passes")
 
 
