@@ -148,10 +148,12 @@ def test_a_host_lost_with_its_disk_comes_back_from_the_copy(
         preexec_fn=default_dispositions,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not list_checkpoints(run_dir) and time.monotonic() < deadline:
+        # a checkpoint whose copy is complete (the copy follows the local checkpoint: a host
+        # lost before it is done leaves nothing to restore from)
+        copy, deadline = tmp_path / "lost-copy", time.monotonic() + 120
+        while not list_checkpoints(copy) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert list_checkpoints(run_dir), "no checkpoint within 120 s"
+        assert list_checkpoints(copy), "no checkpoint copied within 120 s"
         victim = hosts.alive_hosts()[0]
         hosts.lose(victim)
         hosts.add_host()
