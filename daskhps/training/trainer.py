@@ -41,7 +41,7 @@ from daskhps.training import rundir
 from daskhps.training.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training.loop import HOLDOUT_SPILL, PassLoop
 from daskhps.training.parts import RunParts
-from daskhps.training.placement import place_new_run, place_ranks
+from daskhps.training.placement import RESUME_ADVICE, place_new_run, place_ranks
 from daskhps.training.preflight import Start, check_cluster_fits, preflight
 from daskhps.training.records import RunResult
 from daskhps.training.recovery import (
@@ -231,7 +231,16 @@ class Trainer:
             return list(placed.addresses)
         if stores != ckpt.stores_dir:
             return addresses
-        placed = place_ranks(client, addresses, ckpt, self.parts.replica(), cfg.source)
+        doing, advice = "continue from", RESUME_ADVICE
+        if self.warm_start is not None:  # its copy holds this run's checkpoints, not the base
+            doing = "warm-start from"
+            advice = (
+                "bring back the hosts that held them (this run's copy holds none of another "
+                "run's checkpoints)"
+            )
+        placed = place_ranks(
+            client, addresses, ckpt, self.parts.replica(), cfg.source, doing=doing, advice=advice
+        )
         return list(placed.addresses)
 
     def _recovery_point(
