@@ -7,7 +7,8 @@
       [a finished run's resume: one line, nothing else]
       the earlier run moved aside (--overwrite), the folders' state noted (a failed first
         attempt leaves them as it found them)
-      cluster (RunParts.start_cluster) ─► the workers' memory checked (cluster.address)
+      cluster (RunParts.start_cluster, or the caller's KeptCluster) ─► the workers' memory
+        checked (cluster.address)
         attempt: RunGroup.start (process group, shards) ─► PassLoop.run (daskhps.training.loop)
           a lost worker: tear down, wait for workers, the last sound checkpoint, re-shard when
           the count changed, next attempt (daskhps.training.recovery)
@@ -22,7 +23,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -203,7 +203,7 @@ class Trainer:
                 result.restarts = [r.to_json() for r in restarts]
                 return result
 
-    def _cluster(self) -> AbstractContextManager[ClusterHandle]:
+    def _cluster(self) -> contextlib.AbstractContextManager[ClusterHandle]:
         """The run's own cluster (closed when the block ends), or the caller's kept one."""
         if self.kept is None:
             return self.parts.start_cluster()
