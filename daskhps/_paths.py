@@ -5,13 +5,16 @@ worker), and how many bytes a tree holds."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from daskhps.errors import UnwritablePathError
 
-__all__ = ["check_writable_dir", "tree_bytes"]
+__all__ = ["check_writable_dir", "tree_bytes", "writing_problem"]
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Path:
@@ -21,8 +24,73 @@ def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Pat
     removed again: only trying proves it (``os.access`` says yes to root under ``/proc``, and
     to a read-only mount's folders that look writable). Raises :class:`UnwritablePathError`:
     ``cannot write <what> to <path>: <why>; <fix>``.
+
+    Checks of one new path at once (the workers of a cluster that share a disk) would each
+    remove folders the other is using, or leave one the other made: on one machine they take
+    turns, and a folder that vanishes under a check (a disk shared by several machines) is
+    tried again.
     """
     p = Path(path)
+    problem = writing_problem(p)
+    if problem is not None:
+        raise UnwritablePathError(f"cannot write {what} to {p}: {problem}; {fix}")
+    return p
+
+
+def writing_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be a folder files are written to (the step that failed, and the
+    error's reason), tried as :func:`check_writable_dir` does; None when it can."""
+    p = Path(path)
+    for attempt in range(_TRIES):
+        try:
+            with _one_check_at_a_time():
+                _try_writing(p, last=attempt == _TRIES - 1)
+            return None
+        except _Vanished:
+            time.sleep(0.001 * (attempt + 1))
+        except _Refused as e:
+            return str(e)
+    raise AssertionError("unreachable: the last try refuses or passes")
+
+
+_TRIES = 20
+_TURN_WAIT_S = 5.0
+
+
+@contextlib.contextmanager
+def _one_check_at_a_time() -> Iterator[None]:
+    """The checks of this machine take turns: an ``flock`` on ``/``, a folder no check
+    creates or removes (and that needs no lock file); after a few seconds without a turn the
+    check goes ahead anyway."""
+    fd = os.open("/", os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + _TURN_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+            except OSError:  # a file system without flock: no turns
+                break
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+class _Vanished(Exception):
+    """A folder of the path went while the check used it: another check's cleanup."""
+
+
+class _Refused(Exception):
+    """The path cannot be written; the message says which step failed and why."""
+
+
+def _try_writing(p: Path, last: bool) -> None:
+    """One try of :func:`check_writable_dir`; a folder that was there a moment ago and is
+    gone (no such file or directory) is :class:`_Vanished` unless this is the ``last``."""
     made: list[Path] = []  # folders this check created, removed again at the end
     step = "cannot read it"
     try:
@@ -45,14 +113,20 @@ def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Pat
         fd, probe = tempfile.mkstemp(prefix=".daskhps-write-check-", dir=p)
         os.close(fd)
         os.unlink(probe)
+    except FileNotFoundError as e:
+        if not last:
+            raise _Vanished() from None
+        raise _Refused(f"{step}{_why(e)}") from None
     except OSError as e:
-        why = f" ({e.strerror})" if e.strerror else ""
-        raise UnwritablePathError(f"cannot write {what} to {p}: {step}{why}; {fix}") from None
+        raise _Refused(f"{step}{_why(e)}") from None
     finally:
         for folder in reversed(made):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-    return p
+
+
+def _why(e: OSError) -> str:
+    return f" ({e.strerror})" if e.strerror else ""
 
 
 def tree_bytes(path: str | os.PathLike[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,37 @@ def test_a_folder_that_cannot_be_created_is_named_even_for_root() -> None:
         check_writable_dir("/proc/daskhps-x/y", "the run", "set run.dir to a writable folder")
     with pytest.raises(UnwritablePathError, match="cannot create a file in it"):
         check_writable_dir("/proc/self", "the run", "set run.dir to a writable folder")
+
+
+def _check_at_once(target: Path, threads: int = 4, times: int = 200) -> list[str]:
+    """Check ``target`` from ``threads`` threads ``times`` each; the refusals."""
+    import threading
+
+    failures: list[str] = []
+
+    def check() -> None:
+        for _ in range(times):
+            try:
+                check_writable_dir(target, "the stores", FIX)
+            except UnwritablePathError as e:
+                failures.append(str(e))
+
+    running = [threading.Thread(target=check) for _ in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    return failures
+
+
+def test_checks_of_one_new_folder_at_once_do_not_fail_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers sharing a disk check the same new folder at once: on one machine they take
+    turns (nothing fails, nothing stays); across machines (no turns) a folder removed under a
+    check by another one's cleanup is tried again, not a folder that cannot be written."""
+    target = tmp_path / "stores" / "attempt" / "table"
+    assert _check_at_once(target) == []
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr("daskhps._paths._one_check_at_a_time", contextlib.nullcontext)
+    assert _check_at_once(target) == []

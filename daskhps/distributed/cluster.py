@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ from daskhps.distributed._expected import quiet_sync_cancel_race, quiet_worker_k
 from daskhps.distributed._worker_setup import setup_workers
 from daskhps.errors import ConfigError
 
-__all__ = ["ClusterHandle", "cuda_available", "probe_scheduler", "start_cluster"]
+__all__ = ["ClusterHandle", "KeptCluster", "cuda_available", "probe_scheduler", "start_cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,28 @@ class ClusterHandle:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             _quiet_teardown()
         self.close()
+
+
+class KeptCluster:
+    """A cluster that outlives the run it was started for: the first :meth:`get` starts it
+    (the caller's way), later ones return it, and its owner closes it (``with``). A retraining
+    job keeps its candidate's cluster up to publish with the workers that hold the stores."""
+
+    def __init__(self) -> None:
+        self.handle: ClusterHandle | None = None
+
+    def get(self, start: Callable[[], ClusterHandle]) -> ClusterHandle:
+        if self.handle is None:
+            self.handle = start()
+        return self.handle
+
+    def __enter__(self) -> KeptCluster:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.__exit__(exc_type, *exc)
 
 
 def _quiet_teardown() -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from daskhps.config import HoldoutConfig, RunConfig
 from daskhps.data.source import TrainLogs
+from daskhps.distributed.cluster import KeptCluster
 from daskhps.errors import CheckpointError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain.days import DayPlan
@@ -101,8 +102,10 @@ def train_candidate(
     *,
     echo: Callable[[str], None] | None = None,
     progress: Progress | None = None,
+    cluster: KeptCluster | None = None,
 ) -> Candidate:
-    """Train the candidate of ``plan`` from ``base_checkpoint`` (None: from scratch)."""
+    """Train the candidate of ``plan`` from ``base_checkpoint`` (None: from scratch), on
+    ``cluster`` when given (started by the training, kept up for the caller)."""
     from daskhps.training.trainer import Trainer
 
     base = load_checkpoint(base_checkpoint) if base_checkpoint is not None else None
@@ -117,6 +120,7 @@ def train_candidate(
         echo=echo,
         warm_start=base,
         eval_before=True,
+        cluster=cluster,
     )
     result = trainer.run()
     ckpt = latest_checkpoint(attempt_dir)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from daskhps.config import RunConfig
+from daskhps.distributed.cluster import KeptCluster
 from daskhps.errors import ConfigError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain.codes import ExitCode
@@ -34,6 +35,7 @@ from daskhps.retrain.guard import Verdict, judge
 from daskhps.retrain.lock import RetrainLock
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.retention import after_publish
+from daskhps.retrain.stores import Disks, missing_commit
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.retrain.versions import Outcome as AttemptOutcome
 
@@ -140,12 +142,16 @@ def retrain(
             attempt_id,
             run_dir / "attempts" / attempt_id,
         )
-        cand = _train(run, echo, progress)
-        verdict = judge(cand.metrics, cand.baseline, config.retrain, run.baseline_name)
-        attempt = _judged_attempt(run, cand, verdict)
-        if not verdict.publish:
-            return _reject(run, cand, verdict, attempt)
-        return _publish(run, cand, verdict, attempt)
+        # The candidate's cluster stays up until the run ends: publishing and retention run
+        # on the workers whose disks hold the stores.
+        with KeptCluster() as cluster:
+            cand = _train(run, echo, progress, cluster)
+            verdict = judge(cand.metrics, cand.baseline, config.retrain, run.baseline_name)
+            attempt = _judged_attempt(run, cand, verdict)
+            if not verdict.publish:
+                return _reject(run, cand, verdict, attempt)
+            client = cluster.handle.client if cluster.handle is not None else None
+            return _publish(run, cand, verdict, attempt, Disks(client, config.source))
 
 
 @dataclass(frozen=True)
@@ -200,8 +206,14 @@ def _intent(plan: DayPlan, current: Version | None) -> str:
     return f"train on {', '.join(plan.train)} from {base}; score on {plan.eval_day}{ignored}"
 
 
-def _train(run: _Run, echo: Callable[[str], None] | None, progress: Progress | None) -> Candidate:
-    """The trained candidate; a failure is recorded as a failed attempt, then raised."""
+def _train(
+    run: _Run,
+    echo: Callable[[str], None] | None,
+    progress: Progress | None,
+    cluster: KeptCluster,
+) -> Candidate:
+    """The trained candidate (on ``cluster``, kept up after it); a failure is recorded as a
+    failed attempt, then raised."""
     from daskhps.retrain.candidate import train_candidate
 
     try:
@@ -212,6 +224,7 @@ def _train(run: _Run, echo: Callable[[str], None] | None, progress: Progress | N
             run.current.checkpoint if run.current else None,
             echo=echo,
             progress=progress,
+            cluster=cluster,
         )
     except Exception as e:
         run.registry.record(run.attempt("failed", reasons=(f"{type(e).__name__}: {e}",)))
@@ -247,12 +260,14 @@ def _reject(run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt) -> O
     )
 
 
-def _publish(run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt) -> Outcome:
+def _publish(
+    run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt, disks: Disks
+) -> Outcome:
     """Freeze the candidate as the next version, make it current, then apply
-    ``retrain.keep_versions``."""
+    ``retrain.keep_versions``; the stores change on ``disks``, where they lie."""
     registry, keep = run.registry, run.config.retrain.keep_versions
     name = registry.next_name()
-    frozen = freeze_version(cand.checkpoint, registry.folder / name, name)
+    frozen = freeze_version(cand.checkpoint, registry.folder / name, name, disks)
     version = Version(
         name=name,
         checkpoint=str(frozen.path.resolve()),  # readers may start in another folder
@@ -267,7 +282,7 @@ def _publish(run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt) -> 
         created=time.time(),
     )
     registry.publish(version, dataclasses.replace(attempt, version=version.name))
-    removed = after_publish(registry, keep)
+    removed = after_publish(registry, keep, disks)
     gone = f" Removed {', '.join(removed)} (retrain.keep_versions: {keep})." if removed else ""
     return Outcome(
         ExitCode.PUBLISHED,
@@ -278,21 +293,24 @@ def _publish(run: _Run, cand: Candidate, verdict: Verdict, attempt: Attempt) -> 
     )
 
 
-def _check_restorable(version: Version) -> None:
-    """Raise unless the version's checkpoint loads and every rank store holds its commit."""
-    from daskhps.tiers.store.manifest import scan_manifests
+def _check_restorable(version: Version, config: RunConfig) -> None:
+    """Raise unless the version's checkpoint loads and every rank store holds its commit,
+    asked of the disks that hold them: a cluster's workers (``cluster.address``: each has its
+    own), or this machine's, which the embedded cluster's workers share."""
     from daskhps.training.checkpoint import load_checkpoint
+    from daskhps.training.parts import RunParts
 
     ckpt = load_checkpoint(version.checkpoint)
-    missing = []
-    for rank in range(ckpt.num_workers):
-        manifests, _ = scan_manifests(ckpt.store_path(rank) / "commits")
-        if version.commit not in {m.name for m in manifests}:
-            missing.append(str(ckpt.store_path(rank)))
+    if config.cluster.address is None:
+        missing = missing_commit(Disks(), ckpt)
+    else:
+        with RunParts(config, f"rollback-{version.name}").start_cluster() as handle:
+            missing = missing_commit(Disks(handle.client, config.source), ckpt)
     if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise VersionNotFoundError(
-            f"version {version.name}: commit {version.commit!r} is gone from {', '.join(missing)} "
-            "(dropped or compacted away); choose another version"
+            f"version {version.name}: commit {version.commit!r} is gone from {missing[0]}{more}, "
+            "dropped or compacted away, or its host is gone; choose another version"
         )
 
 
@@ -306,7 +324,7 @@ def rollback(config: RunConfig, name: str) -> Outcome:
                 f"version {name} was removed by retrain.keep_versions (its folder and its "
                 "commit are gone); choose a version `--versions` lists"
             )
-        _check_restorable(target)
+        _check_restorable(target, config)
         previous, now = registry.rollback(name)
         was = previous.name if previous else "none"
         return Outcome(

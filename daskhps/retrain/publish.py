@@ -10,8 +10,10 @@ and writes the version's own checkpoint folder beside the registry::
                                   MANIFEST.json          commit: version-v000002 (written last)
 
 The table is never copied: the new commit records the same rows (an index snapshot or the
-list of segments to replay). ``daskhps predict --model <run.dir>/versions/v000002`` and any
-other reader of checkpoints load a version like a checkpoint.
+list of segments to replay). On a cluster each rank store is committed by the worker whose
+disk holds it (:mod:`daskhps.retrain.stores`); the driver writes only the version's folder.
+``daskhps predict --model <run.dir>/versions/v000002`` and any other reader of checkpoints load
+a version like a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.errors import CheckpointError
-from daskhps.tiers.base import CommitInfo
+from daskhps.retrain.stores import Disks, commit_version
 from daskhps.tiers.store.check import CommitId
 from daskhps.training.checkpoint import (
     Checkpoint,
@@ -44,16 +46,6 @@ def commit_name(version: str) -> str:
     return f"{VERSION_PREFIX}{version}"
 
 
-def _commit_stores(ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> dict[int, CommitInfo]:
-    """Commit every rank store of ``ckpt``, opened at its commit, again as ``name``; what
-    identifies each rank's new commit."""
-    out = {}
-    for rank in range(ckpt.num_workers):
-        with ckpt.open_store(rank, mode="r+") as store:
-            out[rank] = store.commit(name, meta)
-    return out
-
-
 def _by_rank(shards: list[dict[str, Any]], ranks: int) -> list[dict[str, Any]]:
     """A checkpoint's shard records in rank order (a rank without one: only its number)."""
     known = {int(s["rank"]): s for s in shards if "rank" in s}
@@ -69,14 +61,20 @@ def _copy_durably(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
-def freeze_version(ckpt: Checkpoint, folder: Path, version: str) -> Checkpoint:
+def freeze_version(
+    ckpt: Checkpoint, folder: Path, version: str, disks: Disks | None = None
+) -> Checkpoint:
     """Publishable copy of ``ckpt`` in ``folder`` whose stores commit is only this version's.
 
-    Crash-safe in this order: store commits (an unused commit is harmless), payload files,
-    manifest last. A folder left by an earlier, interrupted try is replaced.
+    The stores are committed where they lie (``disks``: the cluster's workers, each on its own
+    disk; None: this machine, see :mod:`daskhps.retrain.stores`); only the small files of the
+    checkpoint are copied here. Crash-safe in this order: store commits (an unused commit is
+    harmless), payload files, manifest last. A folder left by an earlier, interrupted try is
+    replaced.
     """
     name = commit_name(version)
-    commits = _commit_stores(ckpt, name, {"version": version, "checkpoint": str(ckpt.path)})
+    meta = {"version": version, "checkpoint": str(ckpt.path)}
+    commits = commit_version(disks or Disks(), ckpt, name, meta, version)
     if folder.exists():
         remove_checkpoint(folder)
     folder.mkdir(parents=True)
@@ -90,7 +88,7 @@ def freeze_version(ckpt: Checkpoint, folder: Path, version: str) -> Checkpoint:
         fields["stores_dir"] = recorded_stores_dir(ckpt.stores_dir, folder.parent.parent, folder)
         fields["shards"] = [  # the version's own commits, not the candidate's
             {**s, **CommitId(c.seq, c.time, c.rows).to_json()}
-            for s, c in zip(_by_rank(ckpt.shards, ckpt.num_workers), commits.values(), strict=True)
+            for s, c in zip(_by_rank(ckpt.shards, ckpt.num_workers), commits, strict=True)
         ]
         return finish_checkpoint(folder, dict(ckpt.files), fields)
     except OSError as e:

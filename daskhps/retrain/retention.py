@@ -8,6 +8,10 @@
       delete its version folder, mark it removed in the registry
       delete a stores folder that no kept version uses
 
+On a cluster the stores are changed where they lie: each rank's commit is dropped by the worker
+whose disk holds its store, and every worker removes a stores folder from its own disk
+(:mod:`daskhps.retrain.stores`); the driver changes only the registry and the version folders.
+
 A server holds a shared lease on the version it serves (``versions/serving/<v>.lock``, an
 ``flock`` the kernel drops with the process), taken before it loads the version and released
 after it serves another, so a version being served is never removed, and one being removed is
@@ -26,9 +30,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from daskhps.retrain.stores import Disks, drop_commit, remove_stores
 from daskhps.retrain.versions import Registry, Version
-from daskhps.table import open_shard_store
-from daskhps.tiers.store.writer import StoreWriter
 
 __all__ = ["ServingLease", "after_publish", "prune_versions", "removable"]
 
@@ -72,9 +75,9 @@ def removable(registry_folder: Path, version: str) -> Iterator[bool]:
         os.close(fd)
 
 
-def _drop_commit(version: Version) -> int:
-    """Drop ``version``'s commit from every rank store of its stores folder; the number of
-    stores it was in."""
+def _drop_commit(version: Version, disks: Disks) -> int:
+    """Drop ``version``'s commit from every rank store of its stores folder, each where it lies;
+    the number of stores it was in."""
     from daskhps.training.checkpoint import load_checkpoint
 
     if not Path(version.checkpoint).is_dir():  # removed by hand: its commit cannot be found
@@ -82,28 +85,23 @@ def _drop_commit(version: Version) -> int:
             "%s: its folder %s is missing; its commit stays", version.name, version.checkpoint
         )
         return 0
-    ckpt = load_checkpoint(version.checkpoint)
-    n = 0
-    for rank in range(ckpt.num_workers):
-        path = ckpt.store_path(rank)
-        if not path.is_dir():
-            continue
-        # At the latest state, so that the dropped commit's segments are not the live ones.
-        with open_shard_store(ckpt.table_spec, path, mode="r+") as store:
-            assert isinstance(store, StoreWriter)
-            n += bool(store.drop_named([version.commit]))
-    return n
+    return drop_commit(disks, load_checkpoint(version.checkpoint), version.name)
 
 
-def after_publish(registry: Registry, keep_versions: int | None) -> list[str]:
+def after_publish(
+    registry: Registry, keep_versions: int | None, disks: Disks | None = None
+) -> list[str]:
     """The retention step of a retraining run that published (``retrain.keep_versions``;
-    None keeps every version)."""
-    return [] if keep_versions is None else prune_versions(registry, keep_versions)
+    None keeps every version); ``disks``: where the stores lie (None: this machine)."""
+    return [] if keep_versions is None else prune_versions(registry, keep_versions, disks)
 
 
-def prune_versions(registry: Registry, keep: int) -> list[str]:
+def prune_versions(registry: Registry, keep: int, disks: Disks | None = None) -> list[str]:
     """Remove every published version but the newest ``keep``, ``CURRENT`` and those being
-    served (see the module docstring); returns the names removed, oldest first."""
+    served (see the module docstring); returns the names removed, oldest first. The stores
+    are changed where they lie: on the workers of ``disks``, each on its own disk (None: this
+    machine)."""
+    disks = disks or Disks()
     current = registry.current()
     gone = registry.removed_names()
     live = [v for v in registry.versions() if v.name not in gone]
@@ -117,7 +115,7 @@ def prune_versions(registry: Registry, keep: int) -> list[str]:
                 log.info("keeping %s: it is being served", v.name)
                 kept.add(v.name)
                 continue
-            stores = _drop_commit(v)
+            stores = _drop_commit(v, disks)
             shutil.rmtree(v.checkpoint, ignore_errors=True)
             registry.mark_removed(v.name)
             removed.append(v.name)
@@ -126,8 +124,9 @@ def prune_versions(registry: Registry, keep: int) -> list[str]:
     used = {Path(v.stores_dir).resolve() for v in live if v.name in kept}
     for v in live:
         folder = Path(v.stores_dir).resolve()
-        if v.name in removed and folder not in used and folder.is_dir():
+        # on a cluster's workers, each removes what its own disk holds of them
+        if v.name in removed and folder not in used and (disks.client or folder.is_dir()):
             log.info("removing stores %s: no kept version uses them", folder)
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_stores(disks, folder)
             used.add(folder)  # once
     return removed

@@ -40,6 +40,7 @@ from daskhps.training.replica import KEY, Replica
 
 __all__ = [
     "LOCK_WAIT_S",
+    "RESUME_ADVICE",
     "Placement",
     "match_ranks",
     "place_new_run",
@@ -53,6 +54,12 @@ log = logging.getLogger(__name__)
 # release its stores once the scheduler says the driver left (daskhps.distributed.lease),
 # after a running pass stops at its next batch.
 LOCK_WAIT_S = 60.0
+
+# What a run does about a store that is on no worker's disk, and that no copy restores.
+RESUME_ADVICE = (
+    "bring back the hosts that held them, or continue from an earlier checkpoint with --resume "
+    "--checkpoint NAME --overwrite"
+)
 
 
 @dataclass(frozen=True)
@@ -129,19 +136,26 @@ def place_ranks(
     replica: Replica | None,
     source: str,
     lock_wait_s: float = LOCK_WAIT_S,
+    *,
+    doing: str = "continue from",
+    advice: str = RESUME_ADVICE,
 ) -> Placement:
     """The workers of ``addresses`` (as many as ``ckpt`` has ranks) in rank order for a run
     continuing from ``ckpt``; ranks whose store is on no worker's disk restored from
-    ``replica`` by the worker that takes them (see the module docstring)."""
+    ``replica`` by the worker that takes them (see the module docstring). A refusal says
+    ``cannot {doing} {ckpt.name}`` and, for lost stores, ends with ``advice``: what to do
+    (another caller than a run, a retraining job's publishing, words its own)."""
     reports = _survey(client, addresses, _survey_of(ckpt, lock_wait_s), replica, source)
-    _refuse_locked(reports, ckpt, lock_wait_s)
-    _refuse_rival_claims(reports, ckpt)
+    _refuse_locked(reports, ckpt, lock_wait_s, doing)
+    _refuse_rival_claims(reports, ckpt, doing)
     owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
     free = [w for w in range(len(reports)) if w not in set(owner)]
     lost = [r for r, w in enumerate(owner) if w is None]
     if lost:
-        if replica is None or not replica.has_checkpoint(ckpt.name):
-            raise ResumeError(_lost_line(ckpt, lost, reports, replica))
+        copied = replica is not None and replica.has_checkpoint(ckpt.name)
+        if replica is None or not copied or len(free) < len(lost):
+            why = None if not copied else _no_free_worker(replica, ckpt, len(lost), len(reports))
+            raise ResumeError(_lost_line(ckpt, lost, reports, replica, doing, advice, why))
         for r in lost:
             owner[r] = free.pop(0)
         _restore_on_workers(client, ckpt, replica, {r: reports[owner[r]].address for r in lost})  # type: ignore[index]
@@ -209,12 +223,17 @@ def _survey_of(ckpt: Checkpoint, lock_wait_s: float) -> Survey:
     )
 
 
-def _refuse_locked(reports: Sequence[DiskReport], ckpt: Checkpoint, lock_wait_s: float) -> None:
+def _refuse_locked(
+    reports: Sequence[DiskReport],
+    ckpt: Checkpoint,
+    lock_wait_s: float,
+    doing: str = "continue from",
+) -> None:
     for rep in reports:
         for s in rep.stores:
             if s.locked is not None and s.damage is None:
                 raise ResumeError(
-                    f"cannot continue from {ckpt.name}: on {rep.where()}, {s.locked} (still "
+                    f"cannot {doing} {ckpt.name}: on {rep.where()}, {s.locked} (still "
                     f"held after {lock_wait_s:g} s; is the run still going?)"
                 )
 
@@ -255,7 +274,9 @@ def _survey(
     return [rep for rep, _ in answers]
 
 
-def _refuse_rival_claims(reports: Sequence[DiskReport], ckpt: Checkpoint) -> None:
+def _refuse_rival_claims(
+    reports: Sequence[DiskReport], ckpt: Checkpoint, doing: str = "continue from"
+) -> None:
     """Two workers holding different stores of one rank at the checkpoint's commit, where the
     checkpoint recorded no commit identity to tell the right one: refused, naming both."""
     recorded = ckpt.recorded_commits()
@@ -268,31 +289,47 @@ def _refuse_rival_claims(reports: Sequence[DiskReport], ckpt: Checkpoint) -> Non
             other = claims.setdefault(s.rank, (rep, s.found))
             if other[1] != s.found:
                 raise ResumeError(
-                    f"cannot continue from {ckpt.name}: {other[0].where()} and {rep.where()} "
+                    f"cannot {doing} {ckpt.name}: {other[0].where()} and {rep.where()} "
                     f"both hold a store of rank {s.rank} at {s.path}, with different commits "
                     f"{ckpt.commit!r} ({other[1]}; {s.found}); remove the one that is not this "
                     "run's"
                 )
 
 
+def _no_free_worker(replica: Replica | None, ckpt: Checkpoint, lost: int, workers: int) -> str:
+    """Why lost stores that the copy holds are not restored: too few workers."""
+    assert replica is not None
+    return (
+        f"and only {workers} worker{'s' if workers != 1 else ''} for its {ckpt.num_workers} "
+        f"ranks: none is free to restore {'them' if lost > 1 else 'it'} onto from the copy at "
+        f"{replica.url}"
+    )
+
+
 def _lost_line(
-    ckpt: Checkpoint, lost: list[int], reports: Sequence[DiskReport], replica: Replica | None
+    ckpt: Checkpoint,
+    lost: list[int],
+    reports: Sequence[DiskReport],
+    replica: Replica | None,
+    doing: str = "continue from",
+    advice: str = RESUME_ADVICE,
+    why: str | None = None,
 ) -> str:
     damaged = [
         f"{rep.where()}: {s.damage}" for rep in reports for s in rep.stores if s.rank in lost
     ]
     ranks = ", ".join(str(r) for r in lost)
-    why = (
-        "and checkpoint.replicate_to is not set"
-        if replica is None
-        else f"and the copy at {replica.url} does not hold {ckpt.name}"
-    )
+    if why is None:
+        why = (
+            "and checkpoint.replicate_to is not set"
+            if replica is None
+            else f"and the copy at {replica.url} does not hold {ckpt.name}"
+        )
     seen = f" (found instead: {damaged[0]})" if damaged else ""
     return (
-        f"cannot continue from {ckpt.name} of {ckpt.path.parent.parent}: the store of rank"
+        f"cannot {doing} {ckpt.name} of {ckpt.path.parent.parent}: the store of rank"
         f"{'s' if len(lost) > 1 else ''} {ranks} is on none of the {len(reports)} workers' "
-        f"disks{seen}, {why}; bring back the hosts that held them, or continue from an earlier "
-        "checkpoint with --resume --checkpoint NAME --overwrite"
+        f"disks{seen}, {why}; {advice}"
     )
 
 

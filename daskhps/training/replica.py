@@ -35,6 +35,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from daskhps._paths import writing_problem
 from daskhps.errors import CheckpointError, ConfigError, first_line
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
@@ -100,21 +101,27 @@ class Replica:
     # -- before a run ------------------------------------------------------------------
 
     def check_writable(self, source: str) -> None:
-        """One line naming :data:`KEY` when the copy cannot be written; nothing is left."""
+        """One line naming :data:`KEY` when the copy cannot be written; nothing is left. A
+        folder is tried as every folder a run writes is (:func:`writing_problem`: the workers
+        that share it may try it at once)."""
+        why = writing_problem(self.root) if self.local else self._probe()
+        if why is not None:
+            raise ConfigError(
+                f"{source}: {KEY}: cannot write checkpoints to {self.url} ({why}); set it to a "
+                "writable folder or URL, or remove it"
+            )
+
+    def _probe(self) -> str | None:
+        """Why a file cannot be written at the copy's URL (object storage); None: it can."""
         probe = self._path(f".daskhps-probe-{os.getpid()}")
         try:
-            made = self.local and not self.fs.exists(self.root)
             self.fs.makedirs(self.root, exist_ok=True)
             with self.fs.open(probe, "wb") as f:
                 f.write(b"daskhps")
             self.fs.rm_file(probe)
-            if made:  # the first checkpoint makes it again: a refused run leaves nothing
-                self.fs.rmdir(self.root)
         except (OSError, ValueError, PermissionError) as e:
-            raise ConfigError(
-                f"{source}: {KEY}: cannot write checkpoints to {self.url} ({first_line(e)}); "
-                "set it to a writable folder or URL, or remove it"
-            ) from None
+            return first_line(e)
+        return None
 
     # -- writing ---------------------------------------------------------------------
 

@@ -7,7 +7,8 @@
       [a finished run's resume: one line, nothing else]
       the earlier run moved aside (--overwrite), the folders' state noted (a failed first
         attempt leaves them as it found them)
-      cluster (RunParts.start_cluster) ─► the workers' memory checked (cluster.address)
+      cluster (RunParts.start_cluster, or the caller's KeptCluster) ─► the workers' memory
+        checked (cluster.address)
         attempt: RunGroup.start (process group, shards) ─► PassLoop.run (daskhps.training.loop)
           a lost worker: tear down, wait for workers, the last sound checkpoint, re-shard when
           the count changed, next attempt (daskhps.training.recovery)
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -30,6 +32,7 @@ import numpy as np
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup
+from daskhps.distributed.cluster import ClusterHandle, KeptCluster
 from daskhps.distributed.disks import remove_folder
 from daskhps.errors import ResumeError, first_line
 from daskhps.monitor.progress import Progress
@@ -40,7 +43,12 @@ from daskhps.training import rundir
 from daskhps.training.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training.loop import HOLDOUT_SPILL, PassLoop
 from daskhps.training.parts import RunParts
-from daskhps.training.placement import place_new_run, place_ranks, place_resharded
+from daskhps.training.placement import (
+    RESUME_ADVICE,
+    place_new_run,
+    place_ranks,
+    place_resharded,
+)
 from daskhps.training.preflight import Start, check_cluster_fits, preflight
 from daskhps.training.records import RunResult
 from daskhps.training.recovery import (
@@ -65,6 +73,9 @@ class Trainer:
     loaded, as a resume does; the caller checks that the config is compatible. Daily
     retraining trains each new stretch of days this way. ``eval_before``: evaluate the
     starting model on the holdout before the first pass (``RunResult.initial_eval``).
+    ``cluster``: a cluster the caller keeps (started by the run when it needs one, closed by
+    the caller; a retraining job publishes with its workers); None: the run's own, closed at
+    its end.
     """
 
     def __init__(
@@ -75,6 +86,7 @@ class Trainer:
         echo: Callable[[str], None] | None = None,
         warm_start: Checkpoint | None = None,
         eval_before: bool = False,
+        cluster: KeptCluster | None = None,
     ) -> None:
         self.config = config
         self.echo = echo or (lambda message: log.info("%s", message))
@@ -84,6 +96,7 @@ class Trainer:
         self.parts = RunParts(config, self.run_id)
         self.warm_start = warm_start
         self.eval_before = eval_before
+        self.kept = cluster
         self._ckpt: Checkpoint | None = None  # what the run continues from
         self._aside: rundir.MovedAside | None = None  # an earlier run --overwrite replaces
         self._start: Start | None = None  # what the preflight found
@@ -142,7 +155,7 @@ class Trainer:
         """Attempts on the cluster until one ends the schedule, or a failure stops the run."""
         cfg = self.config
         recovery = self.parts.recovery_args()
-        with self.parts.start_cluster() as handle:
+        with self._cluster() as handle:
             if handle.dashboard_link:
                 self.echo(f"dashboard: {handle.dashboard_link}")
             addresses = list(handle.addresses)
@@ -221,6 +234,12 @@ class Trainer:
             result.restarts = [r.to_json() for r in restarts]
             return result
 
+    def _cluster(self) -> contextlib.AbstractContextManager[ClusterHandle]:
+        """The run's own cluster (closed when the block ends), or the caller's kept one."""
+        if self.kept is None:
+            return self.parts.start_cluster()
+        return contextlib.nullcontext(self.kept.get(self.parts.start_cluster))
+
     def _stores(self, num_workers: int) -> tuple[Path, bool]:
         """The stores this attempt trains in, and whether the checkpoint's rows are first
         re-sharded into them (see :func:`resuming.stores_to_train_in`); another run's stores
@@ -250,7 +269,16 @@ class Trainer:
                 store_bytes=self._start.store_bytes if not cfg.cluster.local else None,
             )
             return list(placed.addresses)
-        placed = place_ranks(client, addresses, ckpt, self.parts.replica(), cfg.source)
+        doing, advice = "continue from", RESUME_ADVICE
+        if self.warm_start is not None:  # its copy holds this run's checkpoints, not the base
+            doing = "warm-start from"
+            advice = (
+                "bring back the hosts that held them (this run's copy holds none of another "
+                "run's checkpoints)"
+            )
+        placed = place_ranks(
+            client, addresses, ckpt, self.parts.replica(), cfg.source, doing=doing, advice=advice
+        )
         return list(placed.addresses)
 
     def _recovery_point(

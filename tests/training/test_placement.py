@@ -74,3 +74,35 @@ def test_rival_claims_without_a_recorded_commit_are_refused_naming_both() -> Non
     _refuse_rival_claims([_report("w1", a), _report("w2", a)], ckpt)  # copies of one store
     recorded: Any = SimpleNamespace(**{**vars(ckpt), "recorded_commits": lambda: [None, "id"]})
     _refuse_rival_claims([_report("w1", a), _report("w2", b)], recorded)  # the record decides
+
+
+def test_fewer_workers_than_lost_ranks_is_one_line_in_the_callers_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1's store is on no disk, the copy holds it, but the one worker left holds rank 0:
+    nowhere to restore it onto. The refusal says what the caller could not do and its advice."""
+    from pathlib import Path
+
+    from daskhps.training import placement
+
+    ckpt: Any = SimpleNamespace(
+        name="pass-000002",
+        commit="pass-000002",
+        num_workers=2,
+        stores_dir=Path("/disk/s"),
+        table={"table": "embeddings"},
+        path=Path("/runs/a/checkpoints/pass-000002"),
+        recorded_commits=lambda: [None, None],
+    )
+    replica: Any = SimpleNamespace(url="/shared/copy", has_checkpoint=lambda name: True)
+    held = _report("w1", HeldStore(0, "/disk/s/embeddings/rank-0"))
+    monkeypatch.setattr(placement, "_survey", lambda *a: [held])
+    with pytest.raises(ResumeError) as e:
+        placement.place_ranks(
+            None, ["w1"], ckpt, replica, "run.yaml", doing="publish v000002 from", advice="fix"
+        )
+    assert str(e.value) == (
+        "cannot publish v000002 from pass-000002 of /runs/a: the store of rank 1 is on none of "
+        "the 1 workers' disks, and only 1 worker for its 2 ranks: none is free to restore it "
+        "onto from the copy at /shared/copy; fix"
+    )

@@ -111,3 +111,25 @@ def test_a_writable_location_keeps_no_probe(tmp_path: Path) -> None:
     (tmp_path / "there").mkdir()
     Replica(str(tmp_path / "there")).check_writable("run.yaml")
     assert list((tmp_path / "there").iterdir()) == []
+
+
+def test_workers_sharing_a_new_copy_folder_check_it_at_once(tmp_path: Path) -> None:
+    """Every worker checks the copy before a run (they share it): checks at once neither
+    refuse nor leave a folder behind."""
+    import threading
+
+    failures: list[str] = []
+
+    def check() -> None:
+        for _ in range(100):
+            try:
+                Replica(str(tmp_path / "copy" / "attempts" / "a1")).check_writable("run.yaml")
+            except ConfigError as e:
+                failures.append(str(e))
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and list(tmp_path.iterdir()) == []
