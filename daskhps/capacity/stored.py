@@ -38,7 +38,10 @@ def stored_table(run_dir: str | Path) -> StoredTable | None:
     if ckpt is None:
         return None
     rows = []
-    for rank in range(ckpt.num_workers):
-        manifests, _ = scan_manifests(ckpt.store_path(rank) / "commits")
+    for rank, recorded in enumerate(ckpt.recorded_commits()):
+        if recorded is not None:  # what the checkpoint noted: the stores may be on workers' disks
+            rows.append(recorded.rows)
+            continue
+        manifests, _ = scan_manifests(ckpt.store_path(rank) / "commits")  # an older checkpoint
         rows.append(max((m.rows for m in manifests if m.name == ckpt.commit), default=0))
     return StoredTable(ckpt.name, tuple(rows))

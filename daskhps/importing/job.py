@@ -81,7 +81,7 @@ class ImportResult:
     state: str  # "given" or "initial"
     seconds: float
     bytes: int
-    shards: list[dict[str, int]] = field(default_factory=list)
+    shards: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rows_per_second(self) -> float:
@@ -199,7 +199,7 @@ def _write_checkpoint(
     config: RunConfig,
     stores_dir: Path,
     workers: int,
-    shards: list[dict[str, int]],
+    shards: list[dict[str, Any]],
     imported: dict[str, Any],
     seconds: float,
 ) -> None:
@@ -231,6 +231,7 @@ def _write_checkpoint(
                     "device_rows": 0,
                     "host_rows": 0,
                     "store_bytes": s["store_bytes"],
+                    **{k: s[k] for k in ("commit_seq", "commit_time", "commit_rows")},
                 }
                 for s in shards
             ],

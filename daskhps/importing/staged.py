@@ -10,6 +10,7 @@ stores' own indexes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,15 +95,25 @@ class StagedStores:
                 store.upsert(part, torch.from_numpy(rows[at : at + n]))
             at += n
 
-    def finish(self, commit: str, meta: dict[str, object]) -> list[dict[str, int]]:
+    def finish(self, commit: str, meta: dict[str, object]) -> list[dict[str, Any]]:
         """Commit every store as ``commit`` with a full index snapshot (a "base" state: a
         reopen loads one array instead of replaying every chunk's segment); per rank, its
         rows and bytes on disk."""
         out = []
         for r, store in enumerate(self.stores):
             store.compact()  # nothing is stale, so nothing moves: it only forces the snapshot
-            store.commit(commit, meta)
-            out.append({"rank": r, "rows": len(store), "store_bytes": tree_bytes(self.path(r))})
+            info = store.commit(commit, meta)
+            out.append(
+                {
+                    "rank": r,
+                    "rows": len(store),
+                    "store_bytes": tree_bytes(self.path(r)),
+                    # the commit's identity, as a checkpoint records it (CommitId)
+                    "commit_seq": info.seq,
+                    "commit_time": info.time,
+                    "commit_rows": info.rows,
+                }
+            )
         return out
 
     def close(self) -> None:

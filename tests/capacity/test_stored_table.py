@@ -83,3 +83,21 @@ def test_no_checkpoint_no_stored_table(tmp_path: Path) -> None:
     assert stored_table(tmp_path / "nothing") is None
     (tmp_path / "empty").mkdir()
     assert stored_table(tmp_path / "empty") is None
+
+
+def test_the_rows_come_from_the_checkpoint_when_the_stores_are_on_other_disks(
+    imported: Path, tmp_path: Path
+) -> None:
+    """On several machines the driver sees none of the stores: the checkpoint's record of each
+    rank's commit says how many rows it holds."""
+    cfg = load_config(imported)
+    ckpt = latest_checkpoint(cfg.run.dir)
+    assert ckpt is not None
+    here = stored_table(cfg.run.dir)
+    stores = ckpt.stores_dir
+    stores.rename(tmp_path / "elsewhere")
+    try:
+        assert stored_table(cfg.run.dir) == here
+        assert here is not None and sum(here.rows_per_rank) == ROWS
+    finally:
+        (tmp_path / "elsewhere").rename(stores)
