@@ -204,7 +204,6 @@ def _stop(proc: subprocess.Popen) -> None:
 def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadline: float):
     run_dir = out / "workers"
     cluster = _Cluster(out / "cluster", WORKERS)
-    kills: list[float] = []
     try:
         sets = [*_sets(out, "workers", args.rows_per_day, args.examples_per_pass),
                 "--set", f"cluster.address={cluster.address}",
@@ -212,17 +211,7 @@ def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadl
                 "--set", "cluster.restart_wait_s=120"]  # fmt: skip
         t0 = time.perf_counter()
         proc = _train(sets, out / "workers.log")
-        for restarts in range(1, args.kills + 1):
-            done = _checkpoints(run_dir)
-            # the run moves on between two kills: one more checkpoint since the last restart
-            if not _wait_for(lambda d=done: _checkpoints(run_dir) > d, proc, deadline):
-                break
-            time.sleep(rng.uniform(0.0, 3.0))  # a random moment of the next pass
-            if proc.poll() is not None or cluster.kill_a_worker(rng) is None:
-                break
-            kills.append(time.perf_counter() - t0)
-            if not _wait_for(lambda n=restarts: _restarts_logged(run_dir) >= n, proc, deadline):
-                break
+        kills = _kill_during(proc, run_dir, run_dir, cluster.kill_a_worker, args, rng, deadline)
         rc = _finish(proc, deadline)
         seconds = time.perf_counter() - t0
     finally:
@@ -231,12 +220,39 @@ def _workers_part(out: Path, args: argparse.Namespace, rng: random.Random, deadl
     return rc, seconds, kills, summary
 
 
+def _kill_during(
+    proc: subprocess.Popen,
+    run_dir: Path,
+    watched: Path,
+    kill: Any,
+    args: argparse.Namespace,
+    rng: random.Random,
+    deadline: float,
+) -> list[float]:
+    """Up to ``args.kills`` times: once ``watched`` (the run folder, or its copy) holds one
+    more checkpoint than at the last restart (the run moves on between two kills), at a
+    random moment of the next pass, ``kill(rng)``; then wait for the run's restart. The
+    seconds from ``proc``'s start of each kill made."""
+    t0 = time.perf_counter()
+    kills: list[float] = []
+    for restarts in range(1, args.kills + 1):
+        done = _checkpoints(watched)
+        if not _wait_for(lambda d=done: _checkpoints(watched) > d, proc, deadline):
+            break
+        time.sleep(rng.uniform(0.0, 3.0))
+        if proc.poll() is not None or kill(rng) is None:
+            break
+        kills.append(time.perf_counter() - t0)
+        if not _wait_for(lambda n=restarts: _restarts_logged(run_dir) >= n, proc, deadline):
+            break
+    return kills
+
+
 def _hosts_part(out: Path, args: argparse.Namespace, rng: random.Random, deadline: float):
     run_dir = out / "hosts"
     disk = out / "disk"  # every host's own tmpfs is mounted here; the driver's side stays empty
     disk.mkdir(parents=True, exist_ok=True)
     cluster = _Cluster(out / "cluster-hosts", args.hosts, disk=disk)
-    kills: list[float] = []
     try:
         sets = [*_sets(out, "hosts", args.rows_per_day, args.examples_per_pass),
                 "--set", f"cluster.address={cluster.address}",
@@ -247,16 +263,7 @@ def _hosts_part(out: Path, args: argparse.Namespace, rng: random.Random, deadlin
         t0 = time.perf_counter()
         proc = _train(sets, out / "hosts.log")
         copy = out / "hosts-copy"  # a lost disk comes back from the copy: wait for its next
-        for restarts in range(1, args.kills + 1):
-            done = _checkpoints(copy)
-            if not _wait_for(lambda d=done: _checkpoints(copy) > d, proc, deadline):
-                break
-            time.sleep(rng.uniform(0.0, 3.0))
-            if proc.poll() is not None or cluster.lose_a_host(rng) is None:
-                break
-            kills.append(time.perf_counter() - t0)
-            if not _wait_for(lambda n=restarts: _restarts_logged(run_dir) >= n, proc, deadline):
-                break
+        kills = _kill_during(proc, run_dir, copy, cluster.lose_a_host, args, rng, deadline)
         rc = _finish(proc, deadline)
         seconds = time.perf_counter() - t0
     finally:
