@@ -268,3 +268,11 @@ def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_store_on_the
     assert all(hosts.files(i, "failed") == [] for i in hosts.alive_hosts())
     again = cli("train", str(config), timeout=300)  # the same command fails the same way
     assert again.stderr.strip().splitlines()[-1] == run.stderr.strip().splitlines()[-1]
+
+
+def test_inspect_on_the_drivers_machine_reads_the_copy(plain: Path) -> None:
+    """The stores are on the hosts' disks: inspect says so and reports the copy's, sound."""
+    run = cli("inspect", str(plain), timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "damaged" not in run.stdout, run.stdout[-3000:]
+    assert f"read from the copy at {plain.parent / 'plain-copy'}" in run.stdout, run.stdout
