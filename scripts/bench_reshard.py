@@ -6,7 +6,7 @@ against re-sharding in one process.
 
 A recovery that continues on another worker count re-shards the last checkpoint: every row is
 read from its old rank store and written to its new owner's (docs/checkpoints.md). A table of
-``--rows`` random keys (dim 64 with Adam by default: 772-byte rows, the scale benchmark's) is
+``--rows`` random keys (dim 64 with Adam by default: 780-byte rows, the scale benchmark's) is
 built with ``daskhps import`` into 2 rank stores; then, timed:
 
 1. the stores' files copied (``shutil.copytree``): what the disk does at best, the baseline;
@@ -17,9 +17,10 @@ built with ``daskhps import`` into 2 rank stores; then, timed:
    the first survivor) and onto 4, both ways, ``--runs`` times each, interleaved: in this
    process (``resume.reshard``) and on a LocalCluster of that many workers, one thread each
    (``daskhps.distributed.reshard_on_workers``, the rows moving worker to worker through the
-   process group's all-to-all). The median rows/s of each, their ratio, and the bytes that
-   crossed between workers against the least any re-shard sends (each row that changes
-   worker, with its key).
+   process group's all-to-all). The median rows/s of each, their ratio, the CPU seconds each
+   way took (all ranks' processes summed: a figure the machine's other load hardly moves),
+   and the bytes that crossed between workers against the least any re-shard sends (each
+   row that changes worker, with its key).
 
 Rows per second, and the seconds they give for the scale benchmark's 49.1M-row table
 (docs/scale.md), extrapolated linearly: re-sharding streams the rows in blocks, so its time
@@ -131,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
 def _on_workers(rep: Reporter, ckpt: Checkpoint, workers: int, runs: int, tmp: Path) -> None:
     """``ckpt``'s stores onto ``workers`` workers, ``runs`` times each way, interleaved: in
     this process, and on a LocalCluster of ``workers`` workers (old rank r held by worker
-    r mod ``workers``)."""
+    r mod ``workers``). Beside the seconds, the CPU seconds each way took (this process's;
+    every rank's worker process's, summed): what the re-shard costs whatever else runs."""
     one: list[float] = []
+    one_cpu: list[float] = []
     reports: list[ReshardReport] = []
     loads: list[float] = []
     with start_cluster(
@@ -142,9 +145,10 @@ def _on_workers(rep: Reporter, ckpt: Checkpoint, workers: int, runs: int, tmp: P
         holders = {r: addrs[r % workers] for r in range(ckpt.num_workers)}
         for _ in range(runs):
             out = tmp / f"one-{workers}"
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             reshard(ckpt, workers, out)
             one.append(time.perf_counter() - t0)
+            one_cpu.append(time.process_time() - cpu0)
             shutil.rmtree(out)
             out = tmp / f"workers-{workers}"
             reports.append(reshard_on_workers(handle.client, ckpt, holders, addrs, out))
@@ -158,9 +162,10 @@ def _on_workers(rep: Reporter, ckpt: Checkpoint, workers: int, runs: int, tmp: P
         single,
         "rows/s",
         runs_s=[round(s, 2) for s in one],
+        cpu_s=round(statistics.median(one_cpu), 2),
     )
     median = statistics.median(r.seconds for r in reports)
-    last = reports[0]
+    first = reports[0]
     rep.emit(
         f"{what}, on {workers} workers",
         rows / median,
@@ -169,11 +174,14 @@ def _on_workers(rep: Reporter, ckpt: Checkpoint, workers: int, runs: int, tmp: P
         baseline_name="re-sharding in one process",
         runs_s=[round(r.seconds, 2) for r in reports],
         ranks_s=[round(max(k.seconds for k in r.ranks), 2) for r in reports],
-        moved_mib=round(last.bytes_moved / 2**20, 1),
-        min_mib=round(last.min_bytes / 2**20, 1),
-        moved_of_min=round(last.bytes_moved / last.min_bytes, 4) if last.min_bytes else None,
-        rows_moved=last.rows_moved,
-        rounds=last.ranks[0].rounds,
+        cpu_s=round(statistics.median(r.cpu_seconds for r in reports), 2),
+        rank_cpu_s=[round(k.cpu_seconds, 2) for k in first.ranks],
+        rank_rows_read=[k.rows_read for k in first.ranks],
+        moved_mib=round(first.bytes_moved / 2**20, 1),
+        min_mib=round(first.min_bytes / 2**20, 1),
+        moved_of_min=round(first.bytes_moved / first.min_bytes, 4) if first.min_bytes else None,
+        rows_moved=first.rows_moved,
+        rounds=first.ranks[0].rounds,
         at_scale_s=round(SCALE_ROWS / (rows / median)),
         load=loads,
     )

@@ -222,7 +222,7 @@ def _check_report(
     for j, r in enumerate(report.ranks):
         assert (r.rank, r.address) == (j, addrs[j])
         assert r.old_ranks == tuple(o for o, a in sorted(holders.items()) if a == addrs[j])
-        assert r.rows_read <= block * r.rounds
+        assert r.rows_read <= block * r.rounds and r.seconds > 0 and r.cpu_seconds > 0
     assert report.to_workers == world and report.from_workers == ckpt.num_workers
 
 
