@@ -2,6 +2,7 @@
 
 * No file cites a design document that the repository does not hold: what the system keeps is
   in docs/invariants.md, where a reader can follow it.
+* Every link between the docs finds its page and its heading.
 * Every test that docs/invariants.md names exists, so the page cannot claim a check that was
   renamed or removed.
 """
@@ -104,3 +105,52 @@ def test_the_checks_see_a_citation_and_a_missing_test(tmp_path: Path) -> None:
         "`tests/test_x.py::test_gone`, `tests/test_y.py::test_any`, `tests/test_x.py`"
     )
     assert missing_tests(doc, tmp_path) == ["tests/test_x.py::test_gone", "tests/test_y.py"]
+
+
+# A markdown link to another page of the repository, with an optional #anchor.
+LINK = re.compile(r"\]\(([\w./-]*\.md)?(?:#([\w-]+))?\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"\s", "-", text)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings (a repeated heading gets -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in FENCE.sub("", page.read_text(encoding="utf-8")).splitlines():
+        if line.startswith("#"):
+            slug = _slug(line.lstrip("#"))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def broken_links(pages: list[Path]) -> list[str]:
+    """``page: target`` for each link to a page or a heading that does not exist."""
+    broken = []
+    for page in pages:
+        text = FENCE.sub("", page.read_text(encoding="utf-8"))
+        for target, anchor in LINK.findall(text):
+            dest = (page.parent / target).resolve() if target else page
+            if not dest.is_file():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and anchor not in _anchors(dest):
+                broken.append(f"{page.name}: {target}#{anchor}")
+    return broken
+
+
+def test_every_link_between_the_docs_finds_its_page_and_heading() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert broken_links(pages) == []
+
+
+def test_the_link_check_sees_a_missing_heading(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# Title\n\n## Rows, their state\n\n[x](b.md#gone)\n")
+    (tmp_path / "b.md").write_text("# B\n\n[ok](a.md#rows-their-state) [self](#b)\n")
+    assert broken_links([tmp_path / "a.md", tmp_path / "b.md"]) == ["a.md: b.md#gone"]
