@@ -100,6 +100,8 @@ def _try_writing(p: Path, last: bool) -> None:
             missing.append(existing)
             existing = existing.parent
         if not existing.is_dir():
+            if not existing.exists():  # removed meanwhile by another check's cleanup
+                raise FileNotFoundError(existing)
             step = f"{existing} is a file, not a folder"
             raise NotADirectoryError(step)
         for folder in reversed(missing):
