@@ -56,12 +56,13 @@ SCALE_ROWS = 49_100_000  # the scale benchmark's large table (docs/scale.md)
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
-    ap.add_argument("--quick", action="store_true", help="200,000 rows: a smoke run")
+    ap.add_argument("--quick", action="store_true", help="50,000 rows, one run: a smoke run")
     ap.add_argument("--rows", type=int, default=4_000_000, help="rows of the table")
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3, help="runs of each step 4 re-shard")
     args = ap.parse_args(argv)
-    rows = 200_000 if args.quick else args.rows
+    rows = 50_000 if args.quick else args.rows
+    runs = 1 if args.quick else args.runs
     rep = Reporter(args.json)
     with tempfile.TemporaryDirectory(prefix="daskhps-reshard-") as tmp:
         t = Path(tmp)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         three = dataclasses.replace(ckpt, stores_dir=t / "resharded-3", num_workers=3)
         for workers in (2, 4):
-            _on_workers(rep, three, workers, args.runs, t)
+            _on_workers(rep, three, workers, runs, t)
         rep.emit("load average (1 min) at the end", os.getloadavg()[0], "")
 
 
