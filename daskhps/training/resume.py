@@ -38,7 +38,6 @@ __all__ = [
     "restore_metrics",
     "stores_owner",
     "stores_to_train_in",
-    "wait_for_stores",
 ]
 
 log = logging.getLogger(__name__)
@@ -209,21 +208,6 @@ def stores_owner(ckpt: Checkpoint, run_dir: Path) -> Path | None:
 def resharded_dir(store_dir: str | Path, ckpt: Checkpoint, num_workers: int) -> Path:
     """Where a resume with another worker count writes its stores (beside ``store_dir``)."""
     return Path(f"{store_dir}-resharded-{ckpt.name}-w{num_workers}")
-
-
-def wait_for_stores(ckpt: Checkpoint, timeout_s: float = 30.0) -> None:
-    """Wait until no process holds the write lock of ``ckpt``'s stores (the workers of a
-    killed driver exit once they notice it is gone); :class:`ResumeError` after
-    ``timeout_s``, naming the holder."""
-    deadline = time.monotonic() + timeout_s
-    for r in range(ckpt.num_workers):
-        path = ckpt.store_path(r)
-        if not path.is_dir():
-            raise ResumeError(
-                f"cannot resume from {ckpt.path}: the store of rank {r} ({path}) is missing; "
-                "restore it, or start a new run without --resume"
-            )
-        _wait_unlocked(path, f"store of rank {r}", deadline, timeout_s)
 
 
 def _wait_unlocked(path: Path, what: str, deadline: float, timeout_s: float) -> None:
