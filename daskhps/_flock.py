@@ -62,16 +62,34 @@ class FileLock:
         """Raise :meth:`refused`'s error when another process holds the lock; otherwise
         return, having written nothing (a reader that must not change a folder it reads,
         such as another run's stores)."""
+        holder = self._holder()
+        if holder is not None:
+            raise self.refused(holder)
+
+    def wait_free(self, deadline: float) -> Exception | None:
+        """:meth:`check_free` every 0.1 s until the lock is free (None) or ``deadline`` (a
+        ``time.monotonic()``) has passed: then :meth:`refused`'s error, naming the holder.
+        Writes nothing either (the workers of a killed run let go of its stores a moment
+        after it died)."""
+        while (holder := self._holder()) is not None:
+            if time.monotonic() >= deadline:
+                return self.refused(holder)
+            time.sleep(0.1)
+        return None
+
+    def _holder(self) -> str | None:
+        """Who holds the lock (:func:`_read_holder`'s words); None when nobody does."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            return  # never locked
+            return None  # never locked
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            raise self.refused(_read_holder(fd)) from e
+        except BlockingIOError:
+            return _read_holder(fd)
         finally:
             os.close(fd)  # drops the shared lock too
+        return None
 
     def release(self) -> None:
         """Release the lock (idempotent). The file stays: deleting it would race with a

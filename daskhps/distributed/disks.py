@@ -30,7 +30,7 @@ from typing import Any
 from daskhps._paths import check_writable_dir
 from daskhps.capacity.disk import free_bytes
 from daskhps.distributed._pinned import run_pinned
-from daskhps.errors import StoreLockedError, UnwritablePathError, first_line
+from daskhps.errors import UnwritablePathError, first_line
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.store.check import CommitId, StoreChecker
 
@@ -129,14 +129,8 @@ def survey_disk(survey: Survey) -> DiskReport:
 
 def _lock_holder(path: Path, deadline: float) -> str | None:
     """Who holds the store's writer lock once ``deadline`` passed (None: nobody)."""
-    while True:
-        try:
-            WriterLock(path, f"store {path.name}").check_free()
-            return None
-        except StoreLockedError as e:
-            if time.monotonic() >= deadline:
-                return first_line(e)
-            time.sleep(0.1)
+    held = WriterLock(path, f"store {path.name}").wait_free(deadline)
+    return None if held is None else first_line(held)
 
 
 def survey_workers(

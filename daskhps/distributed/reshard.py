@@ -41,7 +41,7 @@ import torch
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.host import RunGroup, RunHost
-from daskhps.errors import ResumeError, StoreLockedError
+from daskhps.errors import ResumeError
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
 from daskhps.table.admission import PendingCounts
@@ -299,14 +299,9 @@ def _check_rank(held: list[int], ckpt: Checkpoint, out_dir: Path) -> str | None:
         )
     deadline = time.monotonic() + _LOCK_WAIT_S
     for old in sorted((out_dir / ckpt.table_spec.name).glob("rank-*")):  # an earlier attempt's
-        while True:
-            try:
-                WriterLock(old, f"re-sharded store {old.name}").check_free()
-                break
-            except StoreLockedError as e:
-                if time.monotonic() > deadline:
-                    return f"{e} (still held after {_LOCK_WAIT_S:g} s)"
-                time.sleep(0.1)
+        refused = WriterLock(old, f"re-sharded store {old.name}").wait_free(deadline)
+        if refused is not None:
+            return f"{refused} (still held after {_LOCK_WAIT_S:g} s)"
     return None
 
 

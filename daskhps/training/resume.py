@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps.config import RunConfig
-from daskhps.errors import ResumeError, StoreLockedError
+from daskhps.errors import ResumeError
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
 from daskhps.table.admission import PendingCounts
@@ -211,17 +211,11 @@ def resharded_dir(store_dir: str | Path, ckpt: Checkpoint, num_workers: int) -> 
 
 
 def _wait_unlocked(path: Path, what: str, deadline: float, timeout_s: float) -> None:
-    while True:
-        try:
-            WriterLock(path, what).check_free()  # writes nothing: the stores may be another run's
-            return
-        except StoreLockedError as e:
-            if time.monotonic() > deadline:
-                raise ResumeError(
-                    f"cannot resume: {e} (still held after {timeout_s:g} s; is the run still "
-                    "going?)"
-                ) from e
-            time.sleep(0.1)
+    held = WriterLock(path, what).wait_free(deadline)  # writes nothing: maybe another run's
+    if held is not None:
+        raise ResumeError(
+            f"cannot resume: {held} (still held after {timeout_s:g} s; is the run still going?)"
+        ) from held
 
 
 def restore_metrics(path: Path, passes_done: int) -> list[dict[str, Any]]:

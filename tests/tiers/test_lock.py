@@ -77,3 +77,19 @@ def test_lock_dies_with_its_holder(tmp_path: Path) -> None:
     assert out.strip() == "held", err
     with WriterLock(tmp_path) as lock:
         assert lock.held
+
+
+def test_wait_free_names_the_holder_at_the_deadline_and_returns_once_it_lets_go(
+    tmp_path: Path,
+) -> None:
+    import threading
+    import time
+
+    held = WriterLock(tmp_path, "store of t/zarr").acquire()
+    refused = WriterLock(tmp_path, "store of t/zarr").wait_free(time.monotonic() + 0.3)
+    assert isinstance(refused, StoreLockedError) and f"pid {os.getpid()}" in str(refused)
+    threading.Timer(0.3, held.release).start()
+    t = time.monotonic()
+    assert WriterLock(tmp_path).wait_free(t + 30) is None  # let go after about 0.3 s
+    assert time.monotonic() - t < 10
+    assert WriterLock(tmp_path / "never-locked").wait_free(0.0) is None
