@@ -48,13 +48,11 @@ class Survey:
     stores_dir: str
     table: str
     commit: str | None = None
-    recorded: tuple[dict[str, Any] | None, ...] = ()
+    recorded: tuple[CommitId | None, ...] = ()
     lock_wait_s: float = 0.0
 
     def recorded_id(self, rank: int) -> CommitId | None:
-        if rank >= len(self.recorded) or self.recorded[rank] is None:
-            return None
-        return CommitId.from_json(self.recorded[rank])  # type: ignore[arg-type]
+        return self.recorded[rank] if rank < len(self.recorded) else None
 
 
 @dataclass(frozen=True)

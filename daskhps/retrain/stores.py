@@ -24,20 +24,25 @@ tasks run on its workers, which share the driver's disk.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from daskhps.distributed._pinned import run_pinned
-from daskhps.distributed.disks import DiskReport, Survey, survey_disk, survey_workers
+from daskhps.distributed.disks import (
+    DiskReport,
+    Survey,
+    remove_folder,
+    survey_disk,
+    survey_workers,
+)
 from daskhps.passes.owners import worker_addresses
 from daskhps.table import open_shard_store
 from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.writer import StoreWriter
 from daskhps.training.checkpoint import Checkpoint
-from daskhps.training.placement import match_ranks, place_ranks
+from daskhps.training.placement import match_ranks, place_ranks, survey_of
 from daskhps.training.replica import Replica
 
 __all__ = ["Disks", "commit_version", "drop_commit", "missing_commit", "remove_stores"]
@@ -79,16 +84,6 @@ class Disks:
 
 def _ranks_of(ckpt: Checkpoint) -> list[tuple[int]]:
     return [(r,) for r in range(ckpt.num_workers)]
-
-
-def _survey_of(ckpt: Checkpoint) -> Survey:
-    """The stores ``ckpt`` reads, at its commit (and the identities it recorded)."""
-    return Survey(
-        str(ckpt.stores_dir),
-        str(ckpt.table["table"]),
-        ckpt.commit,
-        tuple(None if c is None else c.to_json() for c in ckpt.recorded_commits()),
-    )
 
 
 # -- publish ------------------------------------------------------------------------------
@@ -150,7 +145,7 @@ def drop_commit(disks: Disks, ckpt: Checkpoint, version: str) -> int:
     """Drop ``ckpt``'s commit (a published version's) from every rank store that holds it,
     each on its own worker; the number of stores it was dropped from. A store on no disk keeps
     it: a warning names the rank and the version (nothing reads that commit any more)."""
-    reports = disks.survey(_survey_of(ckpt))
+    reports = disks.survey(survey_of(ckpt))
     owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
     for r, w in enumerate(owner):
         if w is not None:
@@ -174,17 +169,12 @@ def drop_commit(disks: Disks, ckpt: Checkpoint, version: str) -> int:
     return sum(dropped)
 
 
-def _remove_folder(path: str) -> None:
-    """On a worker: remove ``path`` from its disk, if it is there."""
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def remove_stores(disks: Disks, folder: Path) -> None:
     """Remove the stores folder ``folder`` from every disk that holds some of it."""
     if disks.client is None:
-        _remove_folder(str(folder))
+        remove_folder(str(folder))
     else:
-        disks.client.run(_remove_folder, str(folder))
+        disks.client.run(remove_folder, str(folder))
 
 
 # -- rollback -----------------------------------------------------------------------------
@@ -193,7 +183,7 @@ def remove_stores(disks: Disks, folder: Path) -> None:
 def missing_commit(disks: Disks, ckpt: Checkpoint) -> list[str]:
     """Per rank whose store holds ``ckpt``'s commit (sound) on no disk: what was found
     instead, naming the rank. Empty when every rank's is somewhere."""
-    reports = disks.survey(_survey_of(ckpt))
+    reports = disks.survey(survey_of(ckpt))
     have = {s.rank for rep in reports for s in rep.stores if s.damage is None}
     out = []
     for r in range(ckpt.num_workers):

@@ -46,6 +46,7 @@ __all__ = [
     "place_new_run",
     "place_ranks",
     "place_resharded",
+    "survey_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ def place_ranks(
     ``replica`` by the worker that takes them (see the module docstring). A refusal says
     ``cannot {doing} {ckpt.name}`` and, for lost stores, ends with ``advice``: what to do
     (another caller than a run, a retraining job's publishing, words its own)."""
-    reports = _survey(client, addresses, _survey_of(ckpt, lock_wait_s), replica, source)
+    reports = _survey(client, addresses, survey_of(ckpt, lock_wait_s), replica, source)
     _refuse_locked(reports, ckpt, lock_wait_s, doing)
     _refuse_rival_claims(reports, ckpt, doing)
     owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
@@ -181,7 +182,7 @@ def place_resharded(
     workers (:func:`daskhps.distributed.reshard.reshard_on_workers`): each old rank store is
     read where it lies, spread over the workers that hold one, and a store on no worker's
     disk is first restored from ``replica`` by the worker with the fewest."""
-    reports = _survey(client, addresses, _survey_of(ckpt, lock_wait_s), replica, source)
+    reports = _survey(client, addresses, survey_of(ckpt, lock_wait_s), replica, source)
     _refuse_locked(reports, ckpt, lock_wait_s)
     _refuse_rival_claims(reports, ckpt)
     load = [0] * len(reports)
@@ -212,13 +213,14 @@ def place_resharded(
     return Placement(tuple(addresses), tuple(lost))
 
 
-def _survey_of(ckpt: Checkpoint, lock_wait_s: float) -> Survey:
-    """What to ask of the workers' disks about ``ckpt``'s stores."""
+def survey_of(ckpt: Checkpoint, lock_wait_s: float = 0.0) -> Survey:
+    """What to ask of the workers' disks about ``ckpt``'s stores: at its commit, with the
+    commit identities it recorded, waiting up to ``lock_wait_s`` for a lock."""
     return Survey(
         str(ckpt.stores_dir),
         str(ckpt.table["table"]),
         ckpt.commit,
-        tuple(None if c is None else c.to_json() for c in ckpt.recorded_commits()),
+        tuple(ckpt.recorded_commits()),
         lock_wait_s,
     )
 
