@@ -146,9 +146,7 @@ def place_ranks(
     ``replica`` by the worker that takes them (see the module docstring). A refusal says
     ``cannot {doing} {ckpt.name}`` and, for lost stores, ends with ``advice``: what to do
     (another caller than a run, a retraining job's publishing, words its own)."""
-    reports = _survey(client, addresses, survey_of(ckpt, lock_wait_s), replica, source)
-    _refuse_locked(reports, ckpt, lock_wait_s, doing)
-    _refuse_rival_claims(reports, ckpt, doing)
+    reports = _holdings(client, addresses, ckpt, replica, source, lock_wait_s, doing)
     owner = match_ranks([rep.sound_ranks() for rep in reports], ckpt.num_workers)
     free = [w for w in range(len(reports)) if w not in set(owner)]
     lost = [r for r, w in enumerate(owner) if w is None]
@@ -182,9 +180,7 @@ def place_resharded(
     workers (:func:`daskhps.distributed.reshard.reshard_on_workers`): each old rank store is
     read where it lies, spread over the workers that hold one, and a store on no worker's
     disk is first restored from ``replica`` by the worker with the fewest."""
-    reports = _survey(client, addresses, survey_of(ckpt, lock_wait_s), replica, source)
-    _refuse_locked(reports, ckpt, lock_wait_s)
-    _refuse_rival_claims(reports, ckpt)
+    reports = _holdings(client, addresses, ckpt, replica, source, lock_wait_s, "continue from")
     load = [0] * len(reports)
     holders: dict[int, str] = {}
     lost = []
@@ -225,11 +221,25 @@ def survey_of(ckpt: Checkpoint, lock_wait_s: float = 0.0) -> Survey:
     )
 
 
-def _refuse_locked(
-    reports: Sequence[DiskReport],
+def _holdings(
+    client: Any,
+    addresses: Sequence[str],
     ckpt: Checkpoint,
+    replica: Replica | None,
+    source: str,
     lock_wait_s: float,
-    doing: str = "continue from",
+    doing: str,
+) -> list[DiskReport]:
+    """What every worker's disk holds of ``ckpt``'s stores, once none is still locked and no
+    two workers hold rival stores of one rank (each refused in one line)."""
+    reports = _survey(client, addresses, survey_of(ckpt, lock_wait_s), replica, source)
+    _refuse_locked(reports, ckpt, lock_wait_s, doing)
+    _refuse_rival_claims(reports, ckpt, doing)
+    return reports
+
+
+def _refuse_locked(
+    reports: Sequence[DiskReport], ckpt: Checkpoint, lock_wait_s: float, doing: str
 ) -> None:
     for rep in reports:
         for s in rep.stores:
