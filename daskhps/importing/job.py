@@ -50,6 +50,7 @@ from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
 from daskhps.sharding import ShardMap
 from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.durable import fsync_dir
 from daskhps.training import rundir
 from daskhps.training.checkpoint import (
@@ -225,20 +226,20 @@ def _write_checkpoint(
             "train_loss": None,
             "days": [],
             "plan": None,  # no plan yet: the run that resumes from here makes its own
-            "shards": [
-                {
-                    "rank": s["rank"],
-                    "device_rows": 0,
-                    "host_rows": 0,
-                    "store_bytes": s["store_bytes"],
-                    **{k: s[k] for k in ("commit_seq", "commit_time", "commit_rows")},
-                }
-                for s in shards
-            ],
+            "shards": [_shard_record(s) for s in shards],
             "imported": imported,
             "seconds": seconds,
         },
     )
+
+
+def _shard_record(staged: dict[str, Any]) -> dict[str, Any]:
+    """A rank's record in the checkpoint, from what :meth:`StagedStores.finish` says of it:
+    its store's bytes and its commit's identity (nothing in the device or host tier)."""
+    commit = CommitId.from_json(staged)
+    assert commit is not None  # finish records it
+    record = {"rank": staged["rank"], "device_rows": 0, "host_rows": 0}
+    return {**record, "store_bytes": staged["store_bytes"], **commit.to_json()}
 
 
 def _place(staging: _Staging, config: RunConfig, earlier: rundir.EarlierRun | None) -> Path:

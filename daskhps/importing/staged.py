@@ -23,6 +23,7 @@ from daskhps.table.spec import TableSpec
 from daskhps.table.table import open_shard_store
 from daskhps.tiers.base import PersistentStore
 from daskhps.tiers.store import StoreOptions
+from daskhps.tiers.store.check import CommitId
 
 __all__ = ["RepeatedKey", "StagedStores"]
 
@@ -108,10 +109,8 @@ class StagedStores:
                     "rank": r,
                     "rows": len(store),
                     "store_bytes": tree_bytes(self.path(r)),
-                    # the commit's identity, as a checkpoint records it (CommitId)
-                    "commit_seq": info.seq,
-                    "commit_time": info.time,
-                    "commit_rows": info.rows,
+                    # the commit's identity, as a checkpoint records it
+                    **CommitId(info.seq, info.time, info.rows).to_json(),
                 }
             )
         return out
