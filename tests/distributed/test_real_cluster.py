@@ -11,17 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from daskhps.cli import main
-from daskhps.training.checkpoint import load_checkpoint
+from daskhps.training import killpoints
+from daskhps.training.checkpoint import list_checkpoints, load_checkpoint
 from tests._real_cluster import RealCluster
 from tests._tls import make_tls
 
@@ -59,34 +57,40 @@ def _store_of(cluster: RealCluster, worker: int, stores: Path) -> Path:
     raise AssertionError(f"worker {worker} holds no store in {stores}")
 
 
-def _kill_after(
-    cluster: RealCluster, done: Path, rank: int, replace: bool, lose: Path | None = None
-) -> threading.Thread:
-    """SIGKILL worker ``rank`` (and its nanny) a second after ``done`` (the run's second
-    checkpoint, or its copy) appears, in the middle of a pass; with ``lose`` (the run's
-    stores of its table), the store the worker held goes too (its disk lost); start a
-    replacement if ``replace``."""
+def _kill_mid_pass(
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: RealCluster,
+    run_dir: Path,
+    rank: int,
+    replace: bool,
+    lose: Path | None = None,
+) -> dict[str, str]:
+    """SIGKILL worker ``rank`` (and its nanny) in the middle of the run's third pass: the
+    driver runs in this process, so its ``mid_pass`` kill point (daskhps.training.killpoints)
+    is armed at schedule position 2 with this kill in place of the driver's own. The driver
+    trains a pass only once the previous one is checkpointed (and copied), so the worker dies
+    with pass-000002 the newest checkpoint, whatever the passes' speed. Once only: the pass
+    the run trains again after recovering is not killed. With ``lose`` (the run's stores of
+    its table), the store the worker held goes too (its disk lost); start a replacement if
+    ``replace``. Returns what the kill saw: the newest checkpoint then, and the lost store."""
+    seen: dict[str, str] = {}
 
-    def kill() -> None:
-        deadline = time.monotonic() + 300
-        while not done.exists():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
-        time.sleep(1.0)
+    def kill(point: str, position: int) -> None:
+        if seen:
+            return
+        os.environ.pop(killpoints.ENV, None)
+        seen["checkpoint"] = list_checkpoints(run_dir)[-1].name
         held = _store_of(cluster, rank, lose) if lose is not None else None
         cluster.kill_worker(rank)
         if held is not None:
             shutil.rmtree(held)
-            lost.append(held.name)
+            seen["lost"] = held.name
         if replace:
             cluster.add_worker(wait=False)
 
-    lost: list[str] = []
-    t = threading.Thread(target=kill, daemon=True)
-    t.start()
-    t.lost = lost  # type: ignore[attr-defined]
-    return t
+    monkeypatch.setattr(killpoints, "_die", kill)
+    monkeypatch.setenv(killpoints.ENV, "mid_pass:2")
+    return seen
 
 
 def _same_model(a: Path, b: Path, rtol: float = 0.0) -> None:
@@ -103,7 +107,10 @@ def _same_model(a: Path, b: Path, rtol: float = 0.0) -> None:
 
 
 def test_the_quickstart_on_dask_worker_processes_recovers_from_lost_workers(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Uninterrupted on the embedded cluster; then on `dask worker` processes with a worker
     SIGKILLed mid-run: replaced (the same model, bit for bit), and not replaced (re-sharded
@@ -114,35 +121,35 @@ def test_the_quickstart_on_dask_worker_processes_recovers_from_lost_workers(
         at = ["--set", f"cluster.address={cluster.address}", "--set", "cluster.restart_wait_s=5"]
         # the replaced worker's disk is lost too: its store comes back from the copy
         copy = tmp_path / "copy"
-        killer = _kill_after(
-            cluster,
-            copy / "checkpoints" / "pass-000002" / "MANIFEST.json",
-            1,
-            replace=True,
-            lose=tmp_path / "replaced" / "stores" / "embeddings",
-        )
+        killed = {
+            "replaced": _kill_mid_pass(
+                monkeypatch,
+                cluster,
+                tmp_path / "replaced",
+                1,
+                replace=True,
+                lose=tmp_path / "replaced" / "stores" / "embeddings",
+            )
+        }
         replicated = ["--set", f"checkpoint.replicate_to=file://{copy}"]
         assert main([*_small(tmp_path, "replaced"), *at, *replicated]) == 0
-        killer.join()
-        (lost,) = killer.lost  # type: ignore[attr-defined]
-        # The kill lands about a second after pass 2's copy: a fast pass may have checkpointed
-        # again by then, so the store comes back at the checkpoint recovery continued from.
-        resumed = re.findall(r"continuing from (pass-\d+)", caplog.text)
-        assert resumed, caplog.text[-2000:]
-        assert f"restored {lost.replace('-', ' ')}'s store of {resumed[-1]}" in caplog.text
+        assert killed["replaced"], "the run was never at the kill point: no worker was killed"
+        lost, at_kill = killed["replaced"]["lost"], killed["replaced"]["checkpoint"]
+        restored = f"restored {lost.replace('-', ' ')}'s store of {at_kill}"
+        assert restored in caplog.text, caplog.text[-2000:]
         assert cluster.alive() == 2  # the run closed its shards, not the operator's workers
-        killer = _kill_after(
-            cluster, tmp_path / "fewer" / "checkpoints" / "pass-000002", 0, replace=False
-        )
+        killed["fewer"] = _kill_mid_pass(monkeypatch, cluster, tmp_path / "fewer", 0, replace=False)
         assert main([*_small(tmp_path, "fewer"), *at]) == 0
-        killer.join()
     capsys.readouterr()
     _same_model(tmp_path / "embedded", tmp_path / "replaced")
     _same_model(tmp_path / "embedded", tmp_path / "fewer", rtol=1e-3)
     for name, after in (("replaced", 2), ("fewer", 1)):
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         (restart,) = summary["restarts"]
-        assert restart["checkpoint"] == "pass-000002" and restart["workers_after"] == after
+        # recovery continued from the newest checkpoint there was when the worker died
+        assert killed[name].get("checkpoint") == "pass-000002", (name, killed[name])  # pass 3
+        assert restart["checkpoint"] == killed[name]["checkpoint"], (restart, killed[name])
+        assert restart["workers_after"] == after
         assert "left the cluster" in restart["cause"] or "failed" in restart["cause"]
         lines = [
             json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
