@@ -17,6 +17,7 @@ __all__ = [
     "DataError",
     "ResumeError",
     "RunExistsError",
+    "StorageError",
     "StoreCorruptedError",
     "StoreExistsError",
     "StoreLockedError",
@@ -103,6 +104,11 @@ class StoreExistsError(DaskHPSError, FileExistsError):
 
 class StoreReadOnlyError(DaskHPSError, PermissionError):
     """A write was attempted on a store opened read-only (or already closed)."""
+
+
+class StorageError(DaskHPSError, OSError):
+    """Object storage (or another fsspec store) failed: no such bucket, access denied, no
+    connection, an object gone, a protocol whose package is not installed."""
 
 
 class UnwritablePathError(DaskHPSError, OSError):

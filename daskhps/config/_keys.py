@@ -10,6 +10,7 @@ from daskhps.config.cluster import ClusterConfig, ClusterSecurity
 from daskhps.config.data import DataConfig, GenerateConfig, HoldoutConfig
 from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
+from daskhps.config.storage import StorageConfig
 from daskhps.config.table import (
     AdmissionConfig,
     DeviceTierConfig,
@@ -38,6 +39,7 @@ SECTIONS = (
     "eval",
     "checkpoint",
     "retrain",
+    "storage",
 )
 
 
@@ -54,6 +56,7 @@ def section_models() -> dict[str, type[Options]]:
         "eval": EvalConfig,
         "checkpoint": CheckpointConfig,
         "retrain": RetrainConfig,
+        "storage": StorageConfig,
     }
 
 
@@ -93,6 +96,7 @@ def key_tree() -> dict[str, Any]:
         "eval": _node(EvalConfig.key_names()),
         "checkpoint": _node(CheckpointConfig.key_names()),
         "retrain": _node(RetrainConfig.key_names()),
+        "storage": {"options": FREE},
     }
 
 

@@ -7,7 +7,6 @@ import json
 import re
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -19,12 +18,13 @@ from pydantic import (
     model_validator,
 )
 
+from daskhps import storage
 from daskhps.data.backend import Backend
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.data.source import SUCCESS, DataSource, TrainLogs
 from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.errors import ConfigError
+from daskhps.errors import ConfigError, StorageError
 from daskhps.options import (
     SIZE_JSON,
     Ctx,
@@ -82,11 +82,14 @@ class GenerateConfig(GeneratorConfig):
         earlier ones as they were (how ``daskhps retrain`` gets a new day), and fewer days are
         ready once their days are complete (readers take only the configured days).
         """
-        meta = Path(self.out) / "generation.json"
-        if not meta.exists():
+        meta = f"{self.out.rstrip('/')}/generation.json"
+        if not storage.exists(meta):
             return False
         try:
-            found = json.loads(meta.read_text())["config"]
+            with storage.open_input(meta) as f:
+                found = json.loads(f.read())["config"]
+        except StorageError:
+            raise
         except (OSError, ValueError, KeyError, TypeError):
             return False
         want = self.generator.to_dict()
@@ -103,7 +106,8 @@ class GenerateConfig(GeneratorConfig):
                 "or choose another data.generate.out"
             )
         return all(
-            (Path(self.out) / f"day={day}" / SUCCESS).exists() for day in self.generator.day_names()
+            storage.exists(f"{self.out.rstrip('/')}/day={day}/{SUCCESS}")
+            for day in self.generator.day_names()
         )
 
     def ensure(self, scheduler: Any = "threads", progress: bool = False) -> bool:

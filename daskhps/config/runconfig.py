@@ -18,10 +18,12 @@ from daskhps.config.data import DataConfig
 from daskhps.config.overrides import apply_overrides
 from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
+from daskhps.config.storage import StorageConfig
 from daskhps.config.table import TableConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx
+from daskhps.storage import use_options
 from daskhps.table.spec import TableSpec
 from daskhps.tier_sizing import MEMORY_BUDGET  # daskhps.config.MEMORY_BUDGET
 
@@ -34,7 +36,8 @@ class RunConfig:
 
     ``source`` names where it came from (a file, ``<dict>``); it is not part of equality.
     :meth:`to_dict` gives a plain mapping that :meth:`from_dict` reads back to an equal
-    config; the object pickles, so it can be sent to Dask workers.
+    config (without ``storage``, which holds how stores are reached, credentials maybe, and
+    is no part of a run's identity); the object pickles, so it can be sent to Dask workers.
     """
 
     run: RunSection = field(default_factory=lambda: RunSection())
@@ -47,6 +50,9 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=lambda: EvalConfig())
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig())
     retrain: RetrainConfig = field(default_factory=lambda: RetrainConfig())
+    # How stores are reached, not what the run is: a run read with other credentials is the
+    # same run, and to_dict (config.yaml) leaves it out so no credential reaches the folder.
+    storage: StorageConfig = field(default_factory=lambda: StorageConfig(), compare=False)
     source: str = field(default="<dict>", compare=False)
 
     @classmethod
@@ -119,9 +125,13 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
         eval=EvalConfig.parse(d.get("eval"), ctx),
         checkpoint=CheckpointConfig.parse(d.get("checkpoint"), ctx),
         retrain=RetrainConfig.parse(d.get("retrain"), ctx),
+        storage=StorageConfig.parse(d.get("storage"), ctx),
         source=ctx.source,
     )
     _check(cfg, ctx)
+    # Every command reads and writes through fsspec with these (the workers get them from
+    # the cluster's setup plugin): the driver lists logs before any cluster exists.
+    use_options(cfg.storage.options)
     return cfg
 
 

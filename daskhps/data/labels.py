@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from daskhps.data.schema import Schema
 from daskhps.errors import ConfigError
+from daskhps.storage import is_url, open_input
 
 __all__ = ["LABEL_MODES", "check_label_mode", "parquet_has_label", "text_has_label"]
 
@@ -63,4 +64,7 @@ def parquet_has_label(path: str, schema: Schema, mode: str) -> bool:
     """Whether a parquet file has the schema's label column under ``mode``."""
     if mode != "auto":
         return mode == "present"
+    if is_url(path):
+        with open_input(path) as f:
+            return schema.label in pq.read_schema(f).names
     return schema.label in pq.read_schema(path).names

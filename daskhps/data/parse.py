@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import functools
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,6 +41,7 @@ from daskhps.data.textfile import (
 )
 from daskhps.errors import DataError, first_line
 from daskhps.monitor import stage_span
+from daskhps.storage import file_size, is_url, open_input, transport_failure
 
 __all__ = ["empty_frame", "parse_columns", "parse_table", "parse_text", "read_shard"]
 
@@ -152,7 +152,7 @@ def _text_raw(
 
 def _header_names(path: str, schema: Schema) -> list[str]:
     """The column names on the first line of a text file with a header."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         first = f.readline().rstrip(b"\r\n").decode("utf-8", "replace")
     if schema.format == "csv":
         return next(csv.reader([first], delimiter=schema.delimiter))
@@ -173,7 +173,12 @@ def _empty_text_table(columns: tuple[str, ...]) -> pa.Table:
 
 def _read_parquet(path: str, schema: Schema, labels: str) -> _Raw:
     labelled = parquet_has_label(path, schema, labels)
-    table = pq.read_table(path, columns=list(_used_columns(schema, labelled)))
+    columns = list(_used_columns(schema, labelled))
+    if is_url(path):  # an object: read in ranges through the store's file
+        with open_input(path) as f:
+            table = pq.read_table(f, columns=columns)
+    else:
+        table = pq.read_table(path, columns=columns)
     lines = np.arange(1, table.num_rows + 1, dtype=np.int64)
     none = np.zeros(0, dtype=np.int64)
     return _Raw(table, lines, [], labelled=labelled, blank_lines=None if labelled else none)
@@ -504,8 +509,10 @@ def read_shard(
             else _read_text(path, schema, labels, byte_range)
         )
     except (OSError, pa.ArrowException, KeyError, ValueError) as e:
+        if (gone := transport_failure(path, e)) is not None:
+            raise gone from e  # the store failed, not the bytes: no bad row, one line
         msg = first_line(e)
-        if "Empty CSV file" in msg or (os.path.exists(path) and os.path.getsize(path) == 0):
+        if "Empty CSV file" in msg or file_size(path) == 0:
             kind, what = Reason.EMPTY_SHARD, "the file is empty"
         elif "not in" in msg.lower() or "no match for" in msg.lower() or isinstance(e, KeyError):
             kind, what = Reason.SCHEMA_MISMATCH, f"columns do not match the schema ({msg})"

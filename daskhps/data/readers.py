@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from daskhps.data.schema import Schema, load_schema
 from daskhps.data.source import DataSource, day_of, resolve_files
 from daskhps.data.textfile import splittable
 from daskhps.monitor import stage_span
+from daskhps.storage import file_size, stamp
 
 __all__ = ["ClickLog", "Part", "read_click_log", "split_parts"]
 
@@ -90,7 +90,7 @@ def split_parts(files: Sequence[str], block_size: int | None, schema: Schema) ->
         return [Part(f) for f in files]
     parts: list[Part] = []
     for f in files:
-        size = os.path.getsize(f) if os.path.exists(f) else 0
+        size = file_size(f)
         if size <= block_size or not splittable(f):
             parts.append(Part(f))
             continue
@@ -141,15 +141,11 @@ class ClickLog:
 
 
 def _token(part: Part, *args: Any) -> str:
-    """Task key of reading one part: its file's path, size and modification time are part of
-    it, so two logs never share a read task (nor does a file rewritten in place with its old
-    one)."""
-    try:
-        st = os.stat(part.path)
-        stamp: tuple[int, int] = (st.st_size, st.st_mtime_ns)
-    except OSError:
-        stamp = (-1, -1)  # reading it will report the error
-    return dask.base.tokenize(part, stamp, *args)
+    """Task key of reading one part: its file's path, size and modification time (an
+    object's ETag) are part of it, so two logs never share a read task (nor does a file
+    rewritten in place with its old one)."""
+    # (-1, -1) for a file that is not there: reading it reports that.
+    return dask.base.tokenize(part, stamp(part.path), *args)
 
 
 def read_click_log(

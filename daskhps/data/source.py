@@ -1,4 +1,5 @@
-"""Where click logs live: globs, directories and day-partitioned layouts.
+"""Where click logs live: globs, directories and day-partitioned layouts, on local disk or in
+object storage (any fsspec URL, :mod:`daskhps.storage`).
 
 A day-partitioned log looks like this (what ``daskhps generate`` writes)::
 
@@ -24,12 +25,13 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 
+from daskhps import storage
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, schema_at
-from daskhps.errors import DataError
+from daskhps.errors import DataError, StorageError
 from daskhps.options import Ctx, Options, Problem, join, shown
 
-__all__ = ["SUCCESS", "DataSource", "day_of", "resolve_files"]
+__all__ = ["SUCCESS", "DataSource", "complete", "day_of", "resolve_files"]
 
 SUCCESS = "_SUCCESS"
 _DAY = re.compile(r"(?:^|/)day=(\d{4}-\d{2}-\d{2})(?:/|$)")
@@ -138,17 +140,26 @@ def resolve_files(
     days: tuple[str, str] | None = None,
     require_complete: bool = False,
 ) -> list[str]:
-    """Every data file under ``paths`` (files, directories or globs), sorted, as absolute
-    paths: a relative path means the same on the process that resolves it (the driver) and
-    on every worker, whatever folder a worker was started in.
+    """Every data file under ``paths`` (files, directories or globs; local, or fsspec URLs
+    such as ``s3://bucket/logs/day=*/``), sorted, local ones as absolute paths: a relative
+    path means the same on the process that resolves it (the driver) and on every worker,
+    whatever folder a worker was started in. Objects keep their full URLs.
 
-    Raises :class:`DataError` when nothing matches, naming the paths and the filters.
+    Raises :class:`DataError` when nothing matches, naming the paths and the filters, and
+    :class:`~daskhps.errors.StorageError` when a store cannot be listed.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [str(paths)]
     found: set[str] = set()
+    marked: set[str] = set()  # folders known to hold a _SUCCESS marker
     for p in paths:
         p = str(p)
+        if storage.is_url(p):
+            files, markers = _listed(p)
+            found.update(files)
+            marked.update(markers)
+            continue
+        p = storage.local_path(p)
         if any(ch in p for ch in "*?["):
             matches = glob.glob(p, recursive=True)
         elif os.path.isdir(p):
@@ -164,11 +175,69 @@ def resolve_files(
         files = [f for f in files if (d := day_of(f)) is not None and days[0] <= d <= days[1]]
         why = f" within days {days[0]}..{days[1]}"
     if require_complete:
-        files = [f for f in files if os.path.exists(os.path.join(os.path.dirname(f), SUCCESS))]
+        files = [f for f in files if complete(storage.folder_of(f), marked)]
         why += f" in folders with a {SUCCESS} marker"
     if not files:
+        _no_bucket([str(p) for p in paths])
         raise DataError(
-            f"no input files: {', '.join(map(str, paths))} matched nothing{why}; "
-            "check the path, the glob or the day range"
+            f"no input files: {', '.join(storage.shown(str(p)) for p in paths)} matched "
+            f"nothing{why}; check the path, the glob or the day range"
         )
     return files
+
+
+def complete(folder: str, marked: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Whether ``folder`` (a local folder or a prefix in a store) holds a ``_SUCCESS``
+    marker; ``marked``: folders a listing already saw one in."""
+    if folder in marked:
+        return True
+    if not storage.is_url(folder):
+        return os.path.exists(os.path.join(folder, SUCCESS))
+    return storage.exists(f"{folder}/{SUCCESS}")
+
+
+def _listed(url: str) -> tuple[list[str], set[str]]:
+    """The data objects ``url`` names (an object, a folder listed recursively, or a glob)
+    as full URLs, and the folders of the ``_SUCCESS`` markers the listing saw."""
+    fs, path = storage.filesystem(url)
+    try:
+        if any(ch in path for ch in "*?["):
+            infos = fs.glob(path, detail=True)
+        else:
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                infos = {}
+            else:
+                infos = fs.find(path, detail=True) if info["type"] == "directory" else {path: info}
+    except Exception as e:
+        raise storage.failure(url, e, "list") from None
+    files: list[str] = []
+    markers: set[str] = set()
+    for name, info in infos.items():
+        if info.get("type") != "file":
+            continue
+        full = fs.unstrip_protocol(name)
+        if os.path.basename(name) == SUCCESS:
+            markers.add(storage.folder_of(full))
+        elif _is_data(name):
+            files.append(full)
+    return files, markers
+
+
+def _no_bucket(paths: list[str]) -> None:
+    """Raise the one line for a URL whose bucket does not exist (listing such a URL finds
+    nothing rather than failing)."""
+    for p in paths:
+        bucket = storage.bucket_of(p)
+        if bucket is None:
+            continue
+        fs, _ = storage.filesystem(p)
+        try:
+            there = fs.exists(bucket)
+        except Exception as e:
+            raise storage.failure(p, e, "list") from None
+        if not there:
+            raise StorageError(
+                f"{storage.shown(p)}: the bucket {bucket!r} does not exist: check the URL"
+            )

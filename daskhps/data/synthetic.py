@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from pydantic import Field, field_validator
 
+from daskhps import storage
 from daskhps.data.hashing import fmix64
 from daskhps.data.source import SUCCESS
 from daskhps.options import Int, Options, Problem, shown
@@ -326,7 +328,9 @@ def _write_part(
     ordinal = _EPOCH.toordinal() + day_number
     one_offs = np.random.default_rng(np.random.SeedSequence([cfg.seed, ordinal, part, 0x0FF]))
     hist = np.zeros((2, HIST_BINS), dtype=np.int64)
-    tmp = f"{path}.tmp"
+    remote = storage.is_url(path)
+    # An object is written whole from a local file (a PUT: visible only once complete).
+    tmp = tempfile.mkstemp(suffix=".tsv.part")[1] if remote else f"{path}.tmp"
     opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
     sink: Any = pa.CompressedOutputStream(tmp, "gzip") if cfg.gzip else pa.OSFile(tmp, "wb")
     writer = None
@@ -344,7 +348,16 @@ def _write_part(
         if writer is not None:
             writer.close()
         sink.close()
-    os.replace(tmp, path)  # a part is visible only once complete
+    if remote:
+        fs, key = storage.filesystem(path)
+        try:
+            fs.put_file(tmp, key)
+        except Exception as e:
+            raise storage.failure(path, e, "write") from None
+        finally:
+            os.unlink(tmp)
+    else:
+        os.replace(tmp, path)  # a part is visible only once complete
     return {"rows": n, "clicks": int(label_sum(hist)), "hist": hist}
 
 
@@ -395,11 +408,37 @@ class GenerationSummary:
         }
 
 
-def _finish_day(out: Path, day: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    (out / f"day={day}" / SUCCESS).write_text("")
+def _put_text(path: str, text: str) -> None:
+    """Write a small file, or object."""
+    if not storage.is_url(path):
+        Path(path).write_text(text)
+        return
+    fs, key = storage.filesystem(path)
+    try:
+        fs.pipe_file(key, text.encode())
+    except Exception as e:
+        raise storage.failure(path, e, "write") from None
+
+
+def _finish_day(out: str, day: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    _put_text(f"{out}/day={day}/{SUCCESS}", "")
     hist = sum(p["hist"] for p in parts)
     rows = sum(p["rows"] for p in parts)
     return {"day": day, "rows": rows, "hist": hist}
+
+
+def _unmark(folder: str) -> None:
+    """Create ``folder`` (on disk) and remove its ``_SUCCESS`` marker."""
+    if not storage.is_url(folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / SUCCESS).unlink(missing_ok=True)
+        return
+    fs, key = storage.filesystem(folder)
+    try:
+        if fs.exists(f"{key}/{SUCCESS}"):
+            fs.rm_file(f"{key}/{SUCCESS}")
+    except Exception as e:
+        raise storage.failure(folder, e, "write") from None
 
 
 def generate(
@@ -409,7 +448,8 @@ def generate(
     num_workers: int | None = None,
     progress: bool = False,
 ) -> GenerationSummary:
-    """Write ``cfg.days`` days of Criteo-format logs under ``out`` with Dask, in parallel.
+    """Write ``cfg.days`` days of Criteo-format logs under ``out`` (a folder, or an fsspec URL
+    such as ``s3://bucket/logs``) with Dask, in parallel.
 
     ``scheduler`` is a Dask scheduler name (``threads``, ``processes``, ``sync``) or a
     ``distributed.Client``. Existing parts of the same names are overwritten.
@@ -417,19 +457,22 @@ def generate(
     import dask
     from dask import delayed
 
-    out = Path(out)
+    out = (
+        str(out).rstrip("/")
+        if storage.is_url(str(out))
+        else str(Path(storage.local_path(str(out))))
+    )
     model = _make_model(cfg)
     start = time.perf_counter()
     day_tasks = []
     ext = ".tsv.gz" if cfg.gzip else ".tsv"
     for d, (day, number) in enumerate(zip(cfg.day_names(), cfg.day_numbers(), strict=True)):
-        folder = out / f"day={day}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / SUCCESS).unlink(missing_ok=True)  # incomplete until every part is written
+        folder = f"{out}/day={day}"
+        _unmark(folder)  # incomplete until every part is written
         sizes = [len(a) for a in np.array_split(np.arange(cfg.rows_per_day), cfg.parts_per_day)]
         parts = [
             delayed(_write_part, pure=False)(
-                cfg, model, str(folder / f"part-{p:05d}{ext}"), d, number, p, sizes[p]
+                cfg, model, f"{folder}/part-{p:05d}{ext}", d, number, p, sizes[p]
             )
             for p in range(cfg.parts_per_day)
             if sizes[p] > 0
@@ -469,7 +512,7 @@ def generate(
         days=days,
         seconds=seconds,
     )
-    (out / "generation.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    _put_text(f"{out}/generation.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     log.info(
         "wrote %d rows in %.1f s (%.0f rows/s), CTR %.4f, ceiling AUC %.4f",
         rows,

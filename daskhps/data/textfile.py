@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
+
+from daskhps.storage import is_url, open_input
 
 __all__ = [
     "TextBytes",
@@ -62,7 +64,7 @@ def _gunzip(path: str) -> tuple[bytes, str | None]:
     out: list[bytes] = []
     d: zlib._Decompress | None = None
     fed = 0  # compressed bytes given to the current member
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while chunk := f.read(_CHUNK):
             while chunk:
                 if d is None:
@@ -89,8 +91,22 @@ def _raw_bytes(path: str) -> tuple[pa.Buffer, str | None]:
     if path.endswith(".gz"):
         data, problem = _gunzip(path)
         return pa.py_buffer(data), problem
-    with pa.input_stream(path, compression="detect") as stream:  # plain, .bz2, .zst, ...
-        return stream.read_buffer(), None
+    if not is_url(path):
+        with pa.input_stream(path, compression="detect") as stream:  # plain, .bz2, .zst, ...
+            return stream.read_buffer(), None
+    with open_input(path) as f:  # an object: the codec its suffix names, as for a file
+        codec = _codec(path)
+        if codec is None:
+            return pa.py_buffer(f.read()), None
+        with pa.CompressedInputStream(pa.PythonFile(f, mode="r"), codec) as stream:
+            return stream.read_buffer(), None
+
+
+def _codec(path: str) -> str | None:
+    try:
+        return str(pa.Codec.detect(path).name)
+    except (TypeError, ValueError, pa.ArrowException):  # not compressed
+        return None
 
 
 def invalid_utf8(b: np.ndarray) -> np.ndarray:
@@ -138,7 +154,7 @@ def splittable(path: str) -> bool:
 _COMPRESSED = (".gz", ".bz2", ".zst", ".zstd", ".lz4", ".xz", ".br", ".snappy")
 
 
-def _line_start(f: BinaryIO, at: int) -> int:
+def _line_start(f: IO[bytes], at: int) -> int:
     """The offset of the first line that starts at or after byte ``at``."""
     if at == 0:
         return 0
@@ -154,14 +170,14 @@ def _line_start(f: BinaryIO, at: int) -> int:
 
 def line_start(path: str, at: int) -> int:
     """The offset of the first line of ``path`` that starts at or after byte ``at``."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         return _line_start(f, at)
 
 
 def _range_bytes(path: str, start: int, stop: int) -> pa.Buffer:
     """The lines of a plain text file that start in bytes ``[start, stop)``: a line belongs
     to the range its first byte is in, so consecutive ranges hold every line exactly once."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         lo, hi = _line_start(f, start), _line_start(f, stop)
         f.seek(lo)
         return pa.py_buffer(f.read(max(hi - lo, 0)))
@@ -171,7 +187,7 @@ def lines_before(path: str, offset: int) -> int:
     """The number of lines before byte ``offset`` of a plain text file (line numbers of a
     range: only counted for a message, so the whole prefix is read only on that path)."""
     n = 0
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         left = offset
         while left > 0 and (chunk := f.read(min(_CHUNK * 8, left))):
             n += chunk.count(b"\n")

@@ -1,4 +1,5 @@
-"""The worker plugin every cluster of a run gets first: how its workers report and stop.
+"""The worker plugin every cluster of a run gets first: how its workers report and stop, and
+how they reach object storage (``storage.options``).
 
 * ``Compute Failed`` blocks of errors daskhps raises on purpose are dropped
   (:mod:`daskhps.distributed._expected`): the driver prints them as one line.
@@ -15,11 +16,13 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from distributed import WorkerPlugin
 
 from daskhps.distributed._expected import quiet_expected_errors
+from daskhps.storage import use_options
 
 __all__ = ["PLUGIN_NAME", "WorkerSetup", "setup_workers"]
 
@@ -33,11 +36,18 @@ class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, ignore_sigint: bool) -> None:
+    def __init__(
+        self, ignore_sigint: bool, storage_options: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         self.ignore_sigint = ignore_sigint
+        self.storage_options = dict(storage_options or {})
+
+    def __repr__(self) -> str:  # the storage options may hold credentials
+        return f"WorkerSetup(ignore_sigint={self.ignore_sigint})"
 
     def setup(self, worker: Any) -> None:
         quiet_expected_errors()
+        use_options(self.storage_options)
         own_process = multiprocessing.parent_process() is not None
         # signal.signal only works in the main thread, which runs a worker process's loop.
         main = threading.current_thread() is threading.main_thread()
@@ -45,8 +55,16 @@ class WorkerSetup(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def setup_workers(client: Any, *, ignore_sigint: bool) -> None:
+def setup_workers(
+    client: Any,
+    *,
+    ignore_sigint: bool,
+    storage_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     """Register :class:`WorkerSetup` on every worker, now and joining later; this process's
-    own worker logger (in-process workers, the driver) is quieted too."""
+    own worker logger (in-process workers, the driver) is quieted too, and it reaches stores
+    with ``storage_options`` too (``storage.options``: the workers read the logs and write
+    the checkpoint copy)."""
     quiet_expected_errors()
-    client.register_plugin(WorkerSetup(ignore_sigint), name=PLUGIN_NAME)
+    use_options(storage_options or {})
+    client.register_plugin(WorkerSetup(ignore_sigint, storage_options), name=PLUGIN_NAME)

@@ -129,6 +129,7 @@ def start_cluster(
     cuda_visible_devices: Sequence[int] | None = None,
     wait_timeout_s: float = 60.0,
     security: ClusterSecurity | None = None,
+    storage_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ClusterHandle:
     """Start an embedded cluster, or connect to ``address``; wait for the workers.
 
@@ -150,10 +151,12 @@ def start_cluster(
         Dask sets to 1 in worker processes, for torch's intra-op threads).
     security:
         TLS files for a ``tls://`` ``address`` (``cluster.security``).
+    storage_options:
+        fsspec options per protocol (``storage.options``) for the driver and every worker.
     """
     quiet_sync_cancel_race()  # a Ctrl-C at the wrong instant must not print a traceback
     if address is not None:
-        return _connect(address, n_workers, wait_timeout_s, security)
+        return _connect(address, n_workers, wait_timeout_s, security, storage_options)
     use_cuda = _use_cuda(gpus)
     _check_shape(n_workers, threads_per_worker)
     kwargs: dict[str, Any] = {
@@ -170,7 +173,7 @@ def start_cluster(
     handle = ClusterHandle(client, cluster, "local-cuda" if use_cuda else "local", None)
     try:
         _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
-        setup_workers(client, ignore_sigint=use_cuda or processes)
+        setup_workers(client, ignore_sigint=use_cuda or processes, storage_options=storage_options)
         repair_dashboard(client)
     except BaseException:
         handle.close()
@@ -310,7 +313,11 @@ def probe_scheduler(address: str, grace_s: float = REFUSED_GRACE_S) -> None:
 
 
 def _connect(
-    address: str, n_workers: int | None, wait_timeout_s: float, security: ClusterSecurity | None
+    address: str,
+    n_workers: int | None,
+    wait_timeout_s: float,
+    security: ClusterSecurity | None,
+    storage_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ClusterHandle:
     tls = dask_security(security)
     probe_scheduler(address)
@@ -324,7 +331,8 @@ def _connect(
     handle = ClusterHandle(client, None, "address", None)
     try:
         _finish(handle, n_workers, wait_timeout_s, True)
-        setup_workers(client, ignore_sigint=False)  # their Ctrl-C is their owner's
+        # Their Ctrl-C is their owner's.
+        setup_workers(client, ignore_sigint=False, storage_options=storage_options)
     except BaseException:
         handle.close()
         raise

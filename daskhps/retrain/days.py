@@ -15,11 +15,11 @@ it, so it is never skipped for good once it completes.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daskhps.data.source import SUCCESS, day_of, resolve_files
+from daskhps import storage
+from daskhps.data.source import SUCCESS, complete, day_of, resolve_files
 from daskhps.errors import DataError
 
 __all__ = ["Day", "DayPlan", "plan_days", "scan_days"]
@@ -59,10 +59,11 @@ def scan_days(paths: str | Sequence[str]) -> list[Day]:
     :class:`DataError` when a path does not exist (a typo must not read as "no new data").
     """
     paths = [paths] if isinstance(paths, str) else list(paths)
-    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not os.path.exists(p)]
+    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not storage.exists(p)]
     if missing:
         raise DataError(
-            f"click-log path {', '.join(missing)} does not exist; check data.train.paths "
+            f"click-log path {', '.join(map(storage.shown, missing))} does not exist; check "
+            "data.train.paths "
             "(the folder that holds the day=YYYY-MM-DD/ partitions)"
         )
     try:
@@ -76,9 +77,8 @@ def scan_days(paths: str | Sequence[str]) -> list[Day]:
             by_day.setdefault(d, []).append(f)
     days = []
     for d in sorted(by_day):
-        folders = {os.path.dirname(f) for f in by_day[d]}
-        complete = all(os.path.exists(os.path.join(folder, SUCCESS)) for folder in folders)
-        days.append(Day(d, tuple(by_day[d]), complete))
+        folders = {storage.folder_of(f) for f in by_day[d]}
+        days.append(Day(d, tuple(by_day[d]), all(complete(folder) for folder in folders)))
     return days
 
 

@@ -73,10 +73,13 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
+    from daskhps.training.copycache import fetched_model
+
     job = importlib.import_module("pipelines.predict")
+    model, checkpoint = fetched_model(args.model, args.checkpoint)
     return int(
         job.run(
-            args.model,
+            model,
             list(args.data),
             args.out,
             scheduler=args.scheduler,
@@ -87,7 +90,7 @@ def run_predict(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             labels=args.labels,
             as_json=args.json,
-            checkpoint=args.checkpoint,
+            checkpoint=checkpoint,
         )
     )
 
@@ -165,14 +168,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from daskhps.serve.server import ServeOptions, serve
+    from daskhps.training.copycache import fetched_model
 
     if args.poll_s <= 0:
         raise SystemExit(f"daskhps serve: error: --poll-s must be > 0, got {args.poll_s}")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"daskhps serve: error: --port must be in 0..65535, got {args.port}")
+    model, _ = fetched_model(args.model)  # a copy in object storage: a fixed checkpoint
     return serve(
         ServeOptions(
-            model=args.model,
+            model=model,
             host=args.host,
             port=args.port,
             processes=args.processes,

@@ -43,6 +43,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
+from daskhps import storage
 from daskhps.data.parse import read_shard
 from daskhps.errors import DaskHPSError
 from daskhps.serve.metrics import ServerMetrics
@@ -398,8 +399,8 @@ def serve(options: ServeOptions) -> int:
             f"--model {options.model}: no such file or folder; give a retraining run "
             "directory, a version's folder, a checkpoint folder or a training run directory"
         )
-    if options.warmup is not None and not Path(options.warmup).is_file():
-        raise DaskHPSError(f"--warmup {options.warmup}: no such file")
+    if options.warmup is not None and not storage.exists(options.warmup):
+        raise DaskHPSError(f"--warmup {storage.shown(options.warmup)}: no such file")
     ModelSource(options.model).current()  # a retraining run with nothing published: say so
     if options.processes == 1:
         sockets = _bind(options)

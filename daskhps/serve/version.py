@@ -117,7 +117,9 @@ class Servable:
 def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     """The model at ``path``: a checkpoint folder, a published version's folder, a training
     run directory (its latest complete checkpoint, or the one named ``checkpoint``, e.g.
-    ``pass-000003``), or a retraining run directory (the version its registry names current).
+    ``pass-000003``), a retraining run directory (the version its registry names current), or
+    a run's copy in object storage (a URL: its newest checkpoint or ``checkpoint``, read
+    through the local cache of :mod:`daskhps.training.copycache`).
 
     Raises
     ------
@@ -131,8 +133,10 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     """
     from daskhps.retrain.versions import published_checkpoint
     from daskhps.training.checkpoint import MANIFEST, find_checkpoint, load_checkpoint
+    from daskhps.training.copycache import fetched_model
 
-    p = Path(path)
+    local, checkpoint = fetched_model(str(path), checkpoint)  # a URL: the local cache's
+    p = Path(local)
     if checkpoint is None:
         ckpt = load_checkpoint(published_checkpoint(p) or p)
     elif (p / MANIFEST).is_file():

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from daskhps import storage
 from daskhps.errors import CheckpointError, DaskHPSError
 from daskhps.table.admission import PendingCounts
 from daskhps.tiers.store.check import StoreChecker
@@ -140,6 +141,10 @@ def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str,
     ``damaged`` is true when any checkpoint's files or stores are damaged (what makes
     ``daskhps inspect`` exit non-zero); ``damage`` lists each problem on one line.
     """
+    if storage.is_url(str(path)):  # a copy in object storage: its checkpoint, cached here
+        from daskhps.training.copycache import fetched_model
+
+        path = fetched_model(str(path))[0]
     p = Path(path)
     checker = StoreChecker(verify=verify)
     folder = checkpoints_dir(p)

@@ -52,6 +52,7 @@ class RunParts:
             "gpus": c.gpu if c.gpu in (True, False, "auto") else "auto",
             "dashboard_address": c.dashboard_address,
             "security": c.security,
+            "storage_options": self.config.storage.options,
         }
 
     def start_cluster(self) -> ClusterHandle:

@@ -7,8 +7,9 @@ shared. ``daskhps inspect``, ``predict``, ``export`` and ``serve`` ask :func:`st
     own stores   every rank store is at its path here and holds the commit the checkpoint
                  recorded (CommitId: seq, time, rows; any commit of that name in a checkpoint
                  made before they were recorded)
-    its copy     otherwise: the checkpoint's copy at checkpoint.replicate_to (a folder or a
-                 file:// URL), when it is complete, of the same files, and its stores sound
+    its copy     otherwise: the checkpoint's copy at checkpoint.replicate_to (a folder, or a
+                 URL read through the local cache of daskhps.training.copycache), when it is
+                 complete, of the same files, and its stores sound
     nowhere      otherwise: one line (StoreNotFoundError) saying where the stores are and
                  what to give: checkpoint.replicate_to, or a machine that holds the stores
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from daskhps.errors import ConfigError, StoreNotFoundError
+from daskhps.errors import CheckpointError, ConfigError, StorageError, StoreNotFoundError
 from daskhps.tiers.store.check import CommitId, StoreCheck, StoreChecker
 from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.replica import KEY, Replica
@@ -165,13 +166,10 @@ def _copy(
     # A published version's copy is the copy of the candidate checkpoint it was frozen from:
     # the same files and rows, under the candidate's name and commit.
     name = Path(str(ckpt.extra.get("trained_as", ckpt.name))).name
-    found = replica.local_checkpoint(name)
-    if found is None:
-        raise _Unusable(
-            f"its copy at {url} is not a folder of this machine, and a copy is not read in place "
-            "from there yet: fetch it to a folder (fsspec's get, aws s3 sync, ...) and give that "
-            f"folder's checkpoints/{name}"
-        )
+    try:
+        found = replica.local_checkpoint(name)
+    except (CheckpointError, StorageError) as e:  # not in the copy; the store failed
+        raise _Unusable(f"its copy cannot be read ({e})") from None
     if found.path.resolve() == ckpt.path.resolve():
         raise _Unusable(f"it is itself the copy at {url}")
     if not found.path.is_dir():

@@ -163,12 +163,14 @@ class Replica:
 
     # -- reading -----------------------------------------------------------------------
 
-    def local_checkpoint(self, name: str) -> Checkpoint | Skipped | None:
-        """The copy of checkpoint ``name`` as a checkpoint of its own, where it lies (its files
-        verified), or why it is never loaded; None when the copy is not a folder of this
-        machine (object storage is not read in place)."""
+    def local_checkpoint(self, name: str) -> Checkpoint | Skipped:
+        """The copy of checkpoint ``name`` as a checkpoint of its own (its files verified),
+        or why it is never loaded: where it lies when the copy is a folder of this machine,
+        else as fetched into the local cache (:mod:`daskhps.training.copycache`)."""
         if not self.local:
-            return None
+            from daskhps.training.copycache import CopyCache
+
+            return check_checkpoint(CopyCache().checkpoint(self.url, name).path)
         return check_checkpoint(Path(self.checkpoint_path(name)))
 
     def restore_store(self, ckpt: Checkpoint, rank: int) -> Path:
