@@ -168,16 +168,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from daskhps.serve.server import ServeOptions, serve
-    from daskhps.training.copycache import fetched_model
 
     if args.poll_s <= 0:
         raise SystemExit(f"daskhps serve: error: --poll-s must be > 0, got {args.poll_s}")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"daskhps serve: error: --port must be in 0..65535, got {args.port}")
-    model, _ = fetched_model(args.model)  # a copy in object storage: a fixed checkpoint
     return serve(
         ServeOptions(
-            model=model,
+            model=args.model,
             host=args.host,
             port=args.port,
             processes=args.processes,

@@ -62,7 +62,10 @@ class ModelSource:
     checkpoint (a checkpoint folder, a version's folder, a training run directory)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        from daskhps.training.copycache import fetched_model
+
+        # A copy in object storage is a fixed checkpoint, fetched into the local cache.
+        self.path = Path(fetched_model(str(path))[0])
         folder = registry_folder(self.path)
         self.registry = Registry(folder) if folder is not None else None
 

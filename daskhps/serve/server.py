@@ -394,6 +394,10 @@ def _child(options: ServeOptions) -> None:
 
 def serve(options: ServeOptions) -> int:
     """Run ``daskhps serve``: one server process, or ``processes`` of them on one port."""
+    if storage.is_url(options.model):  # a copy in object storage: fetched once, then fixed
+        from daskhps.training.copycache import fetched_model
+
+        options = replace(options, model=fetched_model(options.model)[0])
     if not Path(options.model).exists():
         raise DaskHPSError(
             f"--model {options.model}: no such file or folder; give a retraining run "

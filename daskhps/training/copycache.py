@@ -70,6 +70,13 @@ def _default_limit() -> int:
     return value
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def _tree_bytes(folder: Path) -> int:
     total = 0
     for dirpath, _, names in os.walk(folder):
@@ -137,8 +144,8 @@ class CopyCache:
         need = sum(files.values())
         if need > self.limit:
             raise StorageError(
-                f"{storage.shown(url)}/checkpoints/{name} needs {need / 2**30:.2f} GiB of local "
-                f"cache, more than its limit of {self.limit / 2**30:.2f} GiB: raise "
+                f"{storage.shown(url)}/checkpoints/{name} needs {_size(need)} of local cache, "
+                f"more than its limit of {_size(self.limit)}: raise "
                 f"{CACHE_SIZE_ENV}, or fetch the copy to a folder and give that"
             )
         here = self.folder(url)
@@ -164,15 +171,15 @@ class CopyCache:
         local_ckpt = here / "checkpoints" / name
         held = self._trim(here, local_ckpt, here / posixpath.relpath(stores_remote, root))
         log.info(
-            "read %s/checkpoints/%s through the local cache %s: fetched %d file(s), %.1f MiB; "
-            "the cache holds %.1f of %.1f GiB",
+            "read %s/checkpoints/%s through the local cache %s: fetched %d file(s), %s; "
+            "the cache holds %s of %s",
             storage.shown(url.rstrip("/")),
             name,
             here,
             moved,
-            moved_bytes / 2**20,
-            held / 2**30,
-            self.limit / 2**30,
+            _size(moved_bytes),
+            _size(held),
+            _size(self.limit),
         )
         return Fetched(local_ckpt, moved, moved_bytes, held, self.limit)
 

@@ -356,3 +356,104 @@ def test_serve_follows_versions_whose_stores_are_elsewhere(
         served.close()
     assert second.version == "v000002"
     assert np.abs(np.array(second.probabilities) - refs["v000002"][:n]).max() < 1e-6
+
+
+# -- the copy in object storage (an S3-compatible server on 127.0.0.1) --------------------
+
+
+@pytest.fixture(scope="module")
+def s3_copy(trained: dict[str, Any]) -> Iterator[str]:
+    """The run's copy as ``checkpoint.replicate_to: s3://...`` holds it (the same files, in
+    a bucket of the server), read by this process through s3fs."""
+    from daskhps import storage
+    from tests._s3 import s3_server
+
+    with s3_server() as server:
+        storage.use_options(server.options)
+        try:
+            yield server.upload(trained["copy"], server.bucket("copies") + "/run")
+        finally:
+            storage.use_options({"s3": {}})
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's local cache of copies, empty."""
+    monkeypatch.setenv("DASKHPS_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_copy_in_object_storage_is_read_through_the_local_cache(
+    s3_copy: str,
+    cache: Path,
+    tmp_path: Path,
+    trained: dict[str, Any],
+    original: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level("INFO", logger="daskhps.training.copycache")
+    got = _answers(s3_copy, tmp_path / "out", trained)  # type: ignore[arg-type]
+    # Its newest checkpoint, pass-000002: the original's answers bit for bit.
+    (inspected,) = got["inspect"]["checkpoints"]
+    want = original["inspect"]["checkpoints"][-1]
+    assert inspected["name"] == want["name"] == NAMES[-1]
+    assert inspected["rows"] == want["rows"] > 0 and not got["inspect"]["damaged"]
+    _same({**got, "inspect": original["inspect"]}, original)
+    fetches = [r.getMessage() for r in caplog.records if "through the local cache" in r.message]
+    assert fetches and all(
+        f.startswith(f"read {s3_copy}/checkpoints/pass-000002 ") for f in fetches
+    )
+    # Read again: only the manifest is fetched again (the store files are in the cache).
+    assert len(fetches) >= 3 and all(" fetched 1 file(s), " in f for f in fetches[1:])
+    (mirror,) = (cache / "copies").iterdir()
+    assert (mirror / "checkpoints" / "pass-000002" / MANIFEST).is_file()
+    # A limit below what the checkpoint needs: one line, before anything is fetched.
+    monkeypatch.setenv("DASKHPS_CACHE_DIR", str(tmp_path / "small-cache"))
+    monkeypatch.setenv("DASKHPS_CACHE_SIZE", "1KiB")
+    capsys.readouterr()
+    assert main(["inspect", s3_copy]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"daskhps inspect: error: {s3_copy}/checkpoints/pass-000002 needs ")
+    assert "more than its limit of 1.0 KiB: raise DASKHPS_CACHE_SIZE" in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "small-cache" / "copies").exists() or not any(
+        (tmp_path / "small-cache" / "copies").rglob("*.json")
+    )
+
+
+def test_serve_follows_versions_whose_copy_is_in_object_storage(
+    run: Path, tmp_path: Path, s3_copy: str, cache: Path, trained: dict[str, Any]
+) -> None:
+    from daskhps.data.readers import read_click_log
+
+    _without_copy(run, s3_copy)
+    reg = Registry(tmp_path / "retrain" / "versions")
+    ckpts = list_checkpoints(run)
+    publish_checkpoint(reg, "v000001", ckpts[0])
+    publish_checkpoint(reg, "v000002", ckpts[1])
+    reg.rollback("v000001")
+    s = load_servable(reg.folder / "v000001")
+    frame = read_click_log(trained["holdout"], schema=s.config.data.schema).frame.compute()
+    frame = frame.reset_index(drop=True)
+    refs = {v: _scores(reg.folder / v, frame) for v in ("v000001", "v000002")}  # own stores
+    shutil.move(run / "stores", tmp_path / "on-the-workers")
+    copied = load_servable(reg.folder.parent)
+    assert copied.name == "v000001"
+    assert copied.table.stores_dir.is_relative_to(cache / "copies")
+    text = Path(trained["holdout"][0]).read_text()
+    n = len(text.splitlines())
+    served = Running(ServeOptions(model=str(reg.folder.parent), device_rows=500, poll_s=3600))
+    try:
+        first = served.client.predict_lines(text)
+        assert first.version == "v000001"
+        assert np.abs(np.array(first.probabilities) - refs["v000001"][:n]).max() < 1e-6
+        reg.rollback("v000002")
+        swap = served.refresh()
+        assert (swap.old, swap.new) == ("v000001", "v000002")
+        second = served.client.predict_lines(text)
+    finally:
+        served.close()
+    assert second.version == "v000002"
+    assert np.abs(np.array(second.probabilities) - refs["v000002"][:n]).max() < 1e-6
