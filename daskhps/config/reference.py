@@ -53,6 +53,8 @@ _SECTION_TEXT = {
     "eval": "Evaluation on `data.holdout`.",
     "checkpoint": "Checkpoints of the run (docs/checkpoints.md).",
     "retrain": "The publish guard of `daskhps retrain` (docs/retraining.md).",
+    "storage": "How object storage is reached: fsspec options per protocol, never written to "
+    "the run folder (docs/operations.md).",
 }
 # Sample configs whose resolved values are the defaults (each holds the alternative the
 # other leaves out: train files vs generated logs, a holdout).

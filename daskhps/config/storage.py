@@ -20,7 +20,9 @@ class StorageConfig(Options):
     out)."""
 
     options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, json_schema_extra=shown("mapping of protocol to options", "{}")
+        default_factory=dict,
+        repr=False,  # may hold credentials: never in a log line or a traceback's locals
+        json_schema_extra=shown("mapping of protocol to options", "{}"),
     )
     """fsspec options per protocol, e.g. `{s3: {endpoint_url: ...}}`."""
 

@@ -409,6 +409,13 @@ def cluster_args(b: Built) -> dict[str, Any]:
     return b.trainer.parts.cluster_args()
 
 
+def storage_options(b: Built) -> tuple[Any, Any]:
+    import fsspec
+
+    # ftp: a protocol no other test reaches, so the process-wide option changes nothing else.
+    return b.trainer.parts.cluster_args()["storage_options"], fsspec.config.conf.get("ftp")
+
+
 def comm_args(b: Built) -> dict[str, Any]:
     return b.trainer.parts.comm_args()
 
@@ -799,6 +806,12 @@ LANDINGS: dict[str, Landing] = {
         replica,
         "checkpoint.replicate_to=file://{tmp}/copy",
         expect="file://{tmp}/copy",
+    ),
+    "storage.options": L(
+        "the workers' setup plugin (RunParts.cluster_args) and this process's fsspec config",
+        storage_options,
+        "storage.options={{ftp: {{timeout: 7}}}}",
+        expect=({"ftp": {"timeout": 7}}, {"timeout": 7}),
     ),
     "retrain.max_auc_drop": L("the publish guard", guard, "retrain.max_auc_drop=0.05"),
     "retrain.max_logloss_rise": L("the publish guard", guard, "retrain.max_logloss_rise=0.01"),
