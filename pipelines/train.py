@@ -7,12 +7,12 @@ the cluster (:class:`daskhps.training.trainer.Trainer`), report. ``daskhps train
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
 
 from daskhps.config import RunConfig
+from daskhps.data.synthetic import ceiling_of
 from daskhps.monitor.progress import Progress, quiet_run
 from daskhps.monitor.report import write_report
 from daskhps.training.trainer import RunResult, Trainer
@@ -48,11 +48,7 @@ def _ceiling(config: RunConfig) -> float | None:
     gen = config.data.generate
     if gen is None:
         return None
-    path = Path(gen.out) / "generation.json"
-    try:
-        return float(json.loads(path.read_text())["ceiling_auc"])
-    except (OSError, KeyError, ValueError, TypeError):
-        return None
+    return ceiling_of(gen.out)
 
 
 def _report(result: RunResult, ceiling: float | None) -> Path | None:

@@ -427,6 +427,16 @@ def _finish_day(out: str, day: str, parts: list[dict[str, Any]]) -> dict[str, An
     return {"day": day, "rows": rows, "hist": hist}
 
 
+def ceiling_of(out: str) -> float | None:
+    """The ceiling AUC recorded in ``out/generation.json`` (a folder or a URL), None when
+    there is none to read."""
+    try:
+        with storage.open_input(f"{str(out).rstrip('/')}/generation.json") as f:
+            return float(json.loads(f.read())["ceiling_auc"])
+    except (OSError, KeyError, ValueError, TypeError):  # StorageError is an OSError too
+        return None
+
+
 def _unmark(folder: str) -> None:
     """Create ``folder`` (on disk) and remove its ``_SUCCESS`` marker."""
     if not storage.is_url(folder):

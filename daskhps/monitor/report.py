@@ -94,9 +94,10 @@ def _ceiling(run_dir: Path, summary: dict[str, Any]) -> float | None:
     try:
         import yaml
 
+        from daskhps.data.synthetic import ceiling_of
+
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-        out = Path(cfg["data"]["generate"]["out"])
-        return float(json.loads((out / "generation.json").read_text())["ceiling_auc"])
+        return ceiling_of(str(cfg["data"]["generate"]["out"]))
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
 
