@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from daskhps import storage
 from daskhps.config import RunConfig
 from daskhps.distributed import RunGroup, WorkerShards
 from daskhps.distributed.disks import remove_folder
@@ -176,9 +177,10 @@ class Checkpointer:
         except RECOVERABLE:
             raise
         except Exception as e:
+            why = storage.failure(r.url, e, "write") if storage.is_url(r.url) else first_line(e)
             raise CheckpointError(
-                f"copying checkpoint {ckpt.name} to checkpoint.replicate_to {r.url} failed: "
-                f"{first_line(e)}; the local "
+                f"copying checkpoint {ckpt.name} to checkpoint.replicate_to "
+                f"{storage.shown(r.url)} failed: {why}; the local "
                 "checkpoint is complete: make the location writable, then resume with --resume "
                 "(the copy catches up)"
             ) from e

@@ -35,8 +35,9 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from daskhps import storage
 from daskhps._paths import writing_problem
-from daskhps.errors import CheckpointError, ConfigError, first_line
+from daskhps.errors import CheckpointError, ConfigError
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
@@ -119,8 +120,8 @@ class Replica:
             with self.fs.open(probe, "wb") as f:
                 f.write(b"daskhps")
             self.fs.rm_file(probe)
-        except (OSError, ValueError, PermissionError) as e:
-            return first_line(e)
+        except Exception as e:  # the store's own errors (botocore's) are no OSError
+            return str(storage.failure(self.url, e, "write")).split(": ", 1)[1]
         return None
 
     # -- writing ---------------------------------------------------------------------

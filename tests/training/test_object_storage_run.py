@@ -6,6 +6,7 @@ its copy is in the bucket and loads, and ``config.yaml`` holds no credential."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,9 @@ from daskhps.config import RunConfig
 from daskhps.training.checkpoint import latest_checkpoint
 from daskhps.training.trainer import Trainer
 from tests._logs import generated_logs
-from tests._runs import tiny_config
-from tests._s3 import KEY, SECRET, s3_server
+from tests._runs import cli_here, tiny_config, write_config
+from tests._s3 import KEY, SECRET, S3Server, s3_server
+from tests.serve.helpers import tree_state
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +32,53 @@ def _rows(run: Path) -> tuple[np.ndarray, np.ndarray]:
         return keys, store.lookup(keys).rows.numpy()
 
 
+def _wrong_inputs_change_nothing(
+    tmp_path: Path,
+    config: dict,
+    server: S3Server,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The bucket run and a copy of its folder, given a bucket that does not exist and an
+    endpoint that refuses connections, with --overwrite and --resume: one line each, exit 1,
+    and not a file of either folder, nor an object of the copy, changed."""
+    shutil.copytree(tmp_path / "bucket", tmp_path / "bucket-copy")
+    before = {**tree_state(tmp_path / "bucket"), **tree_state(tmp_path / "bucket-copy")}
+    objects = server.fs().find("copies", detail=True)
+    wrong = {
+        "no such bucket": ("data.train.paths=[s3://no-such-bucket/logs]", "the bucket 'no-such"),
+        "refused": ("storage.options.s3.endpoint_url=http://127.0.0.1:9", "cannot connect to"),
+    }
+    # Each wrong input with each flag, on the run or on its copy (every case once).
+    cases = [
+        ("bucket", "--overwrite", "no such bucket"),
+        ("bucket", "--resume", "refused"),
+        ("bucket-copy", "--overwrite", "refused"),
+        ("bucket-copy", "--resume", "no such bucket"),
+    ]
+    for run, flag, case in cases:
+        cfg = write_config(
+            tmp_path / f"{run}.yaml",
+            {**config, "run": {**config["run"], "dir": str(tmp_path / run)}},
+        )
+        override, said = wrong[case]
+        if (flag, case) == ("--resume", "no such bucket"):
+            said = "the config changed where a resume must not (data.train.paths"
+        got = cli_here(capfd, caplog, "train", str(cfg), flag, "--set", override)
+        assert got.returncode == 1, got.stderr
+        lines = [x for x in got.stderr.splitlines() if "error" in x]
+        assert len(lines) == 1 and said in lines[0], got.stderr
+        assert SECRET not in got.stderr and KEY not in got.stderr
+    after = {**tree_state(tmp_path / "bucket"), **tree_state(tmp_path / "bucket-copy")}
+    assert after == before
+    assert server.fs().find("copies", detail=True) == objects
+
+
 def test_a_run_from_a_bucket_equals_the_run_from_local_files(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     logs = generated_logs(
         tmp_path_factory, days=2, rows_per_day=1500, parts_per_day=2, seed=7, name="bucket"
@@ -52,6 +99,7 @@ def test_a_run_from_a_bucket_equals_the_run_from_local_files(
             )
             results[name] = Trainer(RunConfig.from_dict(d, source="test"), progress=False).run()
         copied = sorted(server.fs().find("copies/bucket/checkpoints"))
+        _wrong_inputs_change_nothing(tmp_path, d, server, capfd, caplog)
     local, bucket = results["local"], results["bucket"]
     assert bucket.pass_losses == local.pass_losses and len(local.passes) >= 3
     assert bucket.final_eval == local.final_eval and bucket.final_eval["auc"] > 0.5
