@@ -37,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from daskhps._paths import writing_problem
 from daskhps.errors import CheckpointError, ConfigError, first_line
+from daskhps.storage import transport_failure
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.training.checkpoint import (
     MANIFEST,
@@ -119,7 +120,10 @@ class Replica:
             with self.fs.open(probe, "wb") as f:
                 f.write(b"daskhps")
             self.fs.rm_file(probe)
-        except (OSError, ValueError, PermissionError) as e:
+        except Exception as e:
+            # The store's own failures too: botocore's (no credentials found) are no OSError.
+            if not isinstance(e, (OSError, ValueError)) and transport_failure(self.url, e) is None:
+                raise
             return first_line(e)
         return None
 
