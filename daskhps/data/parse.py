@@ -508,9 +508,11 @@ def read_shard(
             if schema.format == "parquet"
             else _read_text(path, schema, labels, byte_range)
         )
-    except (OSError, pa.ArrowException, KeyError, ValueError) as e:
+    except Exception as e:
         if (gone := transport_failure(path, e)) is not None:
             raise gone from e  # the store failed, not the bytes: no bad row, one line
+        if not isinstance(e, (OSError, pa.ArrowException, KeyError, ValueError)):
+            raise
         msg = first_line(e)
         if "Empty CSV file" in msg or file_size(path) == 0:
             kind, what = Reason.EMPTY_SHARD, "the file is empty"

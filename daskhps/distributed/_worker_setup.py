@@ -34,7 +34,9 @@ class WorkerSetup(WorkerPlugin):
     share the driver's process, whose Ctrl-C is the driver's)."""
 
     name = PLUGIN_NAME
-    idempotent = True
+    # Registered again by every run, replacing the last run's on every worker: a cluster
+    # given by address outlives its runs, and each run brings its own storage options.
+    idempotent = False
 
     def __init__(
         self, ignore_sigint: bool, storage_options: Mapping[str, Mapping[str, Any]] | None = None

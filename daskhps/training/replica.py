@@ -120,7 +120,13 @@ class Replica:
             with self.fs.open(probe, "wb") as f:
                 f.write(b"daskhps")
             self.fs.rm_file(probe)
-        except Exception as e:  # the store's own errors (botocore's) are no OSError
+        except Exception as e:
+            # The store's own failures too: botocore's (no credentials found) are no OSError.
+            if (
+                not isinstance(e, (OSError, ValueError))
+                and storage.transport_failure(self.url, e) is None
+            ):
+                raise
             return str(storage.failure(self.url, e, "write")).split(": ", 1)[1]
         return None
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dask
@@ -243,3 +245,48 @@ def test_the_quickstart_generates_its_days_into_a_bucket(server: S3Server) -> No
     ]
     assert len(read_click_log(url).frame.compute(scheduler="sync")) == 600
     assert not any(n.endswith((".tmp", ".part")) for n in os.listdir("."))
+
+
+@contextmanager
+def _no_credentials(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process reaches the server with no credentials anywhere botocore looks."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance to ask
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    storage.use_options(
+        {"s3": {k: v for k, v in server.options["s3"].items() if k not in ("key", "secret")}}
+    )
+    try:
+        yield
+    finally:
+        storage.use_options(server.options)
+
+
+def test_no_credentials_is_one_line_when_reading_and_before_writing_a_copy(
+    server: S3Server, logs: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore's "no credentials" is no OSError: a worker without them reading the logs the
+    driver listed, and checkpoint.replicate_to's probe before a run, say so in one line."""
+    from daskhps.errors import ConfigError
+    from daskhps.training.replica import Replica
+
+    _, url = logs
+    log = read_click_log(url, schema=SCHEMA)  # planned where the credentials are
+    copy = server.bucket("no-credentials") + "/run"
+    with _no_credentials(server, monkeypatch):
+        with pytest.raises(StorageError) as e:
+            log.frame.compute(scheduler="sync")
+        assert re.match(
+            rf"{re.escape(url)}/day=2024-01-0[123]/part-0000[01]\.tsv(\.gz)?: "
+            r"no credentials were found: give them in storage\.options",
+            _one_line(e),
+        )
+        with pytest.raises(ConfigError) as c:
+            Replica(copy).check_writable("run.yaml")
+    assert _one_line(c) == (
+        f"run.yaml: checkpoint.replicate_to: cannot write checkpoints to {copy} (no credentials "
+        "were found: give them in storage.options, the environment (AWS_ACCESS_KEY_ID, ...) or "
+        "the package's config file); set it to a writable folder or URL, or remove it"
+    )

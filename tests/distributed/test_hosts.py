@@ -1,6 +1,7 @@
 """Runs on several hosts, each with a disk nobody else sees (tests/_hosts.py): nothing on the
 driver opens a rank store, ranks follow their stores, a killed driver's workers let go of the
-run, a lost host's stores come back from the copy.
+run, a lost host's stores come back from the copy, logs and the copy in a bucket (an S3 server on
+127.0.0.1, tests/_s3.py) give the same run.
 
 One set of hosts serves the whole module (starting them is most of a test's time); each test
 trains in its own folders, and one that loses a host replaces it before it ends.
@@ -276,3 +277,38 @@ def test_inspect_on_the_drivers_machine_reads_the_copy(plain: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert "damaged" not in run.stdout, run.stdout[-3000:]
     assert f"read from the copy at {plain.parent / 'plain-copy'}" in run.stdout, run.stdout
+
+
+def test_logs_and_the_copy_in_a_bucket_train_the_same_run_bit_for_bit(
+    tmp_path: Path, logs: Path, hosts: Hosts, plain: Path
+) -> None:
+    """The module's run with its logs read from a bucket and its copy written to one: the
+    hosts reach the S3 server only through the config's ``storage.options`` (their
+    environment names no endpoint and no credentials), and the run is the local one."""
+    from tests._s3 import s3_server
+
+    reach = ("AWS_ACCESS", "AWS_SECRET", "AWS_ENDPOINT", "FSSPEC_S3")
+    assert not any(k.startswith(reach) for k in hosts._env)
+    with s3_server() as server:
+        url = server.upload(logs, server.bucket("clicks") + "/logs")
+        copy = server.bucket("copies") + "/run"
+        config = _config(
+            tmp_path,
+            logs,
+            hosts,
+            "bucket",
+            data={"holdout": {"day": "last"}, "train": {"paths": [url]}},
+            checkpoint={"replicate_to": copy},
+            storage={"options": server.options},
+        )
+        run = cli("train", str(config), timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        server.fs().get(copy.split("://", 1)[1], str(tmp_path / "copied"), recursive=True)
+    names = [c.name for c in list_checkpoints(tmp_path / "copied")]
+    assert names == [c.name for c in list_checkpoints(plain.parent / "plain-copy")]
+    assert names[-1] == latest_checkpoint(tmp_path / "bucket").name  # type: ignore[union-attr]
+    a, b = _dense(tmp_path / "bucket"), _dense(plain)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    _same_rows(tmp_path / "copied", plain.parent / "plain-copy")
+    assert not (tmp_path / "bucket-copy").exists()
+    assert hosts.driver_sees() == []  # the stores are on the hosts' disks only

@@ -15,6 +15,9 @@ One scenario, day by day (each step depends on the previous, so it is one test):
 4. 01-04 arrives -> train 01-02 and 01-03 from v000001, score 01-04, publish v000002; the
    rows of v000001 are untouched by the candidates that branched from it;
 5. list, roll back to v000001, roll back to an unknown version, nothing new again.
+
+Then the same days read from a bucket of an S3 server on 127.0.0.1 (tests/_s3.py): publish,
+a day being written is nothing new, its _SUCCESS arrives and the next run trains on it.
 """
 
 from __future__ import annotations
@@ -205,3 +208,56 @@ def test_a_few_days_of_retraining(
     # the resolved config of every attempt is a valid run config on its own
     for attempt_dir in (tmp_path / "run" / "attempts").iterdir():
         load_config(attempt_dir / "config.yaml")
+
+
+def _arrive_in_bucket(
+    server: Any, all_days: Path, url: str, day: str, complete: bool = True
+) -> None:
+    """Upload one day's parts to the bucket's log folder; its marker last, when complete."""
+    fs, folder = server.fs(), f"{url.split('://', 1)[1]}/day={day}"
+    for part in sorted((all_days / f"day={day}").glob("part-*")):
+        fs.put_file(str(part), f"{folder}/{part.name}")
+    if complete:
+        fs.pipe_file(f"{folder}/{SUCCESS}", b"")
+
+
+def test_retraining_from_day_folders_in_a_bucket(
+    all_days: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shared_clusters: SharedClusters,
+) -> None:
+    """``data.train.paths`` a bucket's folder of ``day=`` folders, reached through the
+    config's ``storage.options`` (here and on the workers): the first run publishes from the
+    days there, the next trains the day that arrived since and scores the newest."""
+    from daskhps import storage
+    from tests._s3 import s3_server
+
+    registry = Registry(tmp_path / "run" / "versions")
+    with s3_server() as server:
+        url = server.bucket("clicks") + "/logs"
+        for day in DAYS[:2]:
+            _arrive_in_bucket(server, all_days, url, day)
+        cluster = shared_clusters.section(workers=1, threads=2)
+        path = _config(tmp_path, url, cluster)  # type: ignore[arg-type]  # a URL, not a Path
+        cfg = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**cfg, "storage": {"options": server.options}}))
+        try:
+            assert main(["retrain", str(path)]) == ExitCode.PUBLISHED
+            assert "published v000001" in capsys.readouterr().out
+            v1 = registry.current()
+            assert v1 is not None and (v1.train_days, v1.eval_day) == ((DAYS[0],), DAYS[1])
+
+            _arrive_in_bucket(server, all_days, url, DAYS[2], complete=False)  # being written
+            assert main(["retrain", str(path)]) == ExitCode.NOTHING_NEW
+            _arrive_in_bucket(server, all_days, url, DAYS[2])  # its _SUCCESS, last
+            assert main(["retrain", str(path)]) == ExitCode.PUBLISHED, capsys.readouterr().err
+            assert "published v000002" in capsys.readouterr().out
+        finally:
+            storage.use_options({"s3": {}})
+    attempt = registry.attempts()[-1]
+    assert (attempt.base, attempt.train_days, attempt.eval_day) == ("v000001", (DAYS[1],), DAYS[2])
+    assert attempt.metrics["examples"] == attempt.baseline["examples"] == 2000  # all of 01-03
+    v2 = registry.current()
+    assert v2 is not None and v2.name == attempt.version == "v000002"
+    assert (v2.parent, v2.train_days, v2.eval_day) == ("v000001", (DAYS[1],), DAYS[2])
