@@ -88,16 +88,36 @@ def shown(url: str) -> str:
     return url.split("?", 1)[0] if is_url(url) else url
 
 
-def use_options(options: Mapping[str, Mapping[str, Any]]) -> None:
+_SET: dict[str, Any] = {}  # protocol -> what fsspec's config held before use_options set it
+
+
+def use_options(options: Mapping[str, Mapping[str, Any]], *, replace: bool = False) -> None:
     """Make ``options`` (``{protocol: {option: value}}``) the defaults of every filesystem
     this process opens for those protocols (fsspec's own config, which its environment
-    variables also fill). Filesystems cached with other options are dropped."""
+    variables also fill). Filesystems cached with other options are dropped.
+
+    ``replace``: a protocol that an earlier call set and ``options`` does not name gets back
+    what it had before (what a worker of a long-lived cluster does when the next run, with
+    other options or none, registers its setup)."""
+    if replace:
+        for protocol in [p for p in _SET if p not in options]:
+            before = _SET.pop(protocol)
+            if before is None:
+                fsspec.config.conf.pop(protocol, None)
+            else:
+                fsspec.config.conf[protocol] = before
+            _forget_instances(protocol)
     for protocol, opts in options.items():
         if fsspec.config.conf.get(protocol) != dict(opts):
+            _SET.setdefault(protocol, fsspec.config.conf.get(protocol))
             fsspec.config.conf[protocol] = dict(opts)
-            # A protocol whose package is missing is reported where a URL uses it.
-            with contextlib.suppress(ImportError, ValueError):
-                fsspec.get_filesystem_class(protocol).clear_instance_cache()
+            _forget_instances(protocol)
+
+
+def _forget_instances(protocol: str) -> None:
+    # A protocol whose package is missing is reported where a URL uses it.
+    with contextlib.suppress(ImportError, ValueError):
+        fsspec.get_filesystem_class(protocol).clear_instance_cache()
 
 
 def _missing_package(url: str, protocol: str, cause: BaseException) -> StorageError:

@@ -49,7 +49,8 @@ class WorkerSetup(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         quiet_expected_errors()
-        use_options(self.storage_options)
+        # This run's options, and none of an earlier run's (a cluster outlives its runs).
+        use_options(self.storage_options, replace=True)
         own_process = multiprocessing.parent_process() is not None
         # signal.signal only works in the main thread, which runs a worker process's loop.
         main = threading.current_thread() is threading.main_thread()
