@@ -172,7 +172,6 @@ _CONNECT = (
     "temporary failure in name resolution",
     "connection reset",
     "connection aborted",
-    "endpoint url",
 )
 _DENIED = (
     "accessdenied",

@@ -29,7 +29,6 @@ import logging
 import os
 import posixpath
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,7 +260,4 @@ def fetched_model(model: str, checkpoint: str | None = None) -> tuple[str, str |
         root, name = url, checkpoint or _newest(url)
         if name.isdigit():
             name = checkpoint_name(int(name))
-    started = time.monotonic()
-    got = CopyCache().checkpoint(root, name)
-    log.debug("fetched in %.1f s", time.monotonic() - started)
-    return str(got.path), None
+    return str(CopyCache().checkpoint(root, name).path), None

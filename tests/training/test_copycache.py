@@ -1,0 +1,74 @@
+"""The local cache of copies in object storage (daskhps/training/copycache.py) against a model:
+copies in fsspec's in-memory filesystem, fetched in a random order into a cache with a random
+limit. After every fetch the checkpoint read is whole in the cache, the cache holds at most
+its limit, and what was evicted is what least recent use says; a checkpoint larger than the
+limit is refused before anything is fetched."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daskhps.errors import StorageError
+from daskhps.training.checkpoint import MANIFEST
+from daskhps.training.copycache import CopyCache
+
+
+def _copy(fs: fsspec.AbstractFileSystem, root: str, sizes: list[int]) -> int:
+    """A copy at ``root`` with one checkpoint whose store files have ``sizes``; its bytes."""
+    manifest = json.dumps({"stores_dir": "../../stores/stores"}).encode()
+    fs.pipe_file(f"{root}/checkpoints/pass-000001/dense.pt", b"d" * 10)
+    for i, n in enumerate(sizes):
+        fs.pipe_file(f"{root}/stores/stores/embeddings/rank-0/segments/{i}", b"r" * n)
+    fs.pipe_file(f"{root}/checkpoints/pass-000001/{MANIFEST}", manifest)
+    return 10 + sum(sizes) + len(manifest)
+
+
+def _held(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    copies=st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=4), min_size=1, max_size=4),
+    reads=st.lists(st.integers(0, 3), min_size=1, max_size=10),
+    limit=st.integers(500, 9000),
+)
+def test_the_cache_against_its_model(
+    copies: list[list[int]], reads: list[int], limit: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    fs = fsspec.filesystem("memory")
+    tag = os.urandom(4).hex()
+    urls, need = [], []
+    for i, sizes in enumerate(copies):
+        urls.append(f"memory://cache-{tag}/copy-{i}")
+        need.append(_copy(fs, f"/cache-{tag}/copy-{i}", sizes))
+    cache = CopyCache(tmp_path_factory.mktemp("cache"), limit)
+    used: list[int] = []  # the model: copies in the cache, least recently used first
+    for r in reads:
+        i = r % len(urls)
+        if need[i] > limit:
+            before = _held(cache.root)
+            with pytest.raises(StorageError, match="more than its limit"):
+                cache.checkpoint(urls[i], "pass-000001")
+            assert _held(cache.root) == before  # nothing fetched
+            continue
+        time.sleep(0.002)  # distinct use times
+        got = cache.checkpoint(urls[i], "pass-000001")
+        assert (got.path / MANIFEST).is_file() and (got.path / "dense.pt").stat().st_size == 10
+        assert _held(cache.folder(urls[i])) >= need[i]  # whole
+        assert got.cached_bytes == _held(cache.root / "copies") <= limit
+        used = [u for u in used if u != i] + [i]
+        # The model's eviction: least recently used first, until within the limit.
+        while sum(need[u] for u in used) > limit:
+            used.pop(0)
+        present = {j for j in range(len(urls)) if cache.folder(urls[j]).exists()}
+        assert present == set(used)
+    fs.rm(f"/cache-{tag}", recursive=True)
