@@ -17,7 +17,8 @@ The cache lives in ``$DASKHPS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/daskhps``, 
 or a size such as ``50GiB``): after a fetch, the least recently used copies go first, then the
 checkpoints and stores of this copy that the checkpoint being read does not use. A checkpoint
 larger than the limit is refused in one line before anything is fetched. Every fetch is
-logged with what it moved and what the cache holds.
+logged with what it moved and what the cache holds (a warning, shown on the terminal, when it
+moved more than the checkpoint's manifest).
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ class CopyCache:
             moved_bytes += files[path]
         local_ckpt = here / "checkpoints" / name
         held = self._trim(here, local_ckpt, here / posixpath.relpath(stores_remote, root))
-        log.info(
+        # Said on the terminal when it moved rows (more than the manifest, fetched every time).
+        log.log(
+            logging.WARNING if moved > 1 else logging.INFO,
             "read %s/checkpoints/%s through the local cache %s: fetched %d file(s), %s; "
             "the cache holds %s of %s",
             storage.shown(url.rstrip("/")),
