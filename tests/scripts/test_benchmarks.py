@@ -267,3 +267,23 @@ def test_bench_network_quick() -> None:
         assert rec["unit"] == "B" and rec["value"] > 0 and rec["ratio"] >= 1.0, rec
     projected = [r for r in recs if r["name"].startswith("network seconds a pass")]
     assert len(projected) == 6 and all(r["value"] > 0 and r["host_bytes"] > 0 for r in projected)
+
+
+@pytest.mark.slow
+def test_bench_object_store_quick(tmp_path: Path) -> None:
+    """A small day read from moto's S3 server and from disk, without the training runs: the
+    same rows both ways, the bytes fetched counted, and the figures written as JSON."""
+    pytest.importorskip("s3fs", reason="the object-storage benchmark needs s3fs")
+    pytest.importorskip("moto.server", reason="the object-storage benchmark needs moto[server]")
+    out = tmp_path / "figures.json"
+    args = ["--quick", "--no-train", "--s3-block-size", "0", "--results", str(out)]
+    recs = run_script("bench_object_store.py", *args)
+    reads = [r for r in recs if r["name"].startswith("read a ")]
+    assert len(reads) == 2 and all(r["unit"] == "rows/s" and r["value"] > 0 for r in reads)
+    fetched = {r["name"]: r for r in recs if r["name"].startswith("bytes fetched")}
+    whole = fetched["bytes fetched from the S3 server over the log's bytes, whole files"]
+    assert whole["fetched_bytes"] == whole["log_bytes"]  # a whole object: one GET of it
+    assert whole["get_requests"] == 8
+    assert all(r["value"] >= 1.0 for r in fetched.values())
+    figures = json.loads(out.read_text())
+    assert figures["raw_get"]["get_1_mb_s"] > 0 and "train" not in figures
