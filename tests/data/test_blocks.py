@@ -61,6 +61,36 @@ def test_ranges_hold_every_line_once_in_order(
     assert got == data.encode()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(st.text(alphabet="ab\t\r", max_size=12), max_size=30),
+    block=st.integers(1, 40),
+    chunk=st.integers(1, 16),
+)
+def test_a_range_of_an_object_is_the_range_of_the_file(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], block: int, chunk: int
+) -> None:
+    """An object's range comes from ranged reads that grow by ``chunk`` bytes until the
+    lines' ends are found (a line longer than a chunk included): each range holds the bytes
+    the same range of the file holds."""
+    import fsspec
+
+    from daskhps.data import textfile
+
+    path = tmp_path_factory.mktemp("object-ranges") / "f.tsv"
+    data = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(data)
+    url = f"memory://object-ranges/{path.parent.name}/f.tsv"
+    fsspec.filesystem("memory").pipe_file(url, data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(textfile, "_CHUNK", chunk)
+        for a in range(0, len(data), block):
+            r = (a, min(a + block, len(data)))
+            want = read_text_bytes(str(path), r).data.to_pybytes()
+            assert read_text_bytes(url, r).data.to_pybytes() == want, r
+    fsspec.filesystem("memory").rm_file(url)
+
+
 @pytest.mark.parametrize("block", [64 << 10, 100_000, 300_000])
 def test_blocks_read_the_same_rows_as_the_whole_file(tmp_path: Path, block: int) -> None:
     path = _write(tmp_path / "big.tsv", _lines(60_000))
