@@ -25,7 +25,8 @@ folder and uploads the folder to a bucket. It measures (about 4 minutes on 2 cor
   before the read; the CPU seconds of the reading process and of the server, and the ratio
   they predict were the read bound by the cores they share (local CPU seconds over the
   server side's); the bytes and GET requests s3fs fetched (counted in
-  ``S3File._fetch_range``) over the log's bytes: the read amplification;
+  ``S3File._fetch_range`` and ``S3FileSystem._cat_file``) over the log's bytes: the read
+  amplification;
 * the server's raw GET throughput: every object of the day fetched whole with s3fs
   ``cat_file``, one at a time and two at once, against reading the local files whole, and
   fetched in ranges of ``--block-size``; moto's and the client's CPU seconds per GB; the
@@ -199,21 +200,33 @@ class RssSampler:
 
 
 def count_fetches() -> dict[str, int]:
-    """Count the bytes and requests of every range s3fs fetches from now on (each a GET)."""
-    from s3fs.core import S3File
+    """Count the bytes and requests of every range s3fs fetches from now on (each a GET):
+    through a buffered file (``S3File._fetch_range``: whole files, gzip) and by ranged reads
+    (``S3FileSystem._cat_file``: the blocks of plain text)."""
+    from s3fs.core import S3File, S3FileSystem
 
     got = {"bytes": 0, "requests": 0}
     fetch = S3File._fetch_range
+    cat = S3FileSystem._cat_file
     lock = threading.Lock()  # the scheduler's threads fetch at once
+
+    def add(n: int) -> None:
+        with lock:
+            got["bytes"] += n
+            got["requests"] += 1
 
     def counted(self: Any, start: int, end: int) -> Any:
         data = fetch(self, start, end)
-        with lock:
-            got["bytes"] += len(data)
-            got["requests"] += 1
+        add(len(data))
+        return data
+
+    async def counted_cat(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        data = await cat(self, path, *args, **kwargs)
+        add(len(data))
         return data
 
     S3File._fetch_range = counted  # type: ignore[method-assign]
+    S3FileSystem._cat_file = counted_cat  # type: ignore[method-assign]
     return got
 
 
