@@ -28,16 +28,8 @@ from daskhps.data.badrows import BadRowReport
 from daskhps.errors import DataError, StorageError
 from daskhps.retrain.days import scan_days
 from tests._s3 import KEY, SECRET, S3Server, s3_server
+from tests.data.test_readers import SCHEMA
 
-SCHEMA = Schema.from_dict(
-    {
-        "name": "mini",
-        "columns": ["label", "I1", "I2", "C1", "C2"],
-        "label": "label",
-        "dense": ["I1", "I2"],
-        "categorical": ["C1", "C2"],
-    }
-)
 GOOD = [f"{i % 2}\t{i}\t{i * 3}\tk{i % 97:x}\tv{i % 13}" for i in range(4000)]
 BAD = ["1\t2\t3", "2\t1\t1\tx\ty", "1\tabc\t2\tx\ty", ""]
 

@@ -33,6 +33,7 @@ from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.server import ServeOptions
 from daskhps.table import open_shard_store
 from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
+from daskhps.training.copycache import CopyCache
 from daskhps.training.inspection import describe
 from daskhps.training.replica import Replica
 from daskhps.training.trainer import Trainer
@@ -306,16 +307,21 @@ def test_without_a_usable_copy_each_command_is_one_line_and_changes_nothing(
     assert not out.exists()
 
 
-@pytest.fixture
-def versions(run: Path, tmp_path: Path) -> Iterator[Registry]:
-    """A retraining run's registry of this run's two checkpoints (v000001 current), then
-    the stores moved away: the versions' rows are read from their candidates' copies."""
+def _registry(run: Path, tmp_path: Path) -> Registry:
+    """A retraining run's registry of ``run``'s two checkpoints, v000001 current."""
     reg = Registry(tmp_path / "retrain" / "versions")
     ckpts = list_checkpoints(run)
     publish_checkpoint(reg, "v000001", ckpts[0])
     publish_checkpoint(reg, "v000002", ckpts[1])
     reg.rollback("v000001")
-    yield reg
+    return reg
+
+
+@pytest.fixture
+def versions(run: Path, tmp_path: Path) -> Iterator[Registry]:
+    """A retraining run's registry of this run's two checkpoints (v000001 current), then
+    the stores moved away: the versions' rows are read from their candidates' copies."""
+    yield _registry(run, tmp_path)
 
 
 def _scores(model: Path, frame: pd.DataFrame) -> np.ndarray:
@@ -326,9 +332,12 @@ def _scores(model: Path, frame: pd.DataFrame) -> np.ndarray:
         scorer.close()
 
 
-def test_serve_follows_versions_whose_stores_are_elsewhere(
-    run: Path, tmp_path: Path, versions: Registry, trained: dict[str, Any]
+def _follows(
+    versions: Registry, run: Path, tmp_path: Path, trained: dict[str, Any], copy_stores: Path
 ) -> None:
+    """Each version's scores from its own stores; then the stores moved away, ``serve`` of the
+    retraining run answers with v000001's rows from the copy (at ``copy_stores``), and after a
+    rollback to v000002, follows it."""
     from daskhps.data.readers import read_click_log
 
     folder = versions.folder
@@ -340,7 +349,7 @@ def test_serve_follows_versions_whose_stores_are_elsewhere(
     shutil.move(run / "stores", tmp_path / "on-the-workers")
     copied = load_servable(folder.parent)
     assert copied.name == "v000001"
-    assert copied.table.stores_dir == trained["copy"] / "stores" / "stores"
+    assert copied.table.stores_dir == copy_stores
     text = Path(trained["holdout"][0]).read_text()
     n = len(text.splitlines())
     served = Running(ServeOptions(model=str(folder.parent), device_rows=500, poll_s=3600))
@@ -356,6 +365,12 @@ def test_serve_follows_versions_whose_stores_are_elsewhere(
         served.close()
     assert second.version == "v000002"
     assert np.abs(np.array(second.probabilities) - refs["v000002"][:n]).max() < 1e-6
+
+
+def test_serve_follows_versions_whose_stores_are_elsewhere(
+    run: Path, tmp_path: Path, versions: Registry, trained: dict[str, Any]
+) -> None:
+    _follows(versions, run, tmp_path, trained, trained["copy"] / "stores" / "stores")
 
 
 # -- the copy in object storage (an S3-compatible server on 127.0.0.1) --------------------
@@ -426,34 +441,6 @@ def test_a_copy_in_object_storage_is_read_through_the_local_cache(
 def test_serve_follows_versions_whose_copy_is_in_object_storage(
     run: Path, tmp_path: Path, s3_copy: str, cache: Path, trained: dict[str, Any]
 ) -> None:
-    from daskhps.data.readers import read_click_log
-
-    _without_copy(run, s3_copy)
-    reg = Registry(tmp_path / "retrain" / "versions")
-    ckpts = list_checkpoints(run)
-    publish_checkpoint(reg, "v000001", ckpts[0])
-    publish_checkpoint(reg, "v000002", ckpts[1])
-    reg.rollback("v000001")
-    s = load_servable(reg.folder / "v000001")
-    frame = read_click_log(trained["holdout"], schema=s.config.data.schema).frame.compute()
-    frame = frame.reset_index(drop=True)
-    refs = {v: _scores(reg.folder / v, frame) for v in ("v000001", "v000002")}  # own stores
-    shutil.move(run / "stores", tmp_path / "on-the-workers")
-    copied = load_servable(reg.folder.parent)
-    assert copied.name == "v000001"
-    assert copied.table.stores_dir.is_relative_to(cache / "copies")
-    text = Path(trained["holdout"][0]).read_text()
-    n = len(text.splitlines())
-    served = Running(ServeOptions(model=str(reg.folder.parent), device_rows=500, poll_s=3600))
-    try:
-        first = served.client.predict_lines(text)
-        assert first.version == "v000001"
-        assert np.abs(np.array(first.probabilities) - refs["v000001"][:n]).max() < 1e-6
-        reg.rollback("v000002")
-        swap = served.refresh()
-        assert (swap.old, swap.new) == ("v000001", "v000002")
-        second = served.client.predict_lines(text)
-    finally:
-        served.close()
-    assert second.version == "v000002"
-    assert np.abs(np.array(second.probabilities) - refs["v000002"][:n]).max() < 1e-6
+    _without_copy(run, s3_copy)  # the run copied its checkpoints to the bucket
+    mirror = CopyCache().folder(s3_copy)
+    _follows(_registry(run, tmp_path), run, tmp_path, trained, mirror / "stores" / "stores")
