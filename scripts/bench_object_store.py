@@ -56,7 +56,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -113,40 +112,18 @@ def options(endpoint: str, s3_block: int | None = None) -> dict[str, dict[str, A
 
 @contextmanager
 def s3_server() -> Iterator[Server]:
-    """moto's server on a free port of 127.0.0.1, in a process of its own; stopped after."""
-    env = {
-        **os.environ,
-        "AWS_ACCESS_KEY_ID": KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "MOTO_ALLOW_NONEXISTENT_REGION": "true",
-    }
+    """moto's server on a free port of 127.0.0.1, in a process of its own (started as the
+    tests start it, tests/_s3.py); stopped after."""
     try:
         import moto.server  # noqa: F401
         import s3fs  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"bench_object_store needs s3fs and moto[server]: {e}") from None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        endpoint = None
-        for line in proc.stdout:  # it prints its address once it listens
-            if m := re.search(r"Running on (http://127\.0\.0\.1:\d+)", line):
-                endpoint = m.group(1)
-                break
-        if endpoint is None:
-            raise SystemExit(f"the S3 server did not start (exit {proc.wait(10)})")
-        # keep reading its log (a line per request) so a full pipe never blocks it
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        yield Server(endpoint, proc.pid)
-    finally:
-        proc.kill()
-        proc.wait(10)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
+    from tests._s3 import s3_server as start
+
+    with start() as server:
+        yield Server(server.endpoint, server.pid)
 
 
 def upload(server: Server, local: Path, prefix: str) -> str:

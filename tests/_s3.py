@@ -29,9 +29,11 @@ KEY, SECRET = "daskhps-test-key", "daskhps-test-secret"  # fake: the server take
 
 @dataclass(frozen=True)
 class S3Server:
-    """A running server: ``endpoint`` is its ``http://127.0.0.1:PORT``."""
+    """A running server: ``endpoint`` is its ``http://127.0.0.1:PORT``, ``pid`` its process
+    (scripts/bench_object_store.py counts its CPU seconds)."""
 
     endpoint: str
+    pid: int
 
     @property
     def options(self) -> dict[str, Any]:
@@ -96,7 +98,7 @@ def s3_server(auth: bool = False) -> Iterator[S3Server]:
         import threading
 
         threading.Thread(target=proc.stdout.read, daemon=True).start()
-        yield S3Server(endpoint)
+        yield S3Server(endpoint, proc.pid)
     finally:
         proc.kill()
         proc.wait(10)
