@@ -29,6 +29,7 @@ from daskhps.retrain.versions import Registry
 from daskhps.serve.client import ServeClient
 from daskhps.serve.server import ServeOptions
 from daskhps.training.checkpoint import list_checkpoints
+from tests._runs import cli_here
 from tests._signals import default_dispositions
 from tests.serve.helpers import Running, publish_checkpoint, tree_state
 
@@ -299,12 +300,23 @@ def _pid_of(port: int) -> str:
 
 
 def test_cli_refuses_a_model_it_cannot_serve(
-    tmp_path: Path, run: dict[str, Any], served: Running
+    tmp_path: Path,
+    run: dict[str, Any],
+    served: Running,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Each refusal is one line and exit 1 (2 for a bad flag); the first through a process
+    of its own (no traceback from the interpreter either), the others through the command
+    line's main in this process (they stop before serving anything)."""
     before = tree_state(Path(run["cfg"].run.dir))
     model = ["--model", run["cfg"].run.dir]
     (tmp_path / "notes.txt").write_text("not a log\n")
-    for args, words in (
+    (tmp_path / "retrain" / "versions").mkdir(parents=True)
+    (tmp_path / "retrain" / "versions" / "registry.json").write_text(
+        '{"format": 1, "versions": [], "attempts": [], "events": []}'
+    )
+    cases = (
         (["--model", str(tmp_path / "nope")], "no such file or folder"),
         (["--model", str(tmp_path)], "nor a run directory"),
         ([*model, "--poll-s", "0"], "--poll-s must be > 0"),
@@ -312,21 +324,24 @@ def test_cli_refuses_a_model_it_cannot_serve(
         ([*model, "--port", str(served.port)], f"127.0.0.1:{served.port} is in use"),
         ([*model, "--warmup", str(tmp_path / "none.tsv")], "--warmup"),
         ([*model, "--warmup", str(tmp_path / "notes.txt")], "no row of it reads"),
-    ):
+        (["--model", str(tmp_path / "retrain")], "holds no published version yet"),
+    )
+    for i, (args, words) in enumerate(cases):
         port = [] if "--port" in args else ["--port", str(_free_port())]
-        proc = _serve_cli([*args, *port])
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode != 0, (args, out, err)
+        if i == 0:
+            proc = _serve_cli([*args, *port])
+            _, err = proc.communicate(timeout=120)
+            code = proc.returncode
+        else:
+            try:
+                got = cli_here(capfd, caplog, "serve", *args, *port)
+                code, err = got.returncode, got.stderr
+            except SystemExit as e:  # a flag's value: the process exits 1 printing this
+                code, err = 1, f"{e.code}\n"
+        assert code != 0, (args, err)
         assert words in err, (args, err)
         assert len([line for line in err.splitlines() if "error" in line]) == 1, err
         assert "Traceback" not in err, err
-    (tmp_path / "versions").mkdir()
-    (tmp_path / "versions" / "registry.json").write_text(
-        '{"format": 1, "versions": [], "attempts": [], "events": []}'
-    )
-    proc = _serve_cli(["--model", str(tmp_path), "--port", str(_free_port())])
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "holds no published version yet" in err, err
     assert tree_state(Path(run["cfg"].run.dir)) == before  # nothing of the run was touched
 
 

@@ -444,3 +444,29 @@ def test_serve_follows_versions_whose_copy_is_in_object_storage(
     _without_copy(run, s3_copy)  # the run copied its checkpoints to the bucket
     mirror = CopyCache().folder(s3_copy)
     _follows(_registry(run, tmp_path), run, tmp_path, trained, mirror / "stores" / "stores")
+
+
+def test_predict_reads_the_model_and_the_logs_from_the_bucket_with_fsspec_environment(
+    s3_copy: str, cache: Path, tmp_path: Path, trained: dict[str, Any], original: dict[str, Any]
+) -> None:
+    """A fresh ``daskhps predict`` process and its embedded cluster's workers, told how to
+    reach the store by fsspec's environment variables alone (no config), read the model's
+    copy and the logs from the bucket."""
+    import fsspec
+
+    from tests._runs import cli
+
+    fs = fsspec.filesystem("s3")  # the options the s3_copy fixture set in this process
+    for f in trained["holdout"]:
+        fs.put_file(f, f"copies/holdout/{Path(f).name}")
+    env = {f"FSSPEC_S3_{k.upper()}": str(v) for k, v in fsspec.config.conf["s3"].items()}
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ("endpoint_url", "key", "secret"):
+            mp.setenv(f"FSSPEC_S3_{k.upper()}", env[f"FSSPEC_S3_{k.upper()}"])
+        out = tmp_path / "pred"
+        got = cli("predict", "--model", s3_copy, "--data", "s3://copies/holdout/*",
+                  "--out", str(out), "--workers", "1", timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    probs = pd.concat([pd.read_parquet(p) for p in sorted(out.glob("part-*.parquet"))])
+    assert np.array_equal(probs["probability"].to_numpy(), original["predict"])
+    assert all(f.startswith("s3://copies/holdout/") for f in probs["file"].unique())
