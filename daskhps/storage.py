@@ -31,6 +31,8 @@ from daskhps.errors import StorageError, first_line
 
 __all__ = [
     "EXTRAS",
+    "bucket_of",
+    "check_bucket",
     "exists",
     "failure",
     "file_size",
@@ -40,8 +42,10 @@ __all__ = [
     "local_path",
     "open_input",
     "protocol_of",
+    "reason",
     "shown",
     "stamp",
+    "transport_failure",
     "use_options",
 ]
 
@@ -191,13 +195,19 @@ _NO_CREDENTIALS = ("unable to locate credentials", "nocredentials", "no credenti
 
 def failure(url: str, exc: BaseException, doing: str = "read") -> StorageError:
     """One line for a store's failure at ``url`` while ``doing`` (``list``, ``read``,
-    ``write``): what the store said, in the words of what would fix it. The cause stays
-    attached (``__cause__``), never printed by the command line."""
+    ``write``): the URL, then :func:`reason`. The cause stays attached (``__cause__``),
+    never printed by the command line."""
     if isinstance(exc, StorageError):
         return exc
+    err = StorageError(f"{shown(url)}: {reason(url, exc, doing)}")
+    err.__cause__ = exc
+    return err
+
+
+def reason(url: str, exc: BaseException, doing: str = "read") -> str:
+    """What the store said of ``url`` while ``doing``, in the words of what would fix it."""
     text = first_line(exc)
     low = f"{type(exc).__name__} {text}".lower()
-    where = shown(url)
     bucket = bucket_of(url)
     if any(w in low for w in _NO_CREDENTIALS):
         why = (
@@ -222,7 +232,7 @@ def failure(url: str, exc: BaseException, doing: str = "read") -> StorageError:
         and ("bucket" in low or "container" in low)
         and ("not exist" in low or "nosuchbucket" in low or "not found" in low)
     ):
-        why = f"the bucket {bucket!r} does not exist: check the URL"
+        why = _NO_BUCKET.format(bucket=bucket)
     elif isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
         why = (
             "the object is gone: it was listed when the run was planned but not there when "
@@ -232,9 +242,25 @@ def failure(url: str, exc: BaseException, doing: str = "read") -> StorageError:
         )
     else:
         why = f"cannot {doing} it ({type(exc).__name__}: {text})"
-    err = StorageError(f"{where}: {why}")
-    err.__cause__ = exc
-    return err
+    return why
+
+
+_NO_BUCKET = "the bucket {bucket!r} does not exist: check the URL"
+
+
+def check_bucket(url: str) -> None:
+    """Raise the one line for a URL whose bucket does not exist: listing such a URL finds
+    nothing rather than failing, so a caller that found nothing asks this before saying so."""
+    bucket = bucket_of(url)
+    if bucket is None:
+        return
+    fs, _ = filesystem(url)
+    try:
+        there = fs.exists(bucket)
+    except Exception as e:
+        raise failure(url, e, "list") from None
+    if not there:
+        raise StorageError(f"{shown(url)}: {_NO_BUCKET.format(bucket=bucket)}")
 
 
 def _endpoint(protocol: str | None) -> str | None:

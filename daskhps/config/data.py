@@ -3,7 +3,6 @@ policy, holdout and dataframe backend."""
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from collections.abc import Mapping
@@ -23,8 +22,8 @@ from daskhps.data.backend import Backend
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.data.source import SUCCESS, DataSource, TrainLogs
-from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.errors import ConfigError, StorageError
+from daskhps.data.synthetic import GeneratorConfig, generate, generation_record
+from daskhps.errors import ConfigError
 from daskhps.options import (
     SIZE_JSON,
     Ctx,
@@ -82,15 +81,9 @@ class GenerateConfig(GeneratorConfig):
         earlier ones as they were (how ``daskhps retrain`` gets a new day), and fewer days are
         ready once their days are complete (readers take only the configured days).
         """
-        meta = f"{self.out.rstrip('/')}/generation.json"
-        if not storage.exists(meta):
-            return False
-        try:
-            with storage.open_input(meta) as f:
-                found = json.loads(f.read())["config"]
-        except StorageError:
-            raise
-        except (OSError, ValueError, KeyError, TypeError):
+        record = generation_record(self.out)
+        found = record.get("config") if isinstance(record, dict) else None
+        if not isinstance(found, dict):
             return False
         want = self.generator.to_dict()
         # A setting the file lacks was generated at its default: logs from before it existed.

@@ -28,7 +28,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 from daskhps import storage
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.schema import Schema, criteo_schema, schema_at
-from daskhps.errors import DataError, StorageError
+from daskhps.errors import DataError
 from daskhps.options import Ctx, Options, Problem, join, shown
 
 __all__ = ["SUCCESS", "DataSource", "complete", "day_of", "resolve_files"]
@@ -178,7 +178,8 @@ def resolve_files(
         files = [f for f in files if complete(storage.folder_of(f), marked)]
         why += f" in folders with a {SUCCESS} marker"
     if not files:
-        _no_bucket([str(p) for p in paths])
+        for p in paths:
+            storage.check_bucket(str(p))
         raise DataError(
             f"no input files: {', '.join(storage.shown(str(p)) for p in paths)} matched "
             f"nothing{why}; check the path, the glob or the day range"
@@ -223,21 +224,3 @@ def _listed(url: str) -> tuple[list[str], set[str]]:
         elif _is_data(name):
             files.append(full)
     return files, markers
-
-
-def _no_bucket(paths: list[str]) -> None:
-    """Raise the one line for a URL whose bucket does not exist (listing such a URL finds
-    nothing rather than failing)."""
-    for p in paths:
-        bucket = storage.bucket_of(p)
-        if bucket is None:
-            continue
-        fs, _ = storage.filesystem(p)
-        try:
-            there = fs.exists(bucket)
-        except Exception as e:
-            raise storage.failure(p, e, "list") from None
-        if not there:
-            raise StorageError(
-                f"{storage.shown(p)}: the bucket {bucket!r} does not exist: check the URL"
-            )

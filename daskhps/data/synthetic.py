@@ -61,6 +61,7 @@ from pydantic import Field, field_validator
 from daskhps import storage
 from daskhps.data.hashing import fmix64
 from daskhps.data.source import SUCCESS
+from daskhps.errors import StorageError
 from daskhps.options import Int, Options, Problem, shown
 
 __all__ = ["GenerationSummary", "GeneratorConfig", "auc_from_histograms", "generate"]
@@ -427,13 +428,28 @@ def _finish_day(out: str, day: str, parts: list[dict[str, Any]]) -> dict[str, An
     return {"day": day, "rows": rows, "hist": hist}
 
 
-def ceiling_of(out: str) -> float | None:
-    """The ceiling AUC recorded in ``out/generation.json`` (a folder or a URL), None when
-    there is none to read."""
+def generation_record(out: str) -> Any:
+    """What ``out/generation.json`` (a folder or a URL) says of the logs generated there,
+    parsed; None when it is not there or does not parse. A store that cannot be reached is a
+    :class:`~daskhps.errors.StorageError`."""
+    path = f"{str(out).rstrip('/')}/generation.json"
+    if not storage.exists(path):
+        return None
     try:
-        with storage.open_input(f"{str(out).rstrip('/')}/generation.json") as f:
-            return float(json.loads(f.read())["ceiling_auc"])
-    except (OSError, KeyError, ValueError, TypeError):  # StorageError is an OSError too
+        with storage.open_input(path) as f:
+            return json.loads(f.read())
+    except StorageError:
+        raise
+    except (OSError, ValueError):
+        return None
+
+
+def ceiling_of(out: str) -> float | None:
+    """The ceiling AUC recorded in ``out/generation.json``, None when there is none to read
+    (the store cannot be reached either: it only decorates a report)."""
+    try:
+        return float(generation_record(out)["ceiling_auc"])
+    except (StorageError, KeyError, ValueError, TypeError):
         return None
 
 

@@ -18,9 +18,10 @@ non-ASCII bytes: a file that is all ASCII, the usual case, costs one comparison 
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from dataclasses import dataclass
-from typing import IO
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -154,7 +155,14 @@ def splittable(path: str) -> bool:
 _COMPRESSED = (".gz", ".bz2", ".zst", ".zstd", ".lz4", ".xz", ".br", ".snappy")
 
 
-def _line_start(f: IO[bytes], at: int) -> int:
+class _Reader(Protocol):
+    """What :func:`_line_start` reads: a local file, or an object (:class:`_RangedObject`)."""
+
+    def seek(self, pos: int, /) -> int: ...
+    def read(self, n: int, /) -> bytes: ...
+
+
+def _line_start(f: _Reader, at: int) -> int:
     """The offset of the first line that starts at or after byte ``at``."""
     if at == 0:
         return 0
@@ -174,53 +182,46 @@ def line_start(path: str, at: int) -> int:
         return _line_start(f, at)
 
 
-class _Window:
-    """Bytes ``[base, end)`` of an object, fetched with ranged reads and grown only as far as
-    finding a line's end needs: a block costs its own bytes and a margin, not the read-ahead
-    of a buffered file (which fetched each block's bytes about three times over)."""
+class _RangedObject:
+    """An object read as a file, through ranged reads of ``[base, ...)`` that start with
+    ``[base, end)`` and grow only as far as the reads ask: a block costs its own bytes and a
+    margin to its last line's end, not the read-ahead of a buffered file (which fetched each
+    block's bytes about three times over). Reads start at or after ``base``."""
 
     def __init__(self, path: str, base: int, end: int) -> None:
         self.fs, self.key = filesystem(path)
         self.size = int(self.fs.size(self.key))
-        self.base = base
+        self.base = self.pos = base
         self.data = bytearray()
-        self._fetch(min(end, self.size))
-
-    @property
-    def end(self) -> int:
-        return self.base + len(self.data)
+        self._fetch(end)
 
     def _fetch(self, to: int) -> None:
-        if to > self.end:
-            self.data += self.fs.cat_file(self.key, start=self.end, end=to)
+        have = self.base + len(self.data)
+        to = min(to, self.size)
+        if to > have:
+            self.data += self.fs.cat_file(self.key, start=have, end=to)
 
-    def line_start(self, at: int) -> int:
-        """As :func:`_line_start`: the first line that starts at or after byte ``at``."""
-        if at == 0:
-            return 0
-        look = at - 1
-        while True:
-            i = self.data.find(b"\n", look - self.base)
-            if i >= 0:
-                return self.base + i + 1
-            if self.end >= self.size:
-                return self.size  # no newline after it: the end of the object
-            look = self.end
-            self._fetch(self.end + _CHUNK)
+    def seek(self, pos: int) -> int:
+        self.pos = pos
+        return pos
 
-    def take(self, lo: int, hi: int) -> bytes:
-        self._fetch(hi)
-        return bytes(self.data[lo - self.base : hi - self.base])
+    def read(self, n: int) -> bytes:
+        stop = min(self.pos + n, self.size)
+        self._fetch(stop)
+        out = bytes(self.data[self.pos - self.base : stop - self.base])
+        self.pos = max(stop, self.pos)
+        return out
 
 
 def _range_bytes(path: str, start: int, stop: int) -> pa.Buffer:
     """The lines of a plain text file that start in bytes ``[start, stop)``: a line belongs
     to the range its first byte is in, so consecutive ranges hold every line exactly once."""
-    if is_url(path):
-        w = _Window(path, max(start - 1, 0), stop + _CHUNK)  # the next line's end: a margin
-        lo, hi = w.line_start(start), w.line_start(stop)
-        return pa.py_buffer(w.take(lo, max(hi, lo)))
-    with open_input(path) as f:
+    f: _Reader
+    with contextlib.ExitStack() as stack:
+        if is_url(path):  # one ranged read: the block and a margin for its last line's end
+            f = _RangedObject(path, max(start - 1, 0), stop + _CHUNK)
+        else:
+            f = stack.enter_context(open_input(path))
         lo, hi = _line_start(f, start), _line_start(f, stop)
         f.seek(lo)
         return pa.py_buffer(f.read(max(hi - lo, 0)))

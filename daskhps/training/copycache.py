@@ -32,7 +32,6 @@ import posixpath
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from daskhps import storage
 from daskhps.errors import CheckpointError, StorageError
@@ -164,7 +163,7 @@ class CopyCache:
                 fs.get_file(path, str(part))
             except Exception as e:
                 part.unlink(missing_ok=True)
-                raise storage.failure(storage_url(fs, path), e) from None
+                raise storage.failure(fs.unstrip_protocol(path), e) from None
             os.replace(part, local)
             moved += 1
             moved_bytes += files[path]
@@ -209,11 +208,6 @@ class CopyCache:
         return total
 
 
-def storage_url(fs: Any, path: str) -> str:
-    """``path`` on ``fs`` as a URL (for messages)."""
-    return str(fs.unstrip_protocol(path))
-
-
 def _newest(url: str) -> str:
     """The name of the newest complete checkpoint of the copy at ``url``."""
     fs, root = storage.filesystem(url)
@@ -229,13 +223,7 @@ def _newest(url: str) -> str:
     except Exception as e:
         raise storage.failure(url, e, "list") from None
     if not names:
-        if storage.bucket_of(url) is not None and not storage.exists(
-            f"{storage.protocol_of(url)}://{storage.bucket_of(url)}"
-        ):
-            raise StorageError(
-                f"{storage.shown(url)}: the bucket {storage.bucket_of(url)!r} does not exist: "
-                "check the URL"
-            )
+        storage.check_bucket(url)
         raise CheckpointError(
             f"{storage.shown(url)} holds no complete checkpoint (no checkpoints/*/{MANIFEST}): "
             "give the URL of a checkpoint copy (checkpoint.replicate_to of a run)"

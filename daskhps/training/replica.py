@@ -127,7 +127,7 @@ class Replica:
                 and storage.transport_failure(self.url, e) is None
             ):
                 raise
-            return str(storage.failure(self.url, e, "write")).split(": ", 1)[1]
+            return storage.reason(self.url, e, "write")
         return None
 
     # -- writing ---------------------------------------------------------------------
