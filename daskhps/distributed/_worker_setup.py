@@ -9,6 +9,8 @@ how they reach object storage (``storage.options``).
   traceback instead of where to resume. The driver alone stops: it closes the shards (the
   stores' locks) and then the cluster, which ends the workers. Workers of a cluster given by
   address belong to someone else's terminal and keep theirs.
+* The C allocator reuses freed blocks instead of mapping fresh pages for every tensor
+  (:mod:`daskhps.distributed._allocator`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
+from daskhps.distributed._allocator import reuse_freed_memory
 from daskhps.distributed._expected import quiet_expected_errors
 from daskhps.storage import use_options
 
@@ -52,6 +55,8 @@ class WorkerSetup(WorkerPlugin):
         # This run's options, and none of an earlier run's (a cluster outlives its runs).
         use_options(self.storage_options, replace=True)
         own_process = multiprocessing.parent_process() is not None
+        if own_process:  # an in-process worker's allocator is the driver's to set
+            reuse_freed_memory()
         # signal.signal only works in the main thread, which runs a worker process's loop.
         main = threading.current_thread() is threading.main_thread()
         if self.ignore_sigint and own_process and main:

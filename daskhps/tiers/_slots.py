@@ -9,7 +9,14 @@
     used / dirty / pinned  bool[capacity]
     stamp  int64[capacity + 1]            clock of the last use (LRU; LFU tie-break)
     count  int64[capacity + 1]            uses since insertion (LFU only)
-    free   int64[capacity]                stack of free slots, ``free[:n_free]``
+    free   int64[capacity]                stack of released slots, ``free[:n_released]``;
+                                          slots from ``fresh`` up were never used
+
+The arrays are reserved, not filled: on the CPU they come from the kernel as untouched zero
+pages (:func:`reserve_zeros`), and slots are handed out lowest first, so a tier's resident
+memory follows the rows it holds, not its capacity (a 4 GiB tier holding 300k rows costs the
+process about 40 MiB), and every scan over the slots stops at ``fresh``. The key index starts
+small and grows with the keys.
 
 Every one of ``capacity`` slots is usable: the index maps any key to any slot, so, unlike a
 set-associative cache, no row is displaced while free slots remain. Eviction picks victims over
@@ -22,18 +29,43 @@ share a cache without a lock).
 
 from __future__ import annotations
 
+import mmap
+
+import numpy as np
 import torch
 
 from daskhps.errors import CapacityError, ConfigError, DataError
 from daskhps.tiers._index import KeyIndex
 from daskhps.tiers.base import Cache, Evicted, Lookup, TierStats, check_keys, check_rows
 
-__all__ = ["POLICIES", "SlotCache"]
+__all__ = ["POLICIES", "SlotCache", "reserve_zeros"]
 
 POLICIES = ("lru", "lfu")
 _NEVER = 2**63 - 1  # eviction score of slots that must not be chosen
 _STAMP_BITS = 40  # LFU score = count << 40 | stamp: counts first, then least recent
 _POOL_SHARE = 16  # an LRU scan keeps the oldest 1/16 of the slots as the next victims
+_INDEX_START = 1 << 16  # keys the index is first sized for; it doubles as keys arrive
+_RESERVE_MIN = 1 << 20  # bytes from which a CPU array is mapped rather than allocated
+
+
+def reserve_zeros(
+    *shape: int, dtype: torch.dtype, device: torch.device, pin_memory: bool = False
+) -> torch.Tensor:
+    """A zero tensor whose memory costs nothing until written.
+
+    ``torch.zeros`` writes every byte at once: a tier sized to a fraction of the worker's
+    memory limit would fault in (and zero) all of it when the table opens, gigabytes the
+    table may never fill. On the CPU a large array is mapped anonymously instead: the kernel
+    supplies zero pages as they are first written. GPU and page-locked memory are allocated
+    as before.
+    """
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or pin_memory or nbytes < _RESERVE_MIN:
+        return torch.zeros(*shape, dtype=dtype, device=device, pin_memory=pin_memory)
+    buf = mmap.mmap(-1, nbytes)
+    # numpy's array keeps the mapping alive; torch's tensor keeps the array alive.
+    np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+    return torch.from_numpy(np.frombuffer(buf, dtype=np_dtype).reshape(shape))
 
 
 class SlotCache(Cache):
@@ -80,24 +112,26 @@ class SlotCache(Cache):
         self.policy = policy
         self._cap = capacity_rows
         dev = self.device
-        self._index = KeyIndex(capacity_rows, device=dev, load_factor=load_factor)
-        self._slab = torch.zeros(
+        start = min(capacity_rows, _INDEX_START)
+        self._index = KeyIndex(start, device=dev, load_factor=load_factor)
+        self._slab = reserve_zeros(
             capacity_rows + 1, width, dtype=torch.float32, device=dev, pin_memory=pin_memory
         )
-        self._key = torch.zeros(capacity_rows, dtype=torch.int64, device=dev)
-        self._used = torch.zeros(capacity_rows, dtype=torch.bool, device=dev)
-        self._dirty = torch.zeros(capacity_rows, dtype=torch.bool, device=dev)
-        self._pinned = torch.zeros(capacity_rows, dtype=torch.bool, device=dev)
-        self._stamp = torch.zeros(capacity_rows + 1, dtype=torch.int64, device=dev)
+        self._key = reserve_zeros(capacity_rows, dtype=torch.int64, device=dev)
+        self._used = reserve_zeros(capacity_rows, dtype=torch.bool, device=dev)
+        self._dirty = reserve_zeros(capacity_rows, dtype=torch.bool, device=dev)
+        self._pinned = reserve_zeros(capacity_rows, dtype=torch.bool, device=dev)
+        self._stamp = reserve_zeros(capacity_rows + 1, dtype=torch.int64, device=dev)
         self._count = (
-            torch.zeros(capacity_rows + 1, dtype=torch.int64, device=dev)
+            reserve_zeros(capacity_rows + 1, dtype=torch.int64, device=dev)
             if policy == "lfu"
             else None
         )
-        self._free = torch.arange(capacity_rows - 1, -1, -1, device=dev)
+        self._free = reserve_zeros(capacity_rows, dtype=torch.int64, device=dev)
+        self._n_released = 0  # slots in the stack _free[:_n_released]
+        self._fresh = 0  # slots below this have held a row; those from it up never have
         self._pool = torch.empty(0, dtype=torch.int64, device=dev)  # next LRU victims
         self._pool_stamp = torch.empty(0, dtype=torch.int64, device=dev)
-        self._n_free = capacity_rows
         self._clock = 0
         self._stats = TierStats()
         self._hits = torch.zeros((), dtype=torch.int64, device=dev)  # summed lazily: no sync
@@ -117,6 +151,22 @@ class SlotCache(Cache):
 
     def __len__(self) -> int:
         return self._cap - self._n_free
+
+    @property
+    def _n_free(self) -> int:
+        return self._n_released + self._cap - self._fresh
+
+    def _take_free(self, m: int) -> torch.Tensor:
+        """``m`` free slots (``m <= _n_free``): the last released first, then never-used ones
+        lowest first (so the memory in use stays at the front of every array)."""
+        r = min(m, self._n_released)
+        s = self._free[self._n_released - r : self._n_released].clone()
+        self._n_released -= r
+        if m > r:
+            fresh = torch.arange(self._fresh, self._fresh + m - r, device=self.device)
+            self._fresh += m - r
+            s = torch.cat([s, fresh]) if r else fresh
+        return s
 
     @property
     def nbytes(self) -> int:
@@ -141,7 +191,8 @@ class SlotCache(Cache):
         return s
 
     def keys(self) -> torch.Tensor:
-        return self._key[self._used]
+        f = self._fresh
+        return self._key[:f][self._used[:f]]
 
     def lookup(self, keys: torch.Tensor, *, out: torch.Tensor | None = None) -> Lookup:
         keys = self._keys(keys, "lookup")
@@ -190,8 +241,7 @@ class SlotCache(Cache):
             self._dirty[s] = dirty
             self._touch(s, bump=False)
         if m:
-            s = self._free[self._n_free - m : self._n_free].clone()
-            self._n_free -= m
+            s = self._take_free(m)
             if m < keys.numel():
                 keys, rows = keys[new], rows[new]
             self._place(keys, rows, s, dirty)  # just looked up: all absent
@@ -230,7 +280,7 @@ class SlotCache(Cache):
         return self._remove(self._victims(n, keep=None, strict=False))
 
     def flush(self) -> Evicted:
-        slots = self._dirty.nonzero().squeeze(1)
+        slots = self._dirty[: self._fresh].nonzero().squeeze(1)
         self._dirty[slots] = False
         return Evicted(
             self._key[slots], self._slab[slots], torch.ones_like(slots, dtype=torch.bool)
@@ -273,7 +323,7 @@ class SlotCache(Cache):
         return found
 
     def unpin_all(self) -> None:
-        self._pinned.zero_()
+        self._pinned[: self._fresh].zero_()
         self._pool = self._pool[:0]  # unpinned rows may be older than the pooled ones
 
     @property
@@ -285,7 +335,8 @@ class SlotCache(Cache):
     def distinct_slots(self, slots: torch.Tensor) -> torch.Tensor:
         # A mark per slot instead of a sort: linear in the keys and the capacity, several times
         # faster than torch.unique over a pass's million keys.
-        mark = torch.zeros(self._cap, dtype=torch.bool, device=self.device)
+        # Occupied slots all lie below `fresh`.
+        mark = torch.zeros(self._fresh, dtype=torch.bool, device=self.device)
         mark[slots] = True
         return mark.nonzero().squeeze(1)
 
@@ -329,9 +380,8 @@ class SlotCache(Cache):
         if m > self._n_free:
             evicted = self._remove(self._victims(m - self._n_free, keep=None, strict=True))
         self._clock += 1
-        s = self._free[self._n_free - m : self._n_free].clone()
+        s = self._take_free(m)
         if m:
-            self._n_free -= m
             self._place(keys, rows, s, dirty)
         self._stats.inserts += m
         self._stats.rows_written += m
@@ -379,7 +429,8 @@ class SlotCache(Cache):
             pooled = self._from_pool(n, keep)
             if pooled is not None:
                 return pooled
-        ok = self._used & ~self._pinned
+        f = self._fresh  # every occupied slot lies below it
+        ok = self._used[:f] & ~self._pinned[:f]
         if keep is not None and keep.numel():
             ok[keep] = False
         avail = int(ok.sum())
@@ -391,9 +442,9 @@ class SlotCache(Cache):
                     f"unpin rows, stage fewer keys per pass, or give this tier more memory"
                 )
             n = avail
-        score = self._stamp[: self._cap]
+        score = self._stamp[:f]
         if self._count is not None:
-            count = self._count[: self._cap].clamp(max=(1 << (63 - _STAMP_BITS)) - 1)
+            count = self._count[:f].clamp(max=(1 << (63 - _STAMP_BITS)) - 1)
             score = (count << _STAMP_BITS) | (score & ((1 << _STAMP_BITS) - 1))
             score = score.masked_fill(~ok, _NEVER)
             return torch.topk(score, n, largest=False, sorted=False).indices
@@ -439,8 +490,8 @@ class SlotCache(Cache):
             # Freed in slot order whatever the caller's order, so that the same rows removed by
             # different calls (take, evict) leave the same free list and later inserts land in
             # the same slots: victims among equal LRU/LFU scores then match too.
-            self._free[self._n_free : self._n_free + k] = torch.sort(slots).values
-            self._n_free += k
+            self._free[self._n_released : self._n_released + k] = torch.sort(slots).values
+            self._n_released += k
             self._stats.evictions += k
         return out
 
