@@ -48,13 +48,13 @@ def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
 def peek(shard: Shard, keys: torch.Tensor) -> torch.Tensor:
     """Full rows of ``keys`` without changing any tier."""
     keys = shard.device_keys(keys, "peek")
-    ukeys, inv = torch.unique(keys, return_inverse=True)
+    ukeys, inv = unique_keys(keys)
     got = shard.device_cache.lookup(ukeys)
     rows, found = got.rows, got.found
     if not bool(found.all()):
         miss = (~found).nonzero().squeeze(1)
         rows[miss] = shard.read.read(ukeys[miss])
-    return rows[inv]
+    return rows if inv is None else rows[inv]
 
 
 def lookup_rows(shard: Shard, keys: torch.Tensor) -> torch.Tensor:
