@@ -89,10 +89,19 @@ class KeyIndex:
         Where every tensor lives; keys and values passed in must be there too.
     load_factor:
         Most occupied slots per slot before the table grows.
+    most:
+        Keys the index will ever hold (a tier's capacity), if known: growing never sizes the
+        table past what they need (doubling from a small start would overshoot it by up to
+        2x), so a full index takes :meth:`nbytes_for` ``most``, as capacity plans price it.
     """
 
     def __init__(
-        self, capacity: int, *, device: torch.device | str = "cpu", load_factor: float = 0.5
+        self,
+        capacity: int,
+        *,
+        device: torch.device | str = "cpu",
+        load_factor: float = 0.5,
+        most: int | None = None,
     ):
         if capacity < 0:
             raise ValueError(f"KeyIndex capacity must be >= 0, got {capacity}")
@@ -100,6 +109,7 @@ class KeyIndex:
             raise ValueError(f"KeyIndex load_factor must be in (0, 0.9], got {load_factor}")
         self.device = torch.device(device)
         self.load_factor = load_factor
+        self._most = most
         self._len = 0
         self._special: int | None = None  # value of the key equal to the empty marker
         self._step_cache = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -369,6 +379,8 @@ class KeyIndex:
         else:
             # Geometric growth: sizing to exactly `need` would rebuild on every small insert.
             buckets = max(2 * self._buckets, _buckets_for(need, self.load_factor))
+            if self._most is not None:
+                buckets = min(buckets, _buckets_for(max(self._most, need), self.load_factor))
         self._alloc(buckets)
         self._len = 1 if self._special is not None else 0
         # In chunks: an insert's temporaries (the window of buckets each pending key looks

@@ -113,7 +113,7 @@ class SlotCache(Cache):
         self._cap = capacity_rows
         dev = self.device
         start = min(capacity_rows, _INDEX_START)
-        self._index = KeyIndex(start, device=dev, load_factor=load_factor)
+        self._index = KeyIndex(start, device=dev, load_factor=load_factor, most=capacity_rows)
         self._slab = reserve_zeros(
             capacity_rows + 1, width, dtype=torch.float32, device=dev, pin_memory=pin_memory
         )

@@ -40,3 +40,17 @@ def test_reserved_zeros_are_zero_writable_and_typed() -> None:
         assert int(t.sum()) == 3 and bool(t[123_456].all())
     small = reserve_zeros(4, dtype=torch.int64, device=torch.device("cpu"))
     assert small.tolist() == [0, 0, 0, 0]
+
+
+def test_a_full_cache_s_index_is_the_size_capacity_plans_price() -> None:
+    from daskhps.tiers._index import KeyIndex
+
+    rows = 300_000  # grown from a small start, past several doublings
+    cache = SlotCache("t/device", 4, rows)
+    keys = torch.randperm(10 * rows)[:rows].add_(1)
+    for chunk in keys.split(70_000):
+        cache.upsert(chunk, torch.zeros(chunk.numel(), 4))
+    assert len(cache) == rows
+    assert cache.stats.extra["index_bytes"] == KeyIndex.nbytes_for(rows)
+    got = cache.lookup(keys)
+    assert got.found.all()
