@@ -26,7 +26,10 @@ The projection, for 4, 16 and 64 hosts at 10 and 100 Gb/s, rests on this model:
 * latency: each batch runs 4 all-to-alls (key counts, keys, rows, gradients) and one
   all-reduce; at ``--latency-us`` a message, a pass spends at least
   ``batches * (4 + 2 (n - 1)) * latency`` waiting (each all-to-all one round, a ring
-  all-reduce ``2 (n - 1)`` steps). Reported beside the bandwidth figure, not added to it.
+  all-reduce ``2 (n - 1)`` steps). Reported beside the bandwidth figure;
+* examples/s of ``n`` hosts: ``n`` times a host's examples a pass, over the pass's compute
+  seconds plus its network seconds plus that latency (a batch waits for its rows: nothing of
+  the exchange overlaps the compute).
 
 The logs and the run are removed at the end unless ``--keep``.
 """
@@ -183,6 +186,9 @@ def measure(tmp: Path, rep: Reporter, args: argparse.Namespace) -> None:
             host_bytes = project(per_kind["total"], hosts)
             seconds = host_bytes * 8 / (gbps * 1e9)
             latency = batches * (4 + 2 * (hosts - 1)) * args.latency_us * 1e-6
+            # The exchange is synchronous (a batch waits for its rows), so a pass takes its
+            # compute, its bytes on the link and its messages' latency, one after the other.
+            per_host = steady[0]["examples"] / MEASURED_HOSTS
             rep.emit(
                 f"network seconds a pass, {hosts} hosts at {gbps} Gb/s",
                 seconds,
@@ -190,6 +196,7 @@ def measure(tmp: Path, rep: Reporter, args: argparse.Namespace) -> None:
                 host_bytes=int(host_bytes),
                 of_pass=round(seconds / pass_s, 4),
                 latency_s=round(latency, 4),
+                examples_per_s=round(hosts * per_host / (pass_s + seconds + latency)),
                 by_kind={k: int(project(per_kind[k], hosts)) for k in KINDS},
             )
     if args.out:
