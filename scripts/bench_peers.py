@@ -36,7 +36,10 @@ parameters), embeddings of dim 16 updated by Adagrad (lr 0.05), the dense layers
 Each run is a fresh process, runs interleaved (daskhps with each worker count, plain
 PyTorch, TorchRec; again ``--rounds`` times), and every figure is the median over the rounds:
 
-* wall: seconds from starting the process until it exits.
+* wall: seconds from starting the process until it exits; ``after_training_s`` beside it is
+  the part after the training loop (wall less the time to the first step and the training
+  seconds): the evaluation, and for daskhps the checkpoint, the report and the cluster's
+  close.
 * time to first step: seconds from starting the process until its first training step
   starts. The peers print the moment they enter their training loop. daskhps marks no such
   moment, so it is derived: the moment the run's first line of ``metrics.jsonl`` appears (the
@@ -49,7 +52,8 @@ PyTorch, TorchRec; again ``--rounds`` times), and every figure is the median ove
   it; the rest is the interpreter, the cluster's start and the scan of the whole log.
 * training examples/s: examples trained over the training loop's seconds. daskhps: the
   passes' examples over their ``seconds.train`` in ``metrics.jsonl``; the peers: first step to
-  last step.
+  last step. daskhps's ``worker_seconds`` beside it: the busiest rank's seconds in each stage
+  of its steps (pull, forward_backward, push, dense_sync_step), summed over the passes.
 * CPU seconds (user and sys) and minor page faults of the whole process tree: the deltas of
   ``resource.getrusage(RUSAGE_CHILDREN)`` around the run. They count a descendant once it and
   every process between it and the benchmark were waited for; daskhps's driver starts the
@@ -265,7 +269,13 @@ def run_daskhps(data: Path, tmp: Path, workers: int) -> dict[str, Any]:
     r["first_step_s"] = r["line_at"] - after_start - r["started"]
     r["prepare_first_pass_s"] = first.get("route", 0.0) + first.get("stage_ahead", 0.0)
     r["examples"] = sum(int(p["examples"]) for p in passes)
-    r["examples_per_s"] = r["examples"] / sum(float(p["seconds"]["train"]) for p in passes)
+    r["train_s"] = sum(float(p["seconds"]["train"]) for p in passes)
+    r["examples_per_s"] = r["examples"] / r["train_s"]
+    stages: dict[str, float] = {}
+    for p in passes:
+        for k, v in p.get("worker_seconds", {}).items():
+            stages[k] = stages.get(k, 0.0) + float(v)
+    r["worker_seconds"] = stages
     r["auc"] = float(summary["final_eval"]["auc"])
     r["passes"] = len(passes)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -289,6 +299,7 @@ def run_peer(side: str, data: Path, tmp: Path, threads: int) -> dict[str, Any]:
     out = json.loads(printed[-1])
     r["first_step_s"] = out["first_step_at"] - r["started"]
     r["examples"] = out["examples"]
+    r["train_s"] = out["train_s"]
     r["examples_per_s"] = out["examples_per_s"]
     r["auc"] = out["auc"]
     r["torch_threads"] = out["torch_threads"]
@@ -317,11 +328,19 @@ def report(rep: Reporter, runs: dict[str, list[dict[str, Any]]], as_json: bool) 
     for rs in runs.values():
         for r in rs:
             r["cpu_s"] = r["cpu_user_s"] + r["cpu_sys_s"]
+            r["after_training_s"] = r["wall_s"] - r["first_step_s"] - r["train_s"]
     base = runs.get("torch")
     trec = runs.get("torchrec")
     for key, name, unit in FIGURES:
         for side, rs in runs.items():
             extra: dict[str, Any] = {"runs": [round(float(r[key]), 3) for r in rs]}
+            if key == "wall_s":
+                extra["after_training_s"] = round(median(rs, "after_training_s"), 2)
+            if key == "examples_per_s" and "worker_seconds" in rs[0]:
+                extra["worker_seconds"] = {
+                    k: round(statistics.median(r["worker_seconds"][k] for r in rs), 2)
+                    for k in rs[0]["worker_seconds"]
+                }
             if key == "cpu_s":
                 extra["user_s"] = round(median(rs, "cpu_user_s"), 1)
                 extra["sys_s"] = round(median(rs, "cpu_sys_s"), 1)
