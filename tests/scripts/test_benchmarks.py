@@ -287,3 +287,32 @@ def test_bench_object_store_quick(tmp_path: Path) -> None:
     assert all(r["value"] >= 1.0 for r in fetched.values())
     figures = json.loads(out.read_text())
     assert figures["raw_get"]["get_1_mb_s"] > 0 and "train" not in figures
+
+
+@pytest.mark.slow
+def test_peer_torch_learns_a_small_day(tmp_path: Path) -> None:
+    """The plain PyTorch peer of ``bench_peers.py`` alone, on two generated days of 20,000
+    rows in batches of 512 on one thread (two wait on each other on a busy machine): it learns
+    (the generator's signal is there to find) and prints the fields the benchmark reads. The
+    whole benchmark trains daskhps twice a round: too long to run here."""
+    from daskhps.data.synthetic import GeneratorConfig, generate
+
+    cfg = GeneratorConfig(days=2, rows_per_day=20_000, parts_per_day=2, vocab_scale=0.1)
+    generate(cfg, tmp_path, scheduler="sync")
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "peer_torch.py"),
+            "--train", str(tmp_path / "day=2024-01-01"),
+            "--holdout", str(tmp_path / "day=2024-01-02"),
+            "--batch", "512", "--threads", "1",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["auc"] > 0.55, out
+    assert out["examples"] == out["holdout_examples"] == 20_000
+    assert out["batches"] == 40
+    assert 0 < out["time_to_first_step_s"] < out["wall_s"]
+    assert out["examples_per_s"] > 0 and out["first_step_at"] > 0
