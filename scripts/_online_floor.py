@@ -8,9 +8,9 @@ commit, "probabilities": [...]}.
 Per request: parse the JSON, turn the dense fields into floats with the export's clip, log1p and
 fill, key the categorical cells with daskhps's own hash (so that the keys match the table's),
 look each key up in a plain dict of key -> row of the dump (an unseen key gets its initial row),
-run the TorchScript model, answer JSON. No validation, no version, no metrics, no cache: what
-scoring one request costs at the least in Python on this machine. Prints ``ready`` once
-listening.
+run the TorchScript model (on torch's threads as ``daskhps serve`` runs it: one below 4096 rows,
+every core above), answer JSON. No validation, no version, no metrics, no cache: what scoring
+one request costs at the least in Python on this machine. Prints ``ready`` once listening.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import tornado.web
 
 from daskhps.data.hashing import hash_rows
 from daskhps.table.init import init_embedding
+
+CORES = os.cpu_count() or 1
 
 
 def _number(v: object) -> float:
@@ -68,6 +70,7 @@ class Floor:
                 dim=self.init["dim"],
                 scale=self.init["scale"],
             ).numpy()
+        torch.set_num_threads(1 if n < 4096 else CORES)  # as daskhps serve (PARALLEL_ROWS)
         with torch.no_grad():
             logits = self.model(torch.from_numpy(dense), torch.from_numpy(sparse).view(n, nf, -1))
         return torch.sigmoid(logits).tolist()
@@ -85,7 +88,6 @@ class Predict(tornado.web.RequestHandler):
 
 
 async def main(folder: str, port: int) -> None:
-    torch.set_num_threads(os.cpu_count() or 1)  # as one `daskhps serve` process sets it
     app = tornado.web.Application([("/predict", Predict, {"floor": Floor(Path(folder))})])
     tornado.httpserver.HTTPServer(app).listen(port, "127.0.0.1")
     print("ready", flush=True)
