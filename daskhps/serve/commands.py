@@ -157,7 +157,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=positive_int,
         default=None,
-        help="torch threads a process (default: the cores over --processes)",
+        help="torch threads a process for a request of 4096 rows or more (default: the cores "
+        "over --processes); a smaller one runs on one",
     )
     p.epilog = (
         'POST /predict takes {"rows": [{field: value, ...}]} or log lines '

@@ -63,7 +63,9 @@ def score_inputs(
         for lo in range(0, n, batch_size):
             hi = min(lo + batch_size, n)
             dense, keys, offsets = inputs.batch(lo, hi)
-            uniq, inverse = torch.unique(keys.reshape(-1), sorted=True, return_inverse=True)
+            # torch.unique(sorted=True, return_inverse=True) by a hash table: no sort of every key
+            inverse_np, uniq_np = pd.factorize(keys.reshape(-1).numpy(), sort=True)
+            uniq, inverse = torch.from_numpy(uniq_np), torch.from_numpy(inverse_np)
             rows = lookup_fn(uniq).cpu()
             k = [len(uniq)]
             routing = Routing(uniq, inverse.reshape(keys.shape), k, uniq, k)
