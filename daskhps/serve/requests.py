@@ -10,6 +10,10 @@ In a JSON row a missing field is a missing value; a value is a string or a numbe
 categorical number is hashed by its decimal text, as a parquet integer column is); a multi-hot
 field is a list, or one string holding the schema's separator. The label may be present; it is
 never used. Anything else is a :class:`RequestError` whose message names the row and the field.
+
+:func:`read_rows` gives the parsed rows as a frame, as a log file's; :class:`RowReader` (what
+``daskhps serve`` reads with) gives the model's inputs, the same bits, JSON rows of the usual
+kinds without a frame.
 """
 
 from __future__ import annotations

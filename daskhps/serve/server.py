@@ -20,8 +20,8 @@ it is scored; ``--processes N`` scores N at once.
 tornado because it already comes with distributed (no new dependency), serves HTTP/1.1
 keep-alive from one loop, and binds with ``SO_REUSEPORT``: with ``processes > 1`` the parent
 binds the port and spawns that many server processes that bind it too, and the kernel spreads
-connections over them. They share the read-only stores through
-the page cache; each keeps its own caches and dense model.
+connections over them. They share the read-only stores through the page cache; each keeps its
+own caches and dense model.
 """
 
 from __future__ import annotations
