@@ -81,7 +81,7 @@ ROW = st.fixed_dictionaries(
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e300
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(ROW, min_size=1, max_size=6), st.sampled_from(["dense", "keys", "both"]))
 def test_json_rows_read_in_one_pass_as_column_by_column(rows: list[dict], plain: str) -> None:
     """Any JSON rows: the same inputs bit for bit, or the same one-line refusal."""
