@@ -8,8 +8,8 @@ commit, "probabilities": [...]}.
 Per request: parse the JSON, turn the dense fields into floats with the export's clip, log1p and
 fill, key the categorical cells with daskhps's own hash (so that the keys match the table's),
 look each key up in a plain dict of key -> row of the dump (an unseen key gets its initial row),
-run the TorchScript model (on torch's threads as ``daskhps serve`` runs it: one below 4096 rows,
-every core above), answer JSON. No validation, no version, no metrics, no cache: what scoring
+run the TorchScript model (on one torch thread, as ``daskhps serve`` runs it by default), answer
+JSON. No validation, no version, no metrics, no cache: what scoring
 one request costs at the least in Python on this machine. Prints ``ready`` once listening.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,8 +27,6 @@ import tornado.web
 
 from daskhps.data.hashing import hash_rows
 from daskhps.table.init import init_embedding
-
-CORES = os.cpu_count() or 1
 
 
 def _number(v: object) -> float:
@@ -70,7 +67,6 @@ class Floor:
                 dim=self.init["dim"],
                 scale=self.init["scale"],
             ).numpy()
-        torch.set_num_threads(1 if n < 4096 else CORES)  # as daskhps serve (PARALLEL_ROWS)
         with torch.no_grad():
             logits = self.model(torch.from_numpy(dense), torch.from_numpy(sparse).view(n, nf, -1))
         return torch.sigmoid(logits).tolist()
@@ -88,6 +84,7 @@ class Predict(tornado.web.RequestHandler):
 
 
 async def main(folder: str, port: int) -> None:
+    torch.set_num_threads(1)  # as daskhps serve runs it by default
     app = tornado.web.Application([("/predict", Predict, {"floor": Floor(Path(folder))})])
     tornado.httpserver.HTTPServer(app).listen(port, "127.0.0.1")
     print("ready", flush=True)

@@ -61,9 +61,10 @@ __all__ = ["ServeOptions", "Server", "serve"]
 
 log = logging.getLogger(__name__)
 
-# A request of fewer rows runs torch on one thread, a larger one on ``--threads``: a second
-# thread saves little on a forward of a few thousand rows of an idle machine, and costs
-# milliseconds a forward where the cores are busy (its hand-offs wait for a core).
+# torch runs on one thread a process; with ``--threads N`` a request of this many rows or more
+# runs on N. A second thread saves little on a forward of a few thousand rows of an idle
+# machine, and where the cores are busy with other work each of its hand-offs waits for a
+# core: 8 to 10 times slower at 4096 and 16384 rows on the shared 2-core VM (docs/serving.md).
 PARALLEL_ROWS = 4096
 
 
@@ -83,7 +84,7 @@ class ServeOptions:
     host_bytes: int = 256 << 20
     device: str = "cpu"
     warmup: str | None = None
-    threads: int | None = None  # torch's threads for large requests; None: cores over processes
+    threads: int = 1  # torch's threads a process for a request of PARALLEL_ROWS rows or more
 
 
 class Server:
@@ -101,7 +102,7 @@ class Server:
         self._http: tornado.httpserver.HTTPServer | None = None
         self._poll_error: str | None = None
         self._started = time.perf_counter()
-        self.threads = options.threads or max(1, (os.cpu_count() or 1) // options.processes)
+        self.threads = options.threads
         self._torch_threads = 0  # torch's threads now, as predict set them
 
     @property
@@ -139,6 +140,7 @@ class Server:
 
     def _open(self) -> None:
         o = self.options
+        torch.set_num_threads(self.threads)  # this thread's: the warmup, then each prepare
         try:
             sizes = CacheSizes(o.device_rows, o.host_bytes, o.device)
             online = OnlineModel(ModelSource(o.model), sizes, o.batch_size, o.max_rows)
