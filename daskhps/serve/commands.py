@@ -156,8 +156,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
         type=positive_int,
-        default=None,
-        help="torch threads a process (default: the cores over --processes)",
+        default=1,
+        help="torch threads a process for a request of 4096 rows or more (default 1; more only "
+        "where the host's cores are the server's alone); a smaller one runs on one",
     )
     p.epilog = (
         'POST /predict takes {"rows": [{field: value, ...}]} or log lines '

@@ -102,18 +102,32 @@ class ServerMetrics:
         r.register(_Live(hit_rate, version))
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
+        # A request counts on children of the labels it had before: labels() costs a lookup
+        # under a lock, each time.
+        self._latency = {b: self.latency.labels(b) for b in (*map(str, BATCH_BUCKETS), "more")}
+        self._requests = {200: self.requests.labels("200")}
+
+    def answered(self, status: int) -> None:
+        child = self._requests.get(status)
+        if child is None:
+            child = self._requests[status] = self.requests.labels(str(status))
+        child.inc()
 
     def scored(self, rows: int, seconds: float) -> None:
-        self.latency.labels(batch_label(rows)).observe(seconds)
+        self._latency[batch_label(rows)].observe(seconds)
         self.rows.inc(rows)
-        with self._lock:
-            self._recent.append((time.monotonic(), rows))
-
-    def _rate(self) -> float:
         now = time.monotonic()
         with self._lock:
-            while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
-                self._recent.popleft()
+            self._recent.append((now, rows))
+            self._forget(now)  # the window's alone, scraped or not
+
+    def _forget(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def _rate(self) -> float:
+        with self._lock:
+            self._forget(time.monotonic())
             return sum(n for _, n in self._recent) / _RATE_WINDOW_S
 
     def text(self) -> bytes:

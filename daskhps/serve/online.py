@@ -11,12 +11,13 @@
                      same table: open the new commit's stores and diff segment sets
                      (lookup.prepare); another table or model (dim, schema, model class):
                      open a whole new lookup
-    scoring thread requests, one at a time ──► swap, between two requests:
+    IO loop thread requests, one at a time ──► swap, between two requests:
                      the same table: swap the stores, replace the cached rows of changed
                      keys (lookup.refresh(prepared)), then the dense model; another table:
                      the new view replaces the old one, which is closed
 
-Every request is scored on the scoring thread by one view from start to end, and its answer
+Every request is read and scored on the server's IO loop thread by one view from start to end
+(the reader of its schema, its lookup, its dense model), and its answer
 names that view's version: no request mixes two versions, and none fails for a refresh. What
 it costs: a refresh of the same table holds requests for the swap alone (the re-read of the
 changed cached rows), and holds a second key index and dense model while it is prepared; a
@@ -39,7 +40,9 @@ from daskhps.data.schema import Schema
 from daskhps.errors import DaskHPSError
 from daskhps.retrain.retention import ServingLease
 from daskhps.retrain.versions import Registry, registry_folder
+from daskhps.serve.inputs import Inputs
 from daskhps.serve.lookup import PreparedRefresh
+from daskhps.serve.requests import RowReader
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.stores import check_stores
 from daskhps.serve.version import Servable, load_servable
@@ -107,6 +110,7 @@ class Prepared:
     model: torch.nn.Module
     refresh: PreparedRefresh | None  # the same table: its stores opened beside, the delta
     scorer: Scorer | None  # a whole new view: the table or the model is another
+    reader: RowReader | None  # with a new view: the reader of its schema
     seconds: float
     lease: ServingLease | None = None  # held from before it was loaded
 
@@ -128,13 +132,21 @@ def _label(published: Published, servable: Servable) -> str:
 
 
 class OnlineModel:
-    """The served view: a :class:`Scorer` and the name of its version. :meth:`score` and
-    :meth:`swap` run on one thread (the server's scoring thread); :meth:`prepare` on any."""
+    """The served view: a :class:`Scorer`, the :class:`RowReader` of its schema (:attr:`reader`)
+    and the name of its version. Reading, :meth:`score_inputs`, :meth:`score` and :meth:`swap`
+    run on one thread (the server's IO loop); :meth:`prepare` on any."""
 
-    def __init__(self, source: ModelSource, sizes: CacheSizes, batch_size: int = 4096) -> None:
+    def __init__(
+        self,
+        source: ModelSource,
+        sizes: CacheSizes,
+        batch_size: int = 4096,
+        max_rows: int = 65536,
+    ) -> None:
         self.source = source
         self.sizes = sizes
         self.batch_size = batch_size
+        self.max_rows = max_rows
         self.published = source.current()
         self._lease = source.lease(self.published)  # before loading: retention waits for it
         try:
@@ -145,10 +157,15 @@ class OnlineModel:
                 self._lease.release()
             raise
         self.version = _label(self.published, servable)
+        self.reader = RowReader(self.scorer.schema, max_rows)
 
     @property
     def schema(self) -> Schema:
         return self.scorer.schema
+
+    def score_inputs(self, inputs: Inputs) -> tuple[str, np.ndarray]:
+        """The version and the click probabilities of rows :attr:`reader` read, in order."""
+        return self.version, self.scorer.score_inputs(inputs)
 
     def score(self, frame: pd.DataFrame) -> tuple[str, np.ndarray]:
         """The version and the click probabilities of parsed rows, in frame order."""
@@ -182,20 +199,24 @@ class OnlineModel:
         )
         refresh: PreparedRefresh | None = None
         scorer: Scorer | None = None
+        reader: RowReader | None = None
         if same:
             model = servable.build_model()
             refresh = self.scorer.lookup.prepare(servable.table)
         else:
             scorer = Scorer(servable, self.sizes, self.batch_size)
+            reader = RowReader(scorer.schema, self.max_rows)
             model = scorer.model
-        return Prepared(published, servable, model, refresh, scorer, time.perf_counter() - t, lease)
+        seconds = time.perf_counter() - t
+        return Prepared(published, servable, model, refresh, scorer, reader, seconds, lease)
 
     def swap(self, prepared: Prepared) -> Swap:
         """Serve ``prepared`` from the next request on (call between two requests)."""
         t = time.perf_counter()
         old_version = self.version
         if prepared.scorer is not None:
-            old, self.scorer = self.scorer, prepared.scorer
+            assert prepared.reader is not None
+            old, self.scorer, self.reader = self.scorer, prepared.scorer, prepared.reader
             old.close()
             how: Literal["replay", "diff", "full", "new"] = "new"
             changed = -1

@@ -10,6 +10,10 @@ In a JSON row a missing field is a missing value; a value is a string or a numbe
 categorical number is hashed by its decimal text, as a parquet integer column is); a multi-hot
 field is a list, or one string holding the schema's separator. The label may be present; it is
 never used. Anything else is a :class:`RequestError` whose message names the row and the field.
+
+:func:`read_rows` gives the parsed rows as a frame, as a log file's; :class:`RowReader` (what
+``daskhps serve`` reads with) gives the model's inputs, the same bits, JSON rows of the usual
+kinds without a frame.
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import torch
 
-from daskhps.data.parse import parse_columns, parse_text
-from daskhps.data.schema import CategoricalField, Schema
+from daskhps.data.hashing import hash_rows
+from daskhps.data.parse import _dense_out, _numeric, parse_columns, parse_text
+from daskhps.data.schema import CategoricalField, DenseField, Schema
 from daskhps.errors import DaskHPSError, DataError
 from daskhps.options import closest
+from daskhps.serve.inputs import Inputs
 
-__all__ = ["JSON", "TEXT_TYPES", "RequestError", "read_rows"]
+__all__ = ["JSON", "TEXT_TYPES", "RequestError", "RowReader", "read_rows"]
 
 JSON = "application/json"
 TEXT_TYPES = {"tsv": "text/tab-separated-values", "csv": "text/csv"}
@@ -42,9 +50,10 @@ class RequestError(DaskHPSError, ValueError):
 
 def read_rows(body: bytes, content_type: str, schema: Schema, max_rows: int) -> pd.DataFrame:
     """The parsed rows of a request body (see the module docstring), at most ``max_rows``."""
-    kind = content_type.split(";")[0].strip().lower()
+    kind = _kind(content_type)
     if kind in ("", JSON):
-        frame = _json_rows(body, schema, max_rows)
+        rows, fields = _json_doc(body, schema, frozenset(schema.feature_columns), max_rows)
+        frame = _json_frame(rows, fields, schema)
     elif kind in TEXT_TYPES.values() or kind == "text/plain":
         want = TEXT_TYPES.get(schema.format)
         if schema.format == "parquet" or (kind != "text/plain" and kind != want):
@@ -68,6 +77,107 @@ def read_rows(body: bytes, content_type: str, schema: Schema, max_rows: int) -> 
     return frame
 
 
+_NONE = type(None)
+_EXACT = 1 << 53  # integers a float64 holds exactly
+
+
+class RowReader:
+    """Request bodies of one schema as the model's :class:`~daskhps.serve.inputs.Inputs`.
+
+    JSON rows of a single-hot schema go one fast way: every dense cell of the request in one
+    Arrow array, parsed and transformed as :func:`read_rows` parses a column
+    (daskhps.data.parse), and every categorical cell keyed in one pass
+    (:func:`~daskhps.data.hashing.hash_rows`), with no frame in between. What it does not take
+    as it is (a mix of value types other than a column-by-column parse would read alike, any
+    bad value, a multi-hot schema, log lines) goes the general way, :func:`read_rows` then
+    :meth:`Inputs.from_frame <daskhps.serve.inputs.Inputs.from_frame>`, which names the row and
+    the field of a bad one. Both give the same inputs, bit for bit.
+    """
+
+    def __init__(self, schema: Schema, max_rows: int) -> None:
+        self.schema = schema
+        self.max_rows = max_rows
+        self._features = frozenset(schema.feature_columns)
+        self._fast = not any(f.multi_hot for f in schema.categorical)
+        self._cats = schema.categorical_names
+        # Dense fields by treatment: the transform is elementwise, one call a treatment.
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for j, f in enumerate(schema.dense):
+            groups.setdefault((f.clip_min, f.clip_max, f.transform, f.fill), []).append(j)
+        order = [j for js in groups.values() for j in js]
+        self._dense_names = [schema.dense[j].name for j in order]
+        self._groups: list[tuple[DenseField, int, int]] = []
+        for js in groups.values():
+            lo = len(self._groups) and self._groups[-1][2]
+            self._groups.append((schema.dense[js[0]], lo, lo + len(js)))
+        identity = order == sorted(order)
+        self._schema_order = None if identity else np.argsort(order)
+
+    def read(self, body: bytes, content_type: str) -> Inputs:
+        """The inputs of a request body, at most ``max_rows`` rows; a :class:`RequestError`
+        for a body that cannot be scored."""
+        schema = self.schema
+        if _kind(content_type) not in ("", JSON):
+            return Inputs.from_frame(read_rows(body, content_type, schema, self.max_rows), schema)
+        rows, fields = _json_doc(body, schema, self._features, self.max_rows)
+        inputs = self._fast_inputs(rows) if self._fast else None
+        if inputs is None:
+            inputs = Inputs.from_frame(_json_frame(rows, fields, schema), schema)
+        return inputs
+
+    def _fast_inputs(self, rows: list[dict[str, Any]]) -> Inputs | None:
+        dense = self._dense(rows)
+        if dense is None:
+            return None
+        cells = [r.get(c) for r in rows for c in self._cats]
+        kinds = set(map(type, cells))
+        if not kinds <= {str, _NONE}:
+            if not kinds <= {str, int, _NONE}:  # bool, float, list: refused the general way
+                return None
+            cells = [str(v) if type(v) is int else v for v in cells]  # as an int column is
+        try:
+            keys = hash_rows(pa.array(cells, pa.large_string()), self._cats)
+        except (pa.ArrowException, ValueError):  # a string Arrow cannot hold: the general way
+            return None
+        return Inputs(torch.from_numpy(dense), torch.from_numpy(keys))
+
+    def _dense(self, rows: list[dict[str, Any]]) -> np.ndarray | None:
+        """``float32[n, D]`` of the rows' dense cells, or None to go the general way."""
+        n = len(rows)
+        cells = [r.get(name) for name in self._dense_names for r in rows]
+        kinds = set(map(type, cells))
+        kinds.discard(_NONE)
+        # One type that the column-by-column parse reads alike: strings parsed as numbers,
+        # integers cast, floats as they are; an integer among strings or floats only where a
+        # float64 holds it exactly (then its text, or its float, is the same number).
+        if kinds <= {str}:
+            typ = pa.string()
+        elif kinds <= {int}:
+            typ = pa.int64()
+        elif (kinds <= {str, int} or kinds <= {int, float}) and all(
+            -_EXACT <= v <= _EXACT for v in cells if type(v) is int
+        ):
+            typ = pa.float64() if float in kinds else pa.string()
+            if str in kinds:
+                cells = [str(v) if type(v) is int else v for v in cells]
+        else:
+            return None
+        try:
+            values, bad = _numeric(pa.array(cells, typ))
+        except (pa.ArrowException, OverflowError, ValueError, TypeError):
+            return None
+        if bad.any():
+            return None
+        if not values.flags.writeable:  # Arrow's own buffer: the fill writes into it
+            values = values.copy()
+        block = np.empty((len(self._dense_names), n), dtype=np.float32)
+        for f, lo, hi in self._groups:
+            block[lo:hi] = _dense_out(values[lo * n : hi * n], f).reshape(hi - lo, n)
+        if self._schema_order is not None:
+            block = block[self._schema_order]
+        return block.T.copy(order="C")  # as the trainer's examples hold it (Inputs.from_frame)
+
+
 def _text_rows(body: bytes, schema: Schema, max_rows: int) -> pd.DataFrame:
     if not body.strip():
         raise RequestError("empty batch: the body holds no log line")
@@ -80,7 +190,14 @@ def _text_rows(body: bytes, schema: Schema, max_rows: int) -> pd.DataFrame:
         raise RequestError(str(e)) from None
 
 
-def _json_rows(body: bytes, schema: Schema, max_rows: int) -> pd.DataFrame:
+def _kind(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
+
+
+def _json_doc(
+    body: bytes, schema: Schema, features: frozenset[str], max_rows: int
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """The rows of a JSON body, each an object of known fields, and the fields they use."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -100,9 +217,8 @@ def _json_rows(body: bytes, schema: Schema, max_rows: int) -> pd.DataFrame:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise RequestError(f"row {i}: expected an object of field: value, got {row!r}")
-    known = (*schema.feature_columns, schema.label)
-    fields = set().union(*rows)
-    unknown = sorted(str(f) for f in fields if f not in known)
+    fields: set[str] = set().union(*rows)
+    unknown = sorted(str(f) for f in fields if f not in features and f != schema.label)
     if unknown:
         i = next(i for i, r in enumerate(rows) if unknown[0] in r)
         hint = closest(unknown[0], list(schema.feature_columns))
@@ -111,6 +227,11 @@ def _json_rows(body: bytes, schema: Schema, max_rows: int) -> pd.DataFrame:
             f"row {i}: unknown field {unknown[0]!r}; {did}the model's fields are "
             f"{_names(schema.feature_columns)}"
         )
+    return rows, fields
+
+
+def _json_frame(rows: list[dict[str, Any]], fields: set[str], schema: Schema) -> pd.DataFrame:
+    """JSON rows parsed and hashed as the log lines holding the same values."""
     columns: dict[str, pa.Array] = {}
     for f in schema.dense:
         if f.name in fields:

@@ -2,10 +2,12 @@
 
 One task per input file, on any worker (no process group, no collective)::
 
-    file i ──read_shard (the model's schema)──► rows
-           ──Scorer: batches ──batch_forward (the trainer's own eval path, one rank)──►
-             keys ──ServingLookup of this worker (device -> host -> every rank store, "r")
+    file i ──read_shard (the model's schema)──► rows ──Inputs (dense, keys)──►
+           ──Scorer: batches, each as the trainer's evaluation runs it (one rank, bit for bit)
+             unique keys ──ServingLookup of this worker (device -> host -> every rank store)
            ──sigmoid──► <out>/part-<i>.parquet   file | row | probability
+
+``daskhps serve`` scores a request's rows with the same :class:`Scorer` (daskhps.serve.online).
 
 Every worker keeps one :class:`Scorer` per prediction job: the dense model and a read-only
 lookup over *all* rank stores (HPS-style: each inference node sees the whole table through
@@ -28,16 +30,48 @@ import pandas as pd
 import torch
 
 from daskhps.data.schema import Schema
-from daskhps.distributed import Exchange
+from daskhps.distributed.exchange import Routing
+from daskhps.serve.inputs import Inputs
 from daskhps.serve.lookup import ServingLookup
 from daskhps.serve.version import Servable
-from daskhps.sharding import ShardMap
-from daskhps.training.examples import RANK, WorkerExamples
-from daskhps.training.worker import bag_pooling, batch_forward
+from daskhps.training.worker import BagPooling, bag_pooling, sparse_input
 
-__all__ = ["Scorer", "predict_frame"]
+__all__ = ["Scorer", "predict_frame", "score_inputs"]
 
 LookupFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def score_inputs(
+    model: torch.nn.Module,
+    pooling: BagPooling | None,
+    lookup_fn: LookupFn,
+    inputs: Inputs,
+    batch_size: int = 4096,
+) -> np.ndarray:
+    """Click probabilities (``float32[n]``, row order) of parsed rows, ``batch_size`` rows a
+    forward, with ``model`` in eval mode.
+
+    Each batch as the trainer's evaluation runs it as one rank
+    (:func:`daskhps.training.worker.batch_forward`), bit for bit, without what a rank needs
+    and a scorer does not (the routing's position groups, a leaf for gradients): the batch's
+    unique keys, sorted, ``lookup_fn(unique keys) -> rows``, ``rows[inverse]`` (pooled bag by
+    bag for multi-hot schemas) as the model's ``sparse`` input.
+    """
+    n = len(inputs)
+    out = np.empty(n, dtype=np.float32)
+    with torch.no_grad():
+        for lo in range(0, n, batch_size):
+            hi = min(lo + batch_size, n)
+            dense, keys, offsets = inputs.batch(lo, hi)
+            # torch.unique(sorted=True, return_inverse=True) by a hash table: no sort of every key
+            inverse_np, uniq_np = pd.factorize(keys.reshape(-1).numpy(), sort=True)
+            uniq, inverse = torch.from_numpy(uniq_np), torch.from_numpy(inverse_np)
+            rows = lookup_fn(uniq).cpu()
+            k = [len(uniq)]
+            routing = Routing(uniq, inverse.reshape(keys.shape), k, uniq, k)
+            logits = model(dense, sparse_input(rows, routing, offsets, pooling))
+            out[lo:hi] = torch.sigmoid(logits).numpy()
+    return out
 
 
 def predict_frame(
@@ -51,34 +85,18 @@ def predict_frame(
 ) -> np.ndarray:
     """Click probabilities (``float32[len(frame)]``, frame order) of parsed log rows.
 
-    Batches go through :func:`daskhps.training.worker.batch_forward` exactly as the trainer's
-    evaluation does, as one rank: ``lookup_fn(unique keys) -> embedding rows``.
+    Batches score exactly as the trainer's evaluation scores them, as one rank (see
+    :func:`score_inputs`): ``lookup_fn(unique keys) -> embedding rows``. ``num_shards`` is
+    the table's (one rank owns every shard).
     """
-    n = len(frame)
-    if n == 0:
-        return np.zeros(0, dtype=np.float32)
-    nb = -(-n // batch_size)
-    # Rank = row position: WorkerExamples cuts batches by rank, as it does a worker's share.
-    data = WorkerExamples.from_frame(
-        frame.assign(**{RANK: np.arange(n, dtype=np.int64)}), schema, batch_size, nb
-    )
-    exchange = Exchange(None, ShardMap(num_shards, 1))
-    pooling = bag_pooling(schema)
-    out = np.empty(n, dtype=np.float32)
+    del num_shards  # one rank: every key is its own
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            for b in range(nb):
-                dense, keys, offsets, _ = data.batch(b)
-                logits, _, _ = batch_forward(
-                    model, exchange, lookup_fn, dense, keys, offsets, pooling
-                )
-                lo = int(data.starts[b])
-                out[lo : lo + len(logits)] = torch.sigmoid(logits).cpu().numpy()
+        inputs = Inputs.from_frame(frame, schema)
+        return score_inputs(model, bag_pooling(schema), lookup_fn, inputs, batch_size)
     finally:
         model.train(was_training)
-    return out
 
 
 @dataclass(frozen=True)
@@ -95,8 +113,9 @@ class Scorer:
 
     def __init__(self, servable: Servable, sizes: CacheSizes, batch_size: int = 4096) -> None:
         self.servable = servable
-        self.model = servable.build_model()
+        self.model = servable.build_model()  # in eval mode; a refresh puts another one here
         self.schema = servable.config.data.schema
+        self.pooling = bag_pooling(self.schema)
         self.batch_size = batch_size
         self.lookup = ServingLookup(
             servable.table,
@@ -108,19 +127,19 @@ class Scorer:
         self._lock = threading.Lock()  # the caches are not thread-safe; the model is
 
     def _lookup(self, keys: torch.Tensor) -> torch.Tensor:
-        with self._lock:  # batch_forward asks for a batch's unique keys
+        with self._lock:  # unique keys of one batch
             return self.lookup.lookup(keys, unique=True)
+
+    def score_inputs(self, inputs: Inputs) -> np.ndarray:
+        """Click probabilities of parsed rows' inputs, in row order."""
+        model = self.model
+        if model.training:
+            model.eval()
+        return score_inputs(model, self.pooling, self._lookup, inputs, self.batch_size)
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
         """Click probabilities of parsed log rows, in frame order."""
-        return predict_frame(
-            self.model,
-            self.schema,
-            self._lookup,
-            frame,
-            num_shards=self.servable.table.num_shards,
-            batch_size=self.batch_size,
-        )
+        return self.score_inputs(Inputs.from_frame(frame, self.schema))
 
     def close(self) -> None:
         with self._lock:

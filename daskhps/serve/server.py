@@ -10,13 +10,18 @@ published versions while it serves.
     GET  /readyz    200 once the model and stores are open and the caches warmed, else 503
     GET  /metrics   Prometheus text (daskhps.serve.metrics)
 
-One process: tornado's IO loop takes requests and answers them; one scoring thread parses and
-scores them in arrival order and swaps versions between two of them (daskhps.serve.online); a
-poll thread follows ``CURRENT``. tornado because it already comes with distributed (no new
-dependency), serves HTTP/1.1 keep-alive from one loop, and binds with ``SO_REUSEPORT``: with
-``processes > 1`` the parent binds the port and spawns that many server processes that bind it
-too, and the kernel spreads connections over them. They share the read-only stores through
-the page cache; each keeps its own caches and dense model.
+One process: tornado's IO loop takes requests, reads and scores each on its own thread as it
+comes (a hop to another thread would cost more than scoring a few rows) and answers it; it
+swaps versions between two requests (daskhps.serve.online). A poll thread opens the model,
+follows ``CURRENT`` and prepares a new version beside the served one. One process scores one
+request at a time: a large one holds the others, ``/healthz`` and ``/metrics`` included, while
+it is scored; ``--processes N`` scores N at once.
+
+tornado because it already comes with distributed (no new dependency), serves HTTP/1.1
+keep-alive from one loop, and binds with ``SO_REUSEPORT``: with ``processes > 1`` the parent
+binds the port and spawns that many server processes that bind it too, and the kernel spreads
+connections over them. They share the read-only stores through the page cache; each keeps its
+own caches and dense model.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
@@ -48,12 +54,18 @@ from daskhps.data.parse import read_shard
 from daskhps.errors import DaskHPSError
 from daskhps.serve.metrics import ServerMetrics
 from daskhps.serve.online import ModelSource, OnlineModel
-from daskhps.serve.requests import RequestError, read_rows
+from daskhps.serve.requests import RequestError
 from daskhps.serve.score import CacheSizes
 
 __all__ = ["ServeOptions", "Server", "serve"]
 
 log = logging.getLogger(__name__)
+
+# torch runs on one thread a process; with ``--threads N`` a request of this many rows or more
+# runs on N. A second thread saves little on a forward of a few thousand rows of an idle
+# machine, and where the cores are busy with other work each of its hand-offs waits for a
+# core: 8 to 10 times slower at 4096 and 16384 rows on the shared 2-core VM (docs/serving.md).
+PARALLEL_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,7 @@ class ServeOptions:
     host_bytes: int = 256 << 20
     device: str = "cpu"
     warmup: str | None = None
-    threads: int | None = None  # torch's intra-op threads; None: the cores over processes
+    threads: int = 1  # torch's threads a process for a request of PARALLEL_ROWS rows or more
 
 
 class Server:
@@ -81,16 +93,17 @@ class Server:
 
     def __init__(self, options: ServeOptions, on_failure: Any = None) -> None:
         self.options = options
-        self._on_failure = on_failure  # called (from the scoring thread) if the model cannot open
+        self._on_failure = on_failure  # called (from the poll thread) if the model cannot open
         self.online: OnlineModel | None = None
         self.failed: str | None = None  # why the model could not be opened
         self.ready = threading.Event()
-        self.score_pool = ThreadPoolExecutor(1, thread_name_prefix="daskhps-score")
         self.poll_pool = ThreadPoolExecutor(1, thread_name_prefix="daskhps-poll")
         self.metrics = ServerMetrics(self._hit_rate, lambda: self.version or "")
         self._http: tornado.httpserver.HTTPServer | None = None
         self._poll_error: str | None = None
         self._started = time.perf_counter()
+        self.threads = options.threads
+        self._torch_threads = 0  # torch's threads now, as predict set them
 
     @property
     def version(self) -> str | None:
@@ -104,8 +117,8 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self, sockets: list[socket.socket]) -> None:
-        """Serve on ``sockets`` from the running IO loop; the model opens on the scoring
-        thread, then the poll of ``CURRENT`` starts."""
+        """Serve on ``sockets`` from the running IO loop; the model opens on the poll thread
+        (requests meanwhile get 503), then the poll of ``CURRENT`` starts."""
         app = tornado.web.Application(
             [
                 (r"/predict", PredictHandler, {"server": self}),
@@ -123,13 +136,14 @@ class Server:
         )
         self._http.add_sockets(sockets)
         loop = asyncio.get_running_loop()
-        loop.run_in_executor(self.score_pool, self._open)
+        loop.run_in_executor(self.poll_pool, self._open)
 
     def _open(self) -> None:
         o = self.options
+        torch.set_num_threads(self.threads)  # this thread's: the warmup, then each prepare
         try:
             sizes = CacheSizes(o.device_rows, o.host_bytes, o.device)
-            online = OnlineModel(ModelSource(o.model), sizes, o.batch_size)
+            online = OnlineModel(ModelSource(o.model), sizes, o.batch_size, o.max_rows)
             if o.warmup:
                 frame, _ = read_shard(o.warmup, online.schema, labels="auto")
                 if not len(frame):
@@ -177,7 +191,7 @@ class Server:
         if published is None:
             return None
         prepared = await loop.run_in_executor(self.poll_pool, online.prepare, published)
-        swap = await loop.run_in_executor(self.score_pool, online.swap, prepared)
+        swap = online.swap(prepared)  # on the loop's thread: between two requests
         self._poll_error = None
         self.metrics.refreshes.labels(swap.how).inc()
         self.metrics.pause.set(swap.pause_seconds)
@@ -192,20 +206,25 @@ class Server:
     def stop(self) -> None:
         if self._http is not None:
             self._http.stop()
-        self.score_pool.shutdown(wait=True)
         self.poll_pool.shutdown(wait=True)
         if self.online is not None:
             self.online.close()
 
     # -- requests --------------------------------------------------------------------------
 
-    def predict(self, body: bytes, content_type: str) -> dict[str, Any]:
-        """Parse and score one request (on the scoring thread)."""
+    def predict(self, body: bytes, content_type: str) -> tuple[bytes, int]:
+        """The answer to one request (JSON) and its number of rows (on the loop's thread: the
+        rows are read and scored by one view, no swap between)."""
         online = self.online
         assert online is not None
-        frame = read_rows(body, content_type, online.schema, self.options.max_rows)
-        version, probs = online.score(frame)
-        return {"version": version, "probabilities": probs.tolist()}
+        inputs = online.reader.read(body, content_type)
+        threads = 1 if len(inputs) < PARALLEL_ROWS else self.threads
+        if threads != self._torch_threads:
+            torch.set_num_threads(threads)
+            self._torch_threads = threads
+        version, probs = online.score_inputs(inputs)
+        doc = {"version": version, "probabilities": probs.tolist()}
+        return json.dumps(doc).encode(), len(probs)
 
 
 class _Handler(tornado.web.RequestHandler):
@@ -213,13 +232,13 @@ class _Handler(tornado.web.RequestHandler):
         self.server = server
 
     def set_default_headers(self) -> None:
-        self.set_header("X-Daskhps-Pid", str(os.getpid()))
+        self.set_header("X-Daskhps-Pid", str(os.getpid()))  # before initialize: no server
 
-    def answer(self, status: int, doc: dict[str, Any]) -> None:
+    def answer(self, status: int, doc: dict[str, Any] | bytes) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(doc))
-        self.server.metrics.requests.labels(str(status)).inc()
+        self.finish(doc if isinstance(doc, bytes) else json.dumps(doc))
+        self.server.metrics.answered(status)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         # tornado's own refusals (a body over max_body_size, a bad method) as JSON too
@@ -272,7 +291,7 @@ class PredictHandler(_Handler):
             self._over = self._size
             self._refuse_too_large()  # then the connection closes: the rest is not read
 
-    async def post(self) -> None:
+    def post(self) -> None:
         server = self.server
         if self._finished:  # refused while the body came
             return
@@ -283,11 +302,10 @@ class PredictHandler(_Handler):
             why = f"cannot serve: {server.failed}" if server.failed else "the model is loading"
             self.answer(503, {"error": why})
             return
-        body = b"".join(self._chunks)
-        loop = asyncio.get_running_loop()
+        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         kind = self.request.headers.get("Content-Type", "")
         try:
-            doc = await loop.run_in_executor(server.score_pool, server.predict, body, kind)
+            answer, rows = server.predict(body, kind)
         except RequestError as e:
             self.answer(e.status, {"error": str(e)})
             return
@@ -295,8 +313,8 @@ class PredictHandler(_Handler):
             log.warning("daskhps serve: a request failed: %s", e)
             self.answer(500, {"error": str(e)})
             return
-        self.answer(200, doc)
-        server.metrics.scored(len(doc["probabilities"]), time.perf_counter() - self._t)
+        self.answer(200, answer)
+        server.metrics.scored(rows, time.perf_counter() - self._t)
 
 
 class NotFoundHandler(_Handler):
@@ -365,10 +383,6 @@ def _hold(options: ServeOptions) -> socket.socket:
 
 def _run_one(options: ServeOptions, sockets: list[socket.socket] | None = None) -> int:
     """Serve in this process until SIGINT or SIGTERM."""
-    import torch
-
-    threads = options.threads or max(1, (os.cpu_count() or 1) // options.processes)
-    torch.set_num_threads(threads)
     sockets = sockets or _bind(options)
 
     async def main() -> int:

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daskhps.data.hashing import KEY_MASK, field_salt, hash_column, hash_values, missing_key
+from daskhps.data.hashing import (
+    KEY_MASK,
+    field_salt,
+    hash_column,
+    hash_rows,
+    hash_values,
+    missing_key,
+)
 
 # Computed once from the definition in daskhps/data/hashing.py. Checkpoints depend on these:
 # a change here means every stored embedding row becomes unreachable.
@@ -83,6 +90,27 @@ def test_matches_scalar_reference(values: list[str | None], field: str) -> None:
     got = hash_column(pa.array(values, pa.string()), field)
     assert got.dtype == np.int64
     assert got.tolist() == [_ref_key(field, v) for v in values]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(max_size=20)), max_size=24), st.integers(1, 4))
+def test_rows_of_cells_key_as_their_columns(cells: list[str | None], nf: int) -> None:
+    fields = ["C1", "site_id", "x", "C2"][:nf]
+    cells = cells[: len(cells) // nf * nf]  # whole rows
+    got = hash_rows(cells, fields)
+    assert got.shape == (len(cells) // nf, nf) and got.dtype == np.int64
+    for j, f in enumerate(fields):
+        want = hash_column(pa.array(cells[j::nf], pa.string()), f)
+        assert got[:, j].tolist() == want.tolist()
+
+
+def test_rows_of_cells_past_a_block_and_not_whole_rows() -> None:
+    cells = [None if i % 7 == 0 else f"{i:x}" * (i % 5) for i in range(3 * 20000)]
+    got = hash_rows(cells, ["a", "b", "c"])  # over the hashing block of 2**15 cells
+    for j, f in enumerate(["a", "b", "c"]):
+        assert np.array_equal(got[:, j], hash_column(pa.array(cells[j::3], pa.string()), f))
+    with pytest.raises(ValueError, match="not whole rows"):
+        hash_rows(["a", "b"], ["a", "b", "c"])
 
 
 def test_keys_are_non_negative_and_field_salted() -> None:

@@ -199,7 +199,10 @@ def test_bench_online_quick(tmp_path: Path) -> None:
     by_name = {r["name"]: r for r in recs}
     for b in (1, 64, 1024, 16384):
         r = by_name[f"serve p50, batch {b}"]
-        assert r["unit"] == "ms" and "in-process" in r["baseline_name"] and r["requests"] > 0
+        assert r["unit"] == "ms" and r["baseline_name"] == "floor p50" and r["requests"] > 0
+        assert r["in_process_ms"] > 0
+    # the floor scores the same rows as the server
+    assert by_name["floor vs serve: max |p difference|, batch 64"]["value"] < 1e-5
     assert sum(1 for n in by_name if n.startswith("QPS batch 64")) == 6
     assert by_name["refresh under load: failed requests"]["value"] == 0  # the invariant
     assert by_name["refresh under load: publish to first v000002 answer"]["value"] > 0
