@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -133,8 +134,9 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def peer_args(argv: list[str] | None, description: str) -> tuple[argparse.Namespace, float]:
+    """The peers' shared options (threads and seed applied) and the process's start time."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--train", type=Path, required=True, help="folder of the training day")
     ap.add_argument("--holdout", type=Path, required=True, help="folder of the holdout day")
     ap.add_argument("--batch", type=int, default=4096)
@@ -148,20 +150,87 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     started = psutil.Process().create_time()
     torch.manual_seed(args.seed)
-    seconds: dict[str, float] = {}
+    return args, started
 
+
+@dataclass
+class Days:
+    """Both days read and indexed: dense features, labels, each field's row indices."""
+
+    sizes: list[int]
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    c_train: np.ndarray
+    x_holdout: torch.Tensor
+    y_holdout: np.ndarray
+    c_holdout: np.ndarray
+    unseen: float  # share of the holdout's cells whose value the training day lacks
+
+
+def read_days(args: argparse.Namespace, seconds: dict[str, float]) -> Days:
+    """Read both days (seconds["read"]) and index their fields (seconds["index"])."""
     t = time.perf_counter()
     train, holdout = read_day(args.train), read_day(args.holdout)
     seconds["read"] = time.perf_counter() - t
     t = time.perf_counter()
     sizes, train_idx, holdout_idx = index_columns(train, holdout)
-    x_train, x_holdout = dense_features(train), dense_features(holdout)
-    y_train = torch.from_numpy(train["label"].to_numpy(np.float32, copy=True))
-    y_holdout = holdout["label"].to_numpy(np.float32)
-    c_train, c_holdout = torch.from_numpy(train_idx), torch.from_numpy(holdout_idx)
-    unseen = float((holdout_idx == np.asarray(sizes) - 1).mean())
-    del train, holdout
+    days = Days(
+        sizes=sizes,
+        x_train=dense_features(train),
+        y_train=torch.from_numpy(train["label"].to_numpy(np.float32, copy=True)),
+        c_train=train_idx,
+        x_holdout=dense_features(holdout),
+        y_holdout=holdout["label"].to_numpy(np.float32),
+        c_holdout=holdout_idx,
+        unseen=float((holdout_idx == np.asarray(sizes) - 1).mean()),
+    )
     seconds["index"] = time.perf_counter() - t
+    return days
+
+
+def report(
+    side: str,
+    days: Days,
+    logits: np.ndarray,
+    *,
+    started: float,
+    first_step_at: float,
+    batch: int,
+    losses: list[float],
+    seconds: dict[str, float],
+) -> None:
+    """Print the run's one JSON line: its times, the holdout's AUC and log loss."""
+    y = days.y_holdout
+    p = np.clip(1.0 / (1.0 + np.exp(-logits.astype(np.float64))), 1e-7, 1 - 1e-7)
+    n = len(days.y_train)
+    out = {
+        "side": side,
+        "wall_s": round(time.time() - started, 3),
+        "time_to_first_step_s": round(first_step_at - started, 3),
+        "first_step_at": first_step_at,
+        "train_s": round(seconds["train"], 3),
+        "examples": n,
+        "examples_per_s": round(n / seconds["train"], 1),
+        "batches": math.ceil(n / batch),
+        "final_train_loss": round(float(np.mean(losses[-10:])), 5),
+        "auc": round(auc(y, logits), 5),
+        "logloss": round(float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))), 5),
+        "holdout_examples": len(y),
+        "holdout_unseen_share": round(days.unseen, 5),
+        "table_rows": sum(days.sizes),
+        "torch_threads": torch.get_num_threads(),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    }
+    print(json.dumps(out), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, started = peer_args(argv, __doc__.split("\n\n")[0])
+    seconds: dict[str, float] = {}
+    days = read_days(args, seconds)
+    sizes = days.sizes
+    x_train, y_train, c_train = days.x_train, days.y_train, torch.from_numpy(days.c_train)
+    x_holdout, c_holdout = days.x_holdout, torch.from_numpy(days.c_holdout)
 
     model = DLRM(sizes, dim=args.dim)
     sparse = [p for n, p in model.named_parameters() if n.startswith("tables.")]
@@ -190,33 +259,20 @@ def main(argv: list[str] | None = None) -> None:
         logits = torch.cat(
             [
                 model(x_holdout[a : a + 8192], c_holdout[a : a + 8192])
-                for a in range(0, len(y_holdout), 8192)
+                for a in range(0, len(days.y_holdout), 8192)
             ]
         ).numpy()
-    p = np.clip(1.0 / (1.0 + np.exp(-logits.astype(np.float64))), 1e-7, 1 - 1e-7)
-    logloss = float(-np.mean(y_holdout * np.log(p) + (1 - y_holdout) * np.log(1 - p)))
-    area = auc(y_holdout, logits)
     seconds["eval"] = time.perf_counter() - t
-
-    out = {
-        "side": "torch",
-        "wall_s": round(time.time() - started, 3),
-        "time_to_first_step_s": round(first_step_at - started, 3),
-        "first_step_at": first_step_at,
-        "train_s": round(seconds["train"], 3),
-        "examples": n,
-        "examples_per_s": round(n / seconds["train"], 1),
-        "batches": math.ceil(n / args.batch),
-        "final_train_loss": round(float(np.mean(losses[-10:])), 5),
-        "auc": round(area, 5),
-        "logloss": round(logloss, 5),
-        "holdout_examples": len(y_holdout),
-        "holdout_unseen_share": round(unseen, 5),
-        "table_rows": sum(sizes),
-        "torch_threads": torch.get_num_threads(),
-        "seconds": {k: round(v, 3) for k, v in seconds.items()},
-    }
-    print(json.dumps(out), flush=True)
+    report(
+        "torch",
+        days,
+        logits,
+        started=started,
+        first_step_at=first_step_at,
+        batch=args.batch,
+        losses=losses,
+        seconds=seconds,
+    )
 
 
 if __name__ == "__main__":

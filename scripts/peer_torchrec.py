@@ -30,56 +30,32 @@ It prints one JSON line with the fields of ``peer_torch.py``'s (``side`` is ``to
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_torch import CATEGORICAL, auc, dense_features, index_columns, read_day
+from peer_torch import CATEGORICAL, peer_args, read_days, report
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--train", type=Path, required=True, help="folder of the training day")
-    ap.add_argument("--holdout", type=Path, required=True, help="folder of the holdout day")
-    ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=0.05, help="Adagrad's, for the embeddings")
-    ap.add_argument("--dense-lr", type=float, default=1e-3, help="Adam's, for the dense layers")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    started = psutil.Process().create_time()
-    torch.manual_seed(args.seed)
+    args, started = peer_args(argv, __doc__.split("\n\n")[0])
     from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
     seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    train, holdout = read_day(args.train), read_day(args.holdout)
-    seconds["read"] = time.perf_counter() - t
-    t = time.perf_counter()
-    sizes, train_idx, holdout_idx = index_columns(train, holdout)
-    x_train, x_holdout = dense_features(train), dense_features(holdout)
-    y_train = torch.from_numpy(train["label"].to_numpy(np.float32, copy=True))
-    y_holdout = holdout["label"].to_numpy(np.float32)
+    days = read_days(args, seconds)
+    sizes, x_train, y_train = days.sizes, days.x_train, days.y_train
     # Field-major, as a KeyedJaggedTensor lays out its values: [26, rows].
-    c_train = torch.from_numpy(np.ascontiguousarray(train_idx.T))
-    c_holdout = torch.from_numpy(np.ascontiguousarray(holdout_idx.T))
-    unseen = float((holdout_idx == np.asarray(sizes) - 1).mean())
-    del train, holdout
-    seconds["index"] = time.perf_counter() - t
+    c_train = torch.from_numpy(np.ascontiguousarray(days.c_train.T))
+    c_holdout = torch.from_numpy(np.ascontiguousarray(days.c_holdout.T))
+    x_holdout = days.x_holdout
 
     tables = [
         EmbeddingBagConfig(
@@ -131,36 +107,19 @@ def main(argv: list[str] | None = None) -> None:
         out_logits = torch.cat(
             [
                 model(x_holdout[a : a + 8192], features(c_holdout[:, a : a + 8192])).squeeze(1)
-                for a in range(0, len(y_holdout), 8192)
+                for a in range(0, len(days.y_holdout), 8192)
             ]
         ).numpy()
-    p = np.clip(1.0 / (1.0 + np.exp(-out_logits.astype(np.float64))), 1e-7, 1 - 1e-7)
-    logloss = float(-np.mean(y_holdout * np.log(p) + (1 - y_holdout) * np.log(1 - p)))
-    area = auc(y_holdout, out_logits)
     seconds["eval"] = time.perf_counter() - t
-
-    print(
-        json.dumps(
-            {
-                "side": "torchrec",
-                "wall_s": round(time.time() - started, 3),
-                "time_to_first_step_s": round(first_step_at - started, 3),
-                "first_step_at": first_step_at,
-                "train_s": round(seconds["train"], 3),
-                "examples": n,
-                "examples_per_s": round(n / seconds["train"], 1),
-                "batches": math.ceil(n / args.batch),
-                "final_train_loss": round(float(np.mean(losses[-10:])), 5),
-                "auc": round(area, 5),
-                "logloss": round(logloss, 5),
-                "holdout_examples": len(y_holdout),
-                "holdout_unseen_share": round(unseen, 5),
-                "table_rows": sum(sizes),
-                "torch_threads": torch.get_num_threads(),
-                "seconds": {k: round(v, 3) for k, v in seconds.items()},
-            }
-        ),
-        flush=True,
+    report(
+        "torchrec",
+        days,
+        out_logits,
+        started=started,
+        first_step_at=first_step_at,
+        batch=args.batch,
+        losses=losses,
+        seconds=seconds,
     )
 
 
