@@ -19,10 +19,10 @@ parameters), embeddings of dim 16 updated by Adagrad (lr 0.05), the dense layers
 * daskhps: ``python -m daskhps.cli train CONFIG`` (what ``daskhps train`` runs) on the
   embedded LocalCluster of ``--workers`` worker processes, 1 thread each, sized as the
   quickstart is (``memory_limit: 3GiB``, device and host tiers 0.07 of it each: Dask's ``auto``
-  limit takes the machine's memory, and the default tier fractions preallocate 7 GiB a
-  worker, which two workers and anyone else's work do not fit in 24 GiB); the default
-  checkpoint after the pass, the run's report and the final evaluation included, as a user
-  gets them. ``model.name: dlrm`` with its default widths, ``table.optimizer`` adagrad,
+  limit splits the whole machine between the workers and the default tier fractions are of
+  that, 7 GiB of tiers a worker here, which a machine shared with other work may not have);
+  the default checkpoint after the pass, the run's report and the final evaluation included,
+  as a user gets them. ``model.name: dlrm`` with its default widths, ``table.optimizer`` adagrad,
   ``dense_optimizer`` adam, ``passes.global_batch_size`` 4096, one pass (the default
   ``examples_per_pass`` holds the whole day).
 * plain PyTorch: ``scripts/peer_torch.py`` (pandas' pyarrow reader, ``pandas.factorize``
