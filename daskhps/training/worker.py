@@ -22,13 +22,11 @@ prepared the pass brought to this worker (:mod:`daskhps.monitor.network`).
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
@@ -252,7 +250,11 @@ class _Replica:
     """One rank's dense model, its optimizer, and what its mini-batch loop reuses."""
 
     def __init__(self, host: RunHost, setup: TrainSetup) -> None:
-        torch.set_num_threads(setup.threads or _intra_op_threads(host))
+        # One torch thread unless told otherwise (Dask starts workers with OMP_NUM_THREADS=1):
+        # measured on a shared 2-core machine, two OpenMP threads whose cores other processes
+        # also use wait on each other's descheduled thread, and a step slowed 10 to 30 times.
+        if setup.threads:
+            torch.set_num_threads(setup.threads)
         comm = host.require_comm()
         self.setup = setup
         self.model, self.opt = build_dense(setup)
@@ -260,20 +262,6 @@ class _Replica:
         self.shards: WorkerShards = host.require_shards()
         self.pooling = bag_pooling(setup.schema)
         self.step = 0
-
-
-def _intra_op_threads(host: RunHost) -> int:
-    """Torch threads for this rank: the cores this process may use, shared with the run's
-    other ranks on the same host. Dask starts worker processes with ``OMP_NUM_THREADS=1``,
-    which leaves a lone worker on a many-core machine one core for its model; ranks that
-    share a host split its cores instead of oversubscribing them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    me = urlsplit(host.addresses[host.require_rank()]).hostname
-    here = sum(urlsplit(a).hostname == me for a in host.addresses)
-    return max(1, cores // max(1, here))
 
 
 def _replica(host: RunHost) -> _Replica:
