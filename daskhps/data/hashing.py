@@ -214,6 +214,15 @@ def hash_column(values: Any, field: str) -> np.ndarray:
         # Same function on GPU data: today through host Arrow buffers (exact, not fast).
         values = values.to_arrow()
     arr = _as_string_array(values)
+    keys = _hash_buffers(*_string_buffers(arr), field_salt(field)) & _MASK_U
+    out = keys.view(np.int64)
+    if arr.null_count:
+        out[np.asarray(arr.is_null())] = missing_key(field)
+    return out
+
+
+def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(data, starts, lengths)`` of a large-string array's values, without copies."""
     n = len(arr)
     buffers = arr.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
@@ -223,12 +232,7 @@ def hash_column(values: Any, field: str) -> np.ndarray:
         else np.zeros(0, dtype=np.uint8)
     )
     starts = offsets[:-1]
-    lengths = offsets[1:] - starts
-    keys = _hash_buffers(data, starts, lengths, field_salt(field)) & _MASK_U
-    out = keys.view(np.int64)
-    if arr.null_count:
-        out[np.asarray(arr.is_null())] = missing_key(field)
-    return out
+    return data, starts, offsets[1:] - starts
 
 
 def hash_values(values: Any, field: str) -> pd.Series | np.ndarray:
@@ -264,15 +268,7 @@ def hash_rows(cells: Any, fields: Sequence[str]) -> np.ndarray:
         raise ValueError(f"hash_rows: {n} cells are not whole rows of {nf} fields")
     rows = n // nf
     salts, missing = _row_seeds(tuple(fields))
-    buffers = arr.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
-    data = (
-        np.frombuffer(buffers[2], dtype=np.uint8)
-        if buffers[2] is not None
-        else np.zeros(0, dtype=np.uint8)
-    )
-    starts = offsets[:-1]
-    keys = _hash_buffers(data, starts, offsets[1:] - starts, np.tile(salts, rows)) & _MASK_U
+    keys = _hash_buffers(*_string_buffers(arr), np.tile(salts, rows)) & _MASK_U
     out = keys.view(np.int64).reshape(rows, nf)
     if arr.null_count:
         null = np.asarray(arr.is_null()).reshape(rows, nf)
