@@ -4,13 +4,13 @@ written as a user would write it naively.
     python scripts/_online_floor.py EXPORT_DIR PORT
 
 POST /predict {"rows": [...]} (the JSON rows ``daskhps serve`` takes) -> {"version": the export's
-commit, "probabilities": [...]}.
-Per request: parse the JSON, turn the dense fields into floats with the export's clip, log1p and
-fill, key the categorical cells with daskhps's own hash (so that the keys match the table's),
-look each key up in a plain dict of key -> row of the dump (an unseen key gets its initial row),
-run the TorchScript model (on one torch thread, as ``daskhps serve`` runs it by default), answer
-JSON. No validation, no version, no metrics, no cache: what scoring
-one request costs at the least in Python on this machine. Prints ``ready`` once listening.
+commit, "probabilities": [...]}. Per request: parse the JSON, turn the dense fields into floats
+with the export's clip, log1p and fill, key the categorical cells with daskhps's own hash (so
+that the keys match the table's), look each key up in a plain dict of key -> row of the dump (an
+unseen key gets its initial row), run the TorchScript model (on one torch thread, as ``daskhps
+serve`` runs it by default), answer JSON. No validation, no version, no metrics, no cache: what
+scoring one request costs at the least in Python on this machine. Prints ``ready`` once
+listening.
 """
 
 from __future__ import annotations
