@@ -180,7 +180,9 @@ def test_bench_scale_quick(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_bench_sizing_quick(tmp_path: Path) -> None:
     """A small day through ``plan`` and ``train``: both workers sampled, the plan's parts
-    reported, and the peak within the plan's 20% at this size too."""
+    reported, and the peak at most 20% over the plan. The plan prices full tiers; tiers are
+    reserved, not written, so a day far smaller than its tiers peaks well under the plan
+    (about 0.74 here); filled tiers are held to 20% both ways by test_memory_growth."""
     (rec,) = run_script(
         "bench_sizing.py", "--out", str(tmp_path), "--cases", "day", "--day-rows", "20000"
     )
@@ -188,7 +190,7 @@ def test_bench_sizing_quick(tmp_path: Path) -> None:
     parts = rec["plan_parts_mib"]
     assert set(parts) == {"process", "tiers", "dense", "examples", "transient"}
     assert parts["tiers"] > 0 and parts["transient"] > 0
-    assert 0.8 <= rec["ratio"] <= 1.2, rec
+    assert 0.3 <= rec["ratio"] <= 1.2, rec
     assert rec["memory_problems"] == []
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
 
