@@ -10,7 +10,10 @@ start-up lets the allocator reuse those blocks: under 10 faults a batch.
 
 The cost is memory the process keeps after freeing it: at most ``TRIM_THRESHOLD`` above the
 heap's live data, plus the blocks between ``128 KiB`` and ``MMAP_THRESHOLD`` that fragmentation
-strands; large tensors (a pass's keys, the tiers) are still mapped and returned whole.
+strands; large tensors (a pass's keys, the tiers) are still mapped and returned whole. So that
+Dask's memory monitor does not count that memory against the worker (at 80% of its limit it
+pauses the worker, and a run waiting on a paused rank waits for ever), every task that ends
+gives the free memory back (:func:`give_back_free_memory`, ``malloc_trim``).
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ import ctypes
 import ctypes.util
 import logging
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "reuse_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "give_back_free_memory", "reuse_freed_memory"]
 
 log = logging.getLogger(__name__)
 
 MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks under it come from the reused heap
-TRIM_THRESHOLD = 256 << 20  # free memory kept at the heap's top before it is returned
+TRIM_THRESHOLD = 64 << 20  # free memory kept at the heap's top before it is returned
 _M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
@@ -43,3 +46,21 @@ def reuse_freed_memory() -> bool:
     if not ok:
         log.debug("mallopt refused the allocator thresholds; keeping the defaults")
     return ok
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def give_back_free_memory() -> None:
+    """Return the allocator's free memory to the OS (glibc's ``malloc_trim``); a no-op
+    elsewhere."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

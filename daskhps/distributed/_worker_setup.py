@@ -23,7 +23,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-from daskhps.distributed._allocator import reuse_freed_memory
+from daskhps.distributed._allocator import give_back_free_memory, reuse_freed_memory
 from daskhps.distributed._expected import quiet_expected_errors
 from daskhps.storage import use_options
 
@@ -40,6 +40,7 @@ class WorkerSetup(WorkerPlugin):
     # Registered again by every run, replacing the last run's on every worker: a cluster
     # given by address outlives its runs, and each run brings its own storage options.
     idempotent = False
+    trims = False  # set up in a worker process of its own whose allocator was tuned
 
     def __init__(
         self, ignore_sigint: bool, storage_options: Mapping[str, Mapping[str, Any]] | None = None
@@ -55,12 +56,19 @@ class WorkerSetup(WorkerPlugin):
         # This run's options, and none of an earlier run's (a cluster outlives its runs).
         use_options(self.storage_options, replace=True)
         own_process = multiprocessing.parent_process() is not None
+        self.trims = False
         if own_process:  # an in-process worker's allocator is the driver's to set
-            reuse_freed_memory()
+            self.trims = reuse_freed_memory()
         # signal.signal only works in the main thread, which runs a worker process's loop.
         main = threading.current_thread() is threading.main_thread()
         if self.ignore_sigint and own_process and main:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        # A task that ended leaves its freed blocks to the allocator: give them back, so the
+        # memory monitor sees what the worker holds (see daskhps.distributed._allocator).
+        if self.trims and start == "executing":
+            give_back_free_memory()
 
 
 def setup_workers(
