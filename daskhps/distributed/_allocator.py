@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "give_back_free_memory", "reuse_freed_memory"]
@@ -32,13 +33,20 @@ _M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded once when first needed (``find_library`` runs ``ldconfig``: not
+    something every importer should pay)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
 def reuse_freed_memory() -> bool:
     """Set this process's allocator thresholds; False where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False  # not glibc (musl, macOS): nothing to tune
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
@@ -48,19 +56,9 @@ def reuse_freed_memory() -> bool:
     return ok
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"))
-    except (OSError, TypeError):
-        return None
-
-
-_LIBC = _libc()
-
-
 def give_back_free_memory() -> None:
     """Return the allocator's free memory to the OS (glibc's ``malloc_trim``); a no-op
     elsewhere."""
-    trim = getattr(_LIBC, "malloc_trim", None)
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
