@@ -48,6 +48,13 @@ class PeakLiveBytes(TorchDispatchMode):
         self.now = 0
         self.peak = 0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ to keep torch.compile out of it, which
+        # imports torch._dynamo on the first operation: most of a second of every `train`
+        # and `plan`. Nothing here runs under torch.compile, so the wrapper is not needed.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         # Storages freed since the last operation were gone before this one's outputs came.
