@@ -118,9 +118,9 @@ def invalid_utf8(b: np.ndarray) -> np.ndarray:
     that ends too early (before an ASCII byte, or the end of ``b``) flags its last byte. Only
     the non-ASCII bytes are looked at, so the cost follows how much of ``b`` is non-ASCII.
     """
+    if not len(b) or b.max() < 0x80:  # plain ASCII, the usual log: one vectorised pass
+        return np.zeros(0, np.intp)
     high = np.flatnonzero(b >= 0x80)
-    if not len(high):
-        return high
     padded = np.concatenate([np.zeros(3, np.uint8), b, np.zeros(1, np.uint8)])  # 0: ASCII
     at = high + 3  # positions in padded
     x, nxt = padded[at], padded[at + 1]
