@@ -11,6 +11,7 @@ import shlex
 import sys
 import time
 
+from daskhps import _forkserver as forkserver
 from daskhps.config.json_schema import render_json_schema
 from daskhps.config.runconfig import load_config
 from daskhps.errors import ConfigError
@@ -93,6 +94,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Validate the config, then run ``pipelines.train.run(config[, resume=...])``."""
     args.started = time.time()  # Ctrl-C: which checkpoints this run wrote (train_interrupted)
     config = load_config(args.config, args.overrides)
+    forkserver.warm_up_for(config.cluster)  # the workers' imports, while the run gets ready
     # find_spec, not a guarded import: an ImportError raised inside the pipeline is a bug
     # to show, not a missing pipeline.
     if importlib.util.find_spec("pipelines") is None or importlib.util.find_spec(PIPELINE) is None:

@@ -9,6 +9,9 @@ how they reach object storage (``storage.options``).
   traceback instead of where to resume. The driver alone stops: it closes the shards (the
   stores' locks) and then the cluster, which ends the workers. Workers of a cluster given by
   address belong to someone else's terminal and keep theirs.
+* A worker of the embedded CPU cluster is forked from a server started elsewhere
+  (:mod:`daskhps.distributed._forkserver`): it moves to the driver's working directory, where
+  a spawned worker would have started.
 * The C allocator reuses freed blocks instead of mapping fresh pages for every tensor
   (:mod:`daskhps.distributed._allocator`).
 """
@@ -16,6 +19,7 @@ how they reach object storage (``storage.options``).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Mapping
@@ -43,10 +47,14 @@ class WorkerSetup(WorkerPlugin):
     trims = False  # set up in a worker process of its own whose allocator was tuned
 
     def __init__(
-        self, ignore_sigint: bool, storage_options: Mapping[str, Mapping[str, Any]] | None = None
+        self,
+        ignore_sigint: bool,
+        storage_options: Mapping[str, Mapping[str, Any]] | None = None,
+        cwd: str | None = None,
     ) -> None:
         self.ignore_sigint = ignore_sigint
         self.storage_options = dict(storage_options or {})
+        self.cwd = cwd
 
     def __repr__(self) -> str:  # the storage options may hold credentials
         return f"WorkerSetup(ignore_sigint={self.ignore_sigint})"
@@ -56,6 +64,8 @@ class WorkerSetup(WorkerPlugin):
         # This run's options, and none of an earlier run's (a cluster outlives its runs).
         use_options(self.storage_options, replace=True)
         own_process = multiprocessing.parent_process() is not None
+        if self.cwd is not None and own_process:  # the embedded cluster's: the driver's
+            os.chdir(self.cwd)
         self.trims = False
         if own_process:  # an in-process worker's allocator is the driver's to set
             self.trims = reuse_freed_memory()
@@ -76,6 +86,7 @@ def setup_workers(
     *,
     ignore_sigint: bool,
     storage_options: Mapping[str, Mapping[str, Any]] | None = None,
+    cwd: str | None = None,
 ) -> None:
     """Register :class:`WorkerSetup` on every worker, now and joining later; this process's
     own worker logger (in-process workers, the driver) is quieted too, and it reaches stores
@@ -83,4 +94,4 @@ def setup_workers(
     the checkpoint copy)."""
     quiet_expected_errors()
     use_options(storage_options or {})
-    client.register_plugin(WorkerSetup(ignore_sigint, storage_options), name=PLUGIN_NAME)
+    client.register_plugin(WorkerSetup(ignore_sigint, storage_options, cwd), name=PLUGIN_NAME)

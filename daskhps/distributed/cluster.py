@@ -7,6 +7,7 @@ client is closed at the end). The handle lists the workers in rank order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import dask
 from distributed import Client, LocalCluster
 
+from daskhps import _forkserver as forkserver
 from daskhps._scheduler import scheduler_workers
 from daskhps.config.cluster import ClusterSecurity
 from daskhps.distributed._dashboard import repair_dashboard
@@ -173,7 +175,13 @@ def start_cluster(
     handle = ClusterHandle(client, cluster, "local-cuda" if use_cuda else "local", None)
     try:
         _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
-        setup_workers(client, ignore_sigint=use_cuda or processes, storage_options=storage_options)
+        setup_workers(
+            client,
+            ignore_sigint=use_cuda or processes,
+            storage_options=storage_options,
+            # a forked worker starts in the fork server's directory; a spawned one in ours
+            cwd=os.getcwd() if processes and not use_cuda else None,
+        )
         repair_dashboard(client)
     except BaseException:
         handle.close()
@@ -218,8 +226,12 @@ def _start_local(
     # closed first may log its CommClosedError with a traceback at INFO: shutdown noise.
     logging.getLogger("distributed.batched").setLevel(logging.WARNING)
     cluster: Any = None
+    forks = processes and not use_cuda and forkserver.available()
+    if forks:  # workers forked from a server that imported their code once
+        kwargs["env"] = forkserver.worker_env(kwargs.get("env"))
+    started = forkserver.forked_workers() if forks else contextlib.nullcontext()
     try:
-        with dask.config.set({_HISTORY_KEY: PROFILE_HISTORY_CYCLES}):  # its workers inherit it
+        with dask.config.set({_HISTORY_KEY: PROFILE_HISTORY_CYCLES}), started:
             cluster = _local_cluster(use_cuda, processes, n_workers, cuda_visible_devices, kwargs)
         return cluster, Client(cluster)
     except BaseException as e:

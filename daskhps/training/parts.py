@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from daskhps import _forkserver as forkserver
 from daskhps.config import RunConfig
 from daskhps.distributed import WorkerShards, start_cluster
 from daskhps.distributed.cluster import ClusterHandle
@@ -57,6 +58,11 @@ class RunParts:
 
     def start_cluster(self) -> ClusterHandle:
         return start_cluster(**self.cluster_args())
+
+    def warm_up_workers(self) -> None:
+        """The embedded CPU cluster's workers are forked from a server that imports their
+        code once: start it now, so that its imports overlap the checks before the cluster."""
+        forkserver.warm_up_for(self.config.cluster)
 
     def comm_args(self) -> dict[str, Any]:
         """The process group's arguments of :meth:`RunGroup.start` (``cluster.dist_*``)."""

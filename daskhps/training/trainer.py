@@ -109,6 +109,8 @@ class Trainer:
         ``resume`` or ``overwrite`` says what to do with it (:mod:`daskhps.training.rundir`).
         Everything that can be checked is checked before any file is written or removed."""
         cfg = self.config
+        if self.kept is None or self.kept.handle is None:
+            self.parts.warm_up_workers()  # while the preflight runs
         self._start = start = preflight(
             cfg,
             resume=resume,

@@ -1,0 +1,158 @@
+"""The embedded CPU cluster's worker processes, forked from one server that imported their
+code once.
+
+Dask starts each worker process of a ``LocalCluster`` with ``spawn``: a fresh interpreter that
+imports distributed, then, with its first task, torch, torch's compiler front end (every torch
+optimizer pulls it in) and daskhps: about 4 s of CPU per worker, paid again by every worker on
+the same cores, before the run reads its first row. Here the embedded cluster's workers come
+from multiprocessing's ``forkserver`` instead: :func:`warm_up` starts the server as soon as a
+run knows it will start such a cluster, the server imports :data:`PRELOAD` once while the
+driver checks the config and the data, and each worker is a fork of it that has nothing left
+to import.
+
+A forked worker sees what a spawned one would:
+
+- the variables Dask sets before it spawns a worker (``distributed.nanny.pre-spawn-environ``:
+  ``OMP_NUM_THREADS=1`` and the like, which libraries read when they load) are the server's
+  environment, since the server is the process that loads them;
+- the driver's environment as it is when the cluster starts, and its working directory, are
+  handed to each worker (:func:`worker_env` through the nanny; the working directory through
+  the worker setup plugin): a variable set after the server started (object-store credentials,
+  say) still reaches the workers.
+
+GPU clusters (``dask_cuda``) and clusters of separate ``dask worker`` processes keep their own
+start method; so do platforms without ``forkserver``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import dask
+
+if TYPE_CHECKING:
+    from daskhps.config.cluster import ClusterConfig
+
+__all__ = [
+    "PRELOAD",
+    "available",
+    "forked_workers",
+    "forks_workers",
+    "warm_up",
+    "warm_up_for",
+    "worker_env",
+]
+
+_METHOD_KEY = "distributed.worker.multiprocessing-method"
+_PRE_SPAWN_KEY = "distributed.nanny.pre-spawn-environ"
+
+# What a worker of a training run imports: Dask's own (its forkserver default), then the
+# modules the run's tasks load. A module that fails to import is skipped by the server.
+PRELOAD = (
+    "distributed",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pyarrow.parquet",
+    "dask.dataframe",
+    "distributed.shuffle",
+    "torch",
+    "torch._dynamo",
+    "daskhps.training.worker",
+    "daskhps.training.holdout",
+    "daskhps.training.replica",
+    "daskhps.training.placement",
+    "daskhps.passes.scan",
+    "daskhps.distributed.host",
+)
+
+_DASK_HASH_SEED = "6640"  # the seed a Dask nanny gives its workers
+
+_lock = threading.Lock()
+_started = False
+
+
+def available() -> bool:
+    return "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def warm_up() -> None:
+    """Start the fork server now (once per process; later calls return at once). It imports
+    :data:`PRELOAD` in the background, so the caller goes on with its own work."""
+    global _started
+    if not available():
+        return
+    with _lock:
+        if _started:
+            return
+        from multiprocessing import forkserver
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        pre_spawn = _pre_spawn_env()
+        saved = {k: os.environ.get(k) for k in pre_spawn}
+        os.environ.update(pre_spawn)  # read by the server's libraries as they load
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        _started = True
+
+
+def forks_workers(cluster: ClusterConfig) -> bool:
+    """Whether ``cluster`` (``cluster.*``) starts an embedded CPU cluster of worker
+    processes, the one kind whose workers are forked from the server."""
+    if not (available() and cluster.local and cluster.processes) or cluster.gpu is True:
+        return False
+    if cluster.gpu == "auto" and importlib.util.find_spec("dask_cuda") is not None:
+        from daskhps.distributed.cluster import cuda_available
+
+        return not cuda_available()
+    return True
+
+
+def warm_up_for(cluster: ClusterConfig) -> None:
+    """:func:`warm_up` when ``cluster`` forks its workers; called as early as a run knows."""
+    if forks_workers(cluster):
+        warm_up()
+
+
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment each forked worker is given: the driver's now, then Dask's pre-spawn
+    variables and ``extra`` (``cluster.worker_env``) over it, as a spawned worker would have."""
+    return {**os.environ, **_pre_spawn_env(), **dict(extra or {})}
+
+
+def _pre_spawn_env() -> dict[str, str]:
+    """What a nanny sets before it spawns a worker: Dask's pre-spawn variables (the driver's
+    own value first), and a fixed hash seed where none is set, so that every worker hashes
+    strings alike."""
+    config = dask.config.get(_PRE_SPAWN_KEY, {}) or {}
+    env = {str(k): os.environ.get(str(k), str(v)) for k, v in config.items() if v is not None}
+    if env.get("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED")) in (None, "0"):
+        env["PYTHONHASHSEED"] = _DASK_HASH_SEED
+    return env
+
+
+@contextmanager
+def forked_workers() -> Iterator[dict[str, Any]]:
+    """Within the block, Dask's nannies start their workers from the fork server (started
+    here when :func:`warm_up` was not called). Yields the config it set; a platform without
+    ``forkserver`` yields an empty one and keeps Dask's default."""
+    if not available():
+        yield {}
+        return
+    warm_up()
+    config = {_METHOD_KEY: "forkserver"}
+    with dask.config.set(config):
+        yield config

@@ -1,0 +1,92 @@
+"""The embedded CPU cluster's workers are forks of one server that imported their code once
+(daskhps._forkserver): they start with that code loaded, and see what a spawned worker
+would: the driver's environment and working directory as they are when the cluster starts,
+Dask's pre-spawn variables and hash seed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daskhps import _forkserver as forkserver
+from daskhps.config.cluster import ClusterConfig
+from daskhps.distributed import start_cluster
+
+pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no forkserver here")
+
+
+def _what_a_worker_sees() -> dict[str, Any]:
+    import torch
+
+    return {
+        # torch._dynamo is loaded by a torch optimizer, which no task built yet
+        "preloaded": [m for m in ("torch._dynamo", "daskhps.training.holdout") if m in sys.modules],
+        "parent": os.getppid(),
+        "late": os.environ.get("DASKHPS_TEST_SET_LATE"),
+        "cwd": os.getcwd(),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+        "hash_seed": os.environ.get("PYTHONHASHSEED"),
+        "hash": hash("daskhps"),
+    }
+
+
+def test_forked_workers_start_loaded_and_see_the_drivers_environment_and_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forkserver.warm_up()  # as a run does first; what follows happens after it
+    monkeypatch.setenv("DASKHPS_TEST_SET_LATE", "after the server started")
+    monkeypatch.chdir(tmp_path)
+    with start_cluster(
+        n_workers=2,
+        threads_per_worker=1,
+        memory_limit="1GiB",
+        processes=True,
+        gpus=False,
+        dashboard_address=None,
+    ) as handle:
+        seen = list(handle.client.run(_what_a_worker_sees).values())
+    assert len(seen) == 2
+    for worker in seen:
+        assert worker["preloaded"] == ["torch._dynamo", "daskhps.training.holdout"], worker
+        assert worker["parent"] != os.getpid()  # the fork server's child, not the driver's
+        assert worker["late"] == "after the server started"
+        assert worker["cwd"] == str(tmp_path)
+        assert worker["omp"] == "1" and worker["torch_threads"] == 1
+        assert worker["hash_seed"] == "6640"  # a Dask nanny's: strings hash alike everywhere
+    assert seen[0]["hash"] == seen[1]["hash"]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "forks"),
+    [
+        ({"gpu": False}, True),
+        ({"gpu": "auto"}, True),  # no dask_cuda here: a CPU cluster
+        ({"gpu": False, "processes": False}, False),  # in-process workers fork nothing
+        ({"address": "tcp://127.0.0.1:8786"}, False),  # `dask worker` processes start alone
+        ({"gpu": True}, False),  # dask_cuda's workers keep their start method
+    ],
+)
+def test_only_an_embedded_cpu_cluster_of_processes_forks_its_workers(
+    cluster: dict[str, Any], forks: bool
+) -> None:
+    if cluster.get("gpu") == "auto" and forkserver.importlib.util.find_spec("dask_cuda"):
+        pytest.skip("dask_cuda is installed: 'auto' depends on the device")
+    config = ClusterConfig.model_validate(cluster)
+    assert forkserver.forks_workers(config) is forks
+
+
+def test_worker_env_is_the_drivers_now_with_dasks_pre_spawn_variables_and_the_runs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DASKHPS_TEST_SET_LATE", "now")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    env = forkserver.worker_env({"OMP_NUM_THREADS": "3"})
+    assert env["DASKHPS_TEST_SET_LATE"] == "now"
+    assert env["OMP_NUM_THREADS"] == "3"  # cluster.worker_env wins, as over a spawned worker
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "65536"
+    assert env["PYTHONHASHSEED"] == "6640"
