@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError, DataError
-from daskhps.models import BUILTIN_MODELS, DLRM, DeepFM, WideDeep, build_model
+from daskhps.models import BUILTIN_MODELS, DLRM, DCNv2, DeepFM, WideDeep, build_model
 from daskhps.models.deepfm import fm_interaction
 from daskhps.models.dlrm import dot_interaction
 from daskhps.models.layers import ACTIVATIONS, Activation
@@ -42,6 +42,7 @@ def test_sparse_dim() -> None:
     assert DLRM.sparse_dim(D) == D
     assert DeepFM.sparse_dim(D) == D + 1
     assert WideDeep.sparse_dim(D) == D + 1
+    assert DCNv2.sparse_dim(D) == D
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -146,8 +147,9 @@ def test_layer_sizes_and_activation_options(name: str) -> None:
     model = build_model(
         name, num_dense=3, num_fields=4, embedding_dim=D, activation="tanh", **{mlp: [9, 5, 2]}
     )
+    mlp_part = {"dlrm": ["top"], "dcnv2": ["deep", "head"]}.get(name, ["deep"])
     linears = [
-        m for m in getattr(model, "top" if name == "dlrm" else "deep") if isinstance(m, nn.Linear)
+        m for part in mlp_part for m in getattr(model, part).modules() if isinstance(m, nn.Linear)
     ]
     assert [m.out_features for m in linears] == [9, 5, 2, 1]
     assert any(isinstance(m, nn.Tanh) for m in model.modules())
