@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+import re
 import typing
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from daskhps.errors import ConfigError, DataError
-from daskhps.models import BUILTIN_MODELS, DLRM, DCNv2, DeepFM, WideDeep, build_model
+from daskhps.models import BUILTIN_MODELS, DLRM, DCNv2, DeepFM, WideDeep, build_model, model_options
 from daskhps.models.deepfm import fm_interaction
 from daskhps.models.dlrm import dot_interaction
 from daskhps.models.layers import ACTIVATIONS, Activation
@@ -36,6 +39,18 @@ def test_forward_shape_and_dtype(name: str, num_dense: int, batch: int) -> None:
     out = model(*_inputs(model, batch, num_dense, 5))
     assert out.shape == (batch,)
     assert out.dtype == torch.float32
+
+
+def test_every_builtin_is_in_the_docs_table_with_its_options_and_defaults() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "models.md").read_text()
+    table = text.partition("## Built-in models\n\n")[2].partition("\n\n")[0]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `(\w+)` \|.*\| ([^|]+) \|$", table, re.M)}
+    assert sorted(rows) == NAMES
+    for name, cell in rows.items():
+        shown = dict(re.findall(r"`(\w+)=([^`]+)`", cell))
+        want = model_options(BUILTIN_MODELS[name])
+        assert want is not None
+        assert {k: ast.literal_eval(v) for k, v in shown.items()} == want, name
 
 
 def test_sparse_dim() -> None:
