@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from daskhps.config._keys import SECTIONS, section_models
+from daskhps.config.reference import DOCS
 
 __all__ = ["json_schema", "render_json_schema"]
 
@@ -24,12 +25,12 @@ _MODEL = {
     "properties": {
         "name": {
             "type": "string",
-            "description": "`dlrm`, `deepfm`, `wide_deep` or `package.module:Class`.",
+            "description": DOCS["model.name"][1],
             "default": "dlrm",
         },
         "options": {
             "type": ["object", "null"],
-            "description": "The model's constructor options (docs/models.md).",
+            "description": DOCS["model.options"][1],
         },
     },
     "additionalProperties": False,

@@ -17,6 +17,7 @@ from pydantic.fields import FieldInfo
 from daskhps.config._keys import key_tree, section_models
 from daskhps.config.runconfig import RunConfig
 from daskhps.data.schema import CategoricalField, DenseField, Schema
+from daskhps.models import BUILTIN_MODELS
 from daskhps.options import (
     literal_args,
     options_in,
@@ -37,9 +38,13 @@ __all__ = [
 
 # The model section: its name and free-form options are checked against the model class
 # (daskhps.models.spec), not declared here. Every other option is read from its declaration
-# (:func:`describe`): key: (type, meaning) or (type, meaning, default shown).
+# (:func:`describe`): key: (type, meaning) or (type, meaning, default shown). The built-in
+# model names are read from the registry, so a new built-in is documented here by itself.
 DOCS: dict[str, tuple[str, ...]] = {
-    "model.name": ("str", "`dlrm`, `deepfm`, `wide_deep` or `package.module:Class`."),
+    "model.name": (
+        "str",
+        ", ".join(f"`{name}`" for name in BUILTIN_MODELS) + " or `package.module:Class`.",
+    ),
     "model.options": ("mapping", "The model's constructor options (docs/models.md)."),
 }
 _SECTION_TEXT = {

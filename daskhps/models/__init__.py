@@ -1,4 +1,4 @@
-"""PyTorch dense CTR models: DLRM, DeepFM, Wide & Deep, and a hook for a user's own nn.Module.
+"""PyTorch dense CTR models: DLRM, DeepFM, Wide & Deep, DCN-v2, and a user's own nn.Module.
 
 Models see pooled embedding rows looked up in the sharded table, never an ``nn.Embedding`` of
 their own, and never import dask. See :mod:`daskhps.models.base` for the batch layout.
@@ -7,6 +7,7 @@ their own, and never import dask. See :mod:`daskhps.models.base` for the batch l
 from __future__ import annotations
 
 from daskhps.models.base import CTRModel
+from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
 from daskhps.models.options import model_options
@@ -19,6 +20,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "DLRM",
     "CTRModel",
+    "DCNv2",
     "DeepFM",
     "ModelSpec",
     "WideDeep",

@@ -14,10 +14,10 @@ sharded table (and multi-hot bags pooled by :func:`daskhps.models.pool`) before 
 
     forward(dense, sparse) -> logits: float32[B]   (before the sigmoid; BCE-with-logits loss)
 
-``S = model.sparse_dim(D)`` where ``D`` is the embedding dim: DLRM reads plain ``D``-wide
-embeddings; DeepFM and Wide & Deep read ``D + 1`` floats per key and use the last one as the
-key's first-order ("wide") weight, so the table stores one more column and no second table is
-needed. The gradient of ``sparse`` is what flows back to the table's rows.
+``S = model.sparse_dim(D)`` where ``D`` is the embedding dim: DLRM and DCN-v2 read plain
+``D``-wide embeddings; DeepFM and Wide & Deep read ``D + 1`` floats per key and use the last
+one as the key's first-order ("wide") weight, so the table stores one more column and no second
+table is needed. The gradient of ``sparse`` is what flows back to the table's rows.
 """
 
 from __future__ import annotations

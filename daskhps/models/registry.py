@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
+from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
 from daskhps.models.options import (
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 BUILTIN_MODELS: Mapping[str, type[nn.Module]] = types.MappingProxyType(
-    {"dlrm": DLRM, "deepfm": DeepFM, "wide_deep": WideDeep}
+    {"dlrm": DLRM, "deepfm": DeepFM, "wide_deep": WideDeep, "dcnv2": DCNv2}
 )
 
 _PROBE_BATCH = 2
@@ -107,8 +108,9 @@ def build_model(
     Parameters
     ----------
     name:
-        ``"dlrm"``, ``"deepfm"``, ``"wide_deep"``, or ``"package.module:ClassName"`` of a user's
-        ``nn.Module`` that follows :class:`~daskhps.models.base.CTRModel`'s interface.
+        ``"dlrm"``, ``"deepfm"``, ``"wide_deep"``, ``"dcnv2"``, or ``"package.module:ClassName"``
+        of a user's ``nn.Module`` that follows :class:`~daskhps.models.base.CTRModel`'s
+        interface.
     num_dense, num_fields, embedding_dim:
         Batch layout; the sparse input is ``[B, num_fields, sparse_dim_of(model, embedding_dim)]``.
     **options:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from daskhps.capacity.activations import PeakLiveBytes, step_bytes
 from daskhps.config import RunConfig
+from daskhps.models import BUILTIN_MODELS
 
 # One step: allocate a buffer of that many bytes (> 0), or free the i-th live one (<= 0).
 _STEPS = st.lists(st.integers(min_value=-8, max_value=4096), min_size=1, max_size=40)
@@ -71,7 +72,7 @@ def test_eval_step_holds_two_layer_outputs_of_a_plain_mlp() -> None:
     assert steps.train_per_row > steps.eval_per_row  # backward keeps what eval frees
 
 
-@pytest.mark.parametrize("model", ["dlrm", "deepfm", "wide_deep"])
+@pytest.mark.parametrize("model", sorted(BUILTIN_MODELS))
 def test_step_bytes_grow_with_the_embedding_width(model: str) -> None:
     narrow = step_bytes(_config(model, {}, dim=8))
     wide = step_bytes(_config(model, {}, dim=64))

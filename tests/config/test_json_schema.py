@@ -17,6 +17,7 @@ from daskhps.config import RunConfig
 from daskhps.config._keys import all_keys, free_form
 from daskhps.config.json_schema import json_schema
 from daskhps.errors import ConfigError
+from daskhps.models import BUILTIN_MODELS
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -85,6 +86,18 @@ def test_every_key_is_in_the_schema() -> None:
     schema = json_schema()
     missing = [k for k in all_keys() if not free_form(k) and not _has(schema, schema, k)]
     assert missing == []
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_every_built_in_model_is_named_and_valid(
+    validator: jsonschema.Draft202012Validator, name: str
+) -> None:
+    # The reference (docs/configuration.md) and the schema say the same, read from the registry.
+    model = json_schema()["properties"]["model"]
+    assert f"`{name}`" in model["properties"]["name"]["description"]
+    raw = {"data": {"generate": {}}, "model": {"name": name, "options": {"dropout": 0.1}}}
+    assert [e.message for e in validator.iter_errors(raw)] == []
+    assert RunConfig.from_dict(raw).model.name == name
 
 
 def test_config_command_prints_the_schema(capsys: pytest.CaptureFixture[str]) -> None:

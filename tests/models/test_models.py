@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+import re
 import typing
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from daskhps.errors import ConfigError, DataError
-from daskhps.models import BUILTIN_MODELS, DLRM, DeepFM, WideDeep, build_model
+from daskhps.models import BUILTIN_MODELS, DLRM, DCNv2, DeepFM, WideDeep, build_model, model_options
 from daskhps.models.deepfm import fm_interaction
 from daskhps.models.dlrm import dot_interaction
 from daskhps.models.layers import ACTIVATIONS, Activation
@@ -38,10 +41,23 @@ def test_forward_shape_and_dtype(name: str, num_dense: int, batch: int) -> None:
     assert out.dtype == torch.float32
 
 
+def test_every_builtin_is_in_the_docs_table_with_its_options_and_defaults() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "models.md").read_text()
+    table = text.partition("## Built-in models\n\n")[2].partition("\n\n")[0]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `(\w+)` \|.*\| ([^|]+) \|$", table, re.M)}
+    assert sorted(rows) == NAMES
+    for name, cell in rows.items():
+        shown = dict(re.findall(r"`(\w+)=([^`]+)`", cell))
+        want = model_options(BUILTIN_MODELS[name])
+        assert want is not None
+        assert {k: ast.literal_eval(v) for k, v in shown.items()} == want, name
+
+
 def test_sparse_dim() -> None:
     assert DLRM.sparse_dim(D) == D
     assert DeepFM.sparse_dim(D) == D + 1
     assert WideDeep.sparse_dim(D) == D + 1
+    assert DCNv2.sparse_dim(D) == D
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -146,8 +162,9 @@ def test_layer_sizes_and_activation_options(name: str) -> None:
     model = build_model(
         name, num_dense=3, num_fields=4, embedding_dim=D, activation="tanh", **{mlp: [9, 5, 2]}
     )
+    mlp_part = {"dlrm": ["top"], "dcnv2": ["deep", "head"]}.get(name, ["deep"])
     linears = [
-        m for m in getattr(model, "top" if name == "dlrm" else "deep") if isinstance(m, nn.Linear)
+        m for part in mlp_part for m in getattr(model, part).modules() if isinstance(m, nn.Linear)
     ]
     assert [m.out_features for m in linears] == [9, 5, 2, 1]
     assert any(isinstance(m, nn.Tanh) for m in model.modules())

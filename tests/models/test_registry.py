@@ -13,6 +13,7 @@ from daskhps.errors import ConfigError
 from daskhps.models import (
     BUILTIN_MODELS,
     DLRM,
+    DCNv2,
     ModelSpec,
     build_model,
     model_options,
@@ -26,9 +27,10 @@ LAYOUT = {"num_dense": 3, "num_fields": 4, "embedding_dim": 5}
 
 
 def test_builtin_names() -> None:
-    assert sorted(BUILTIN_MODELS) == ["deepfm", "dlrm", "wide_deep"]
+    assert sorted(BUILTIN_MODELS) == ["dcnv2", "deepfm", "dlrm", "wide_deep"]
     assert resolve_model("dlrm") is DLRM
     assert isinstance(build_model("dlrm", **LAYOUT), DLRM)
+    assert resolve_model("dcnv2") is DCNv2
 
 
 def test_model_options_lists_defaults() -> None:
@@ -82,7 +84,10 @@ def test_probe_does_not_move_the_global_rng() -> None:
 @pytest.mark.parametrize(
     ("name", "match"),
     [
-        ("mlp", "unknown model 'mlp': use one of \\['deepfm', 'dlrm', 'wide_deep'\\]"),
+        (
+            "mlp",
+            "unknown model 'mlp': use one of \\['dcnv2', 'deepfm', 'dlrm', 'wide_deep'\\]",
+        ),
         ("tests.models.no_such_module:Model", "'tests.models.no_such_module' failed to import"),
         (f"{USER}_broken:Model", "failed to import \\(RuntimeError: broken on purpose\\)"),
         (f"{USER}:Missing", "has no attribute 'Missing'"),
