@@ -7,7 +7,6 @@ training.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,11 +32,9 @@ class Holdout(Protocol):
     def seed(self) -> int: ...
 
 
-def _keep(
-    df: pd.DataFrame, fraction: float, seed: int, held: bool, partition_info: Any = None
-) -> pd.DataFrame:
-    """Rows chosen by a hash of (seed, partition, row): the same rows on every run."""
-    part = partition_info["number"] if partition_info else 0
+def _keep(df: pd.DataFrame, fraction: float, seed: int, held: bool, part: int) -> pd.DataFrame:
+    """Rows chosen by a hash of (seed, part, row): the same rows on every run, whichever of
+    the log's parts a pass reads (``part`` is the part's position in the whole log)."""
     u = np.random.default_rng([seed, part]).random(len(df))
     return df[(u < fraction) == held]
 
@@ -82,10 +79,7 @@ def read_train_and_holdout(
         return read_click_log(train, **kw), read_click_log(held, **{**kw, "warn": True})
     assert holdout.fraction is not None
     log = read_click_log(source, **kw)
-    meta = log.frame._meta
-    train_frame = log.frame.map_partitions(_keep, holdout.fraction, holdout.seed, False, meta=meta)
-    held_frame = log.frame.map_partitions(_keep, holdout.fraction, holdout.seed, True, meta=meta)
     return (
-        dataclasses.replace(log, frame=train_frame),
-        dataclasses.replace(log, frame=held_frame),
+        log.map_parts(_keep, holdout.fraction, holdout.seed, False),
+        log.map_parts(_keep, holdout.fraction, holdout.seed, True),
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +108,9 @@ class ClickLog:
     schema: Schema
     backend: str
     parts: tuple[Part, ...] = ()  # what partition i reads (one per file when empty)
+    # The delayed (frame, report) read of each part, from which ``frame`` is made: what
+    # :meth:`map_parts` builds on (empty for a log not made by read_click_log).
+    reads: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -125,8 +128,26 @@ class ClickLog:
     def partitions(self, where: slice) -> ClickLog:
         """The log of partitions ``where`` only (frame and parts alike)."""
         return dataclasses.replace(
-            self, frame=self.frame.partitions[where], parts=self.parts[where]
+            self,
+            frame=self.frame.partitions[where],
+            parts=self.parts[where],
+            reads=self.reads[where],
         )
+
+    def map_parts(self, fn: Callable[..., Any], *args: Any) -> ClickLog:
+        """The log whose partition ``i`` is ``fn(frame_i, *args, i)``: ``i`` is bound to each
+        part when the task is made, so a later selection of partitions keeps each part's own.
+        (``map_partitions`` with ``partition_info`` does not: Dask moves a selection of
+        partitions below it and renumbers them, so partition 2 alone is told it is 0.) The
+        new frame's tasks follow the same read tasks as this log's frame: computed together,
+        each part is read once."""
+        if len(self.reads) != len(self.parts):
+            raise ValueError("map_parts needs a log made by read_click_log")
+        pieces = [
+            delayed(fn, pure=True)(read[0], *args, i) for i, read in enumerate(self.reads)
+        ]
+        frame = dd.from_delayed(pieces, meta=self.frame._meta, verify_meta=False)
+        return dataclasses.replace(self, frame=frame)
 
     def persist(self) -> ClickLog:
         """Persist frame and report in one graph (each part is read once). Holds the whole
@@ -205,4 +226,4 @@ def read_click_log(
         schema_.name,
         backend,
     )
-    return ClickLog(frame, report, tuple(files), schema_, backend, tuple(split))
+    return ClickLog(frame, report, tuple(files), schema_, backend, tuple(split), tuple(parts))

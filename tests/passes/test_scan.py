@@ -109,3 +109,40 @@ def test_a_scan_reads_each_partition_once(
     lengths = train.frame.map_partitions(len)
     dask.compute(lengths, train.report, held.frame.map_partitions(len), scheduler="sync")
     assert sorted(calls) == sorted(train.part_names)  # each partition read once, shared
+
+
+def test_a_fraction_holdout_keeps_its_rows_out_of_every_selection_of_partitions(
+    logs: Path,
+) -> None:
+    """A pass reads some partitions of the training log, by position; each part's held-out
+    rows stay held out however it is selected (Dask renumbers the partitions it selects
+    below a map_partitions, which once fed part 2 the draws of part 0)."""
+    from daskhps.passes.keys import select_examples
+
+    source = DataSource(paths=(str(logs),))
+    train, held = read_train_and_holdout(source, HoldoutConfig(fraction=0.3, seed=5))
+    assert held is not None
+    n = train.frame.npartitions
+    assert n == 3
+    whole_train = train.frame.compute(scheduler="sync")
+    whole_held = held.frame.compute(scheduler="sync")
+    lengths = train.frame.map_partitions(len).compute(scheduler="sync").tolist()
+    for i in range(n):
+        one = train.frame.partitions[i].compute(scheduler="sync")
+        begin = sum(lengths[:i])
+        want = whole_train.iloc[begin : begin + lengths[i]].reset_index(drop=True)
+        pd.testing.assert_frame_equal(one.reset_index(drop=True), want)
+        one_held = held.partitions(slice(i, i + 1)).frame.compute(scheduler="sync")
+        held_begin = sum(
+            len(held.partitions(slice(j, j + 1)).frame.compute(scheduler="sync")) for j in range(i)
+        )
+        want_held = whole_held.iloc[held_begin : held_begin + len(one_held)]
+        pd.testing.assert_frame_equal(
+            one_held.reset_index(drop=True), want_held.reset_index(drop=True)
+        )
+    # as a pass selects its rows: the last part's rows alone
+    start = sum(lengths[:-1])
+    pass_rows = select_examples(train.frame, lengths, start, sum(lengths)).compute(scheduler="sync")
+    tail = whole_train.iloc[start:].reset_index(drop=True)
+    pd.testing.assert_frame_equal(pass_rows.reset_index(drop=True), tail)
+    assert len(whole_train) + len(whole_held) == 6000
