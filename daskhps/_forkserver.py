@@ -137,6 +137,8 @@ def _pre_spawn_env() -> dict[str, str]:
     """What a nanny sets before it spawns a worker: Dask's pre-spawn variables (the driver's
     own value first), and a fixed hash seed where none is set, so that every worker hashes
     strings alike."""
+    import distributed  # noqa: F401  # its defaults (the pre-spawn variables) join dask's config
+
     config = dask.config.get(_PRE_SPAWN_KEY, {}) or {}
     env = {str(k): os.environ.get(str(k), str(v)) for k, v in config.items() if v is not None}
     if env.get("PYTHONHASHSEED", os.environ.get("PYTHONHASHSEED")) in (None, "0"):

@@ -5,7 +5,9 @@ Dask's pre-spawn variables and hash seed."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,3 +92,19 @@ def test_worker_env_is_the_drivers_now_with_dasks_pre_spawn_variables_and_the_ru
     assert env["OMP_NUM_THREADS"] == "3"  # cluster.worker_env wins, as over a spawned worker
     assert env["MALLOC_TRIM_THRESHOLD_"] == "65536"
     assert env["PYTHONHASHSEED"] == "6640"
+
+
+def test_the_server_gets_dasks_pre_spawn_variables_before_distributed_is_imported() -> None:
+    """`daskhps train` starts the server before anything imports distributed, whose defaults
+    hold the pre-spawn variables: without them torch's OpenMP ran 2 threads a worker, one
+    spinning, and two workers on 2 cores trained 4x slower."""
+    probe = (
+        "import sys, json; from daskhps import _forkserver as f; "
+        "assert 'distributed' not in sys.modules; print(json.dumps(f._pre_spawn_env()))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONHASHSEED")}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    got = json.loads(out.stdout)
+    assert got["OMP_NUM_THREADS"] == "1" and got["PYTHONHASHSEED"] == "6640", got
