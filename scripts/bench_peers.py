@@ -56,9 +56,10 @@ PyTorch, TorchRec; again ``--rounds`` times), and every figure is the median ove
   of its steps (pull, forward_backward, push, dense_sync_step), summed over the passes.
 * CPU seconds (user and sys) and minor page faults of the whole process tree: the deltas of
   ``resource.getrusage(RUSAGE_CHILDREN)`` around the run. They count a descendant once it and
-  every process between it and the benchmark were waited for; daskhps's driver starts the
-  Dask worker processes itself (the nannies live in the driver) and joins them at the end, so
-  they are counted. This is checked on every run: the tree is also polled with psutil every
+  every process between it and the benchmark were waited for; daskhps's workers are children
+  of a fork server the driver does not wait for, so the benchmark makes itself the reaper of
+  orphaned descendants (Linux's child subreaper) and waits for them after each run. This is
+  checked on every run: the tree is also polled with psutil every
   0.2 s (each live process's CPU seconds, last seen) and ``cpu_polled_s`` is reported beside
   it; it can only fall short (the last 0.2 s of each process), so rusage well below it would
   mean lost workers.
@@ -82,6 +83,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import json
 import os
@@ -105,6 +107,7 @@ from _bench import Reporter
 SCRIPTS = Path(__file__).resolve().parent
 TRAIN_DAY, HOLDOUT_DAY = "2024-01-01", "2024-01-02"
 POLL_S = 0.2
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 PEER_SCRIPTS = {"torch": "peer_torch.py", "torchrec": "peer_torchrec.py"}
 TITLES = {"torch": "plain PyTorch", "torchrec": "TorchRec"}
 
@@ -220,6 +223,27 @@ class TreeSampler:
         self._thread.join()
 
 
+def adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux): daskhps's embedded
+    cluster forks its workers from a fork server that the driver does not wait for, so their
+    CPU seconds reach ``RUSAGE_CHILDREN`` only when this process waits for the server."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_orphans(timeout_s: float = 60.0) -> None:
+    """Wait for every orphan handed to this process (see :func:`adopt_orphans`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid == 0:
+            time.sleep(0.05)
+    raise SystemExit(f"orphaned processes still running {timeout_s:.0f} s after the run")
+
+
 def run_measured(cmd: list[str], log: Path, watch: Path | None = None) -> dict[str, Any]:
     """Run ``cmd`` to its end; wall, CPU, page faults, peak memory of its process tree."""
     load = os.getloadavg()[0]
@@ -232,10 +256,18 @@ def run_measured(cmd: list[str], log: Path, watch: Path | None = None) -> dict[s
         rc = proc.wait()
     wall = time.perf_counter() - t
     sampler.stop()
+    reap_orphans()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"{' '.join(cmd[1:3])} exited {rc}:\n{tail}")
+    counted = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    polled = sum(sampler.cpu.values())
+    if counted < 0.9 * polled:  # polling can only fall short: descendants were not counted
+        raise SystemExit(
+            f"{' '.join(cmd[1:3])}: getrusage counted {counted:.1f} CPU seconds, polling saw "
+            f"{polled:.1f}: some descendants were never waited for"
+        )
     return {
         "started": started,
         "wall_s": wall,
@@ -425,6 +457,7 @@ def main() -> None:
         ap.error(f"--only: unknown sides {', '.join(sorted(unknown))}")
     sides = [f"daskhps-{int(w)}" for w in args.workers.split(",")] if "daskhps" in only else []
     sides += [s for s in ("torch", "torchrec") if s in only]
+    adopt_orphans()
     if "torchrec" in sides and (why := torchrec_problem()):
         print(f"TorchRec skipped: {why}", file=sys.stderr)
         sides.remove("torchrec")
