@@ -257,12 +257,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dask_warnings_only(record: logging.LogRecord) -> bool:
+    """Dask logs its embedded cluster's life at INFO (each worker registered, each client
+    connection, the close: 50 lines a run between the user and the progress bar); its
+    warnings and errors still show. A filter on the handler, since importing distributed
+    sets its loggers' levels from Dask's config, later than this runs."""
+    return record.levelno >= logging.WARNING or not record.name.startswith("distributed")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskhps`` script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:  # -vv shows everything
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_dask_warnings_only)
     try:
         return COMMANDS[args.command].run(args)
     except DaskHPSError as e:

@@ -1,7 +1,7 @@
 """What ``daskhps train`` writes when its output goes to a log file (the real command line in
 a subprocess, on a real LocalCluster): no progress bar (a bar redraws its line with carriage
-returns, one endless line in a file), and a truncated ``.gz`` file named once, though every
-pass reads it again."""
+returns, one endless line in a file), none of Dask's INFO lines about its embedded cluster, and
+a truncated ``.gz`` file named once, though every pass reads it again."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def test_a_log_file_gets_no_bars_and_a_truncated_file_is_named_once(tmp_path: Pa
     assert first.returncode == 0, first.stderr[-3000:]
     for text in (first.stdout, first.stderr):
         assert "\r" not in text and "Completed" not in text and "batch/s" not in text, text
+        assert "INFO distributed" not in text, text  # 50 lines a run before they were kept out
 
     cut = sorted(logs.glob("day=2024-01-01/part-*.tsv.gz"))[0]
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
