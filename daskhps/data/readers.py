@@ -143,9 +143,7 @@ class ClickLog:
         each part is read once."""
         if len(self.reads) != len(self.parts):
             raise ValueError("map_parts needs a log made by read_click_log")
-        pieces = [
-            delayed(fn, pure=True)(read[0], *args, i) for i, read in enumerate(self.reads)
-        ]
+        pieces = [delayed(fn, pure=True)(read[0], *args, i) for i, read in enumerate(self.reads)]
         frame = dd.from_delayed(pieces, meta=self.frame._meta, verify_meta=False)
         return dataclasses.replace(self, frame=frame)
 
