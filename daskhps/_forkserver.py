@@ -32,7 +32,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import dask
 
@@ -147,14 +147,9 @@ def _pre_spawn_env() -> dict[str, str]:
 
 
 @contextmanager
-def forked_workers() -> Iterator[dict[str, Any]]:
+def forked_workers() -> Iterator[None]:
     """Within the block, Dask's nannies start their workers from the fork server (started
-    here when :func:`warm_up` was not called). Yields the config it set; a platform without
-    ``forkserver`` yields an empty one and keeps Dask's default."""
-    if not available():
-        yield {}
-        return
+    here when :func:`warm_up` was not called). The caller checks :func:`available`."""
     warm_up()
-    config = {_METHOD_KEY: "forkserver"}
-    with dask.config.set(config):
-        yield config
+    with dask.config.set({_METHOD_KEY: "forkserver"}):
+        yield

@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,6 +189,23 @@ def read_days(args: argparse.Namespace, seconds: dict[str, float]) -> Days:
     return days
 
 
+def score_holdout(
+    model: nn.Module,
+    score: Callable[[int, int], torch.Tensor],
+    n: int,
+    seconds: dict[str, float],
+    chunk: int = 8192,
+) -> np.ndarray:
+    """The logits of holdout rows ``[0, n)``, ``score(a, b)`` for each chunk of rows ``[a, b)``,
+    with ``model`` in eval mode and no autograd; its seconds go to ``seconds["eval"]``."""
+    t = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([score(a, min(a + chunk, n)) for a in range(0, n, chunk)]).numpy()
+    seconds["eval"] = time.perf_counter() - t
+    return logits
+
+
 def report(
     side: str,
     days: Days,
@@ -253,16 +271,9 @@ def main(argv: list[str] | None = None) -> None:
         losses.append(loss.item())
     seconds["train"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    model.eval()
-    with torch.no_grad():
-        logits = torch.cat(
-            [
-                model(x_holdout[a : a + 8192], c_holdout[a : a + 8192])
-                for a in range(0, len(days.y_holdout), 8192)
-            ]
-        ).numpy()
-    seconds["eval"] = time.perf_counter() - t
+    logits = score_holdout(
+        model, lambda a, b: model(x_holdout[a:b], c_holdout[a:b]), len(days.y_holdout), seconds
+    )
     report(
         "torch",
         days,

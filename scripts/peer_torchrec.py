@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_torch import CATEGORICAL, peer_args, read_days, report
+from peer_torch import CATEGORICAL, peer_args, read_days, report, score_holdout
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,16 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         losses.append(loss.item())
     seconds["train"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    model.eval()
-    with torch.no_grad():
-        out_logits = torch.cat(
-            [
-                model(x_holdout[a : a + 8192], features(c_holdout[:, a : a + 8192])).squeeze(1)
-                for a in range(0, len(days.y_holdout), 8192)
-            ]
-        ).numpy()
-    seconds["eval"] = time.perf_counter() - t
+    out_logits = score_holdout(
+        model,
+        lambda a, b: model(x_holdout[a:b], features(c_holdout[:, a:b])).squeeze(1),
+        len(days.y_holdout),
+        seconds,
+    )
     report(
         "torchrec",
         days,

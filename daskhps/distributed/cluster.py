@@ -171,7 +171,10 @@ def start_cluster(
         kwargs["local_directory"] = local_directory
     if worker_env:
         kwargs["env"] = dict(worker_env)
-    cluster, client = _start_local(use_cuda, processes, n_workers, cuda_visible_devices, kwargs)
+    forks = processes and not use_cuda and forkserver.available()  # see daskhps._forkserver
+    cluster, client = _start_local(
+        use_cuda, processes, n_workers, cuda_visible_devices, kwargs, forks
+    )
     handle = ClusterHandle(client, cluster, "local-cuda" if use_cuda else "local", None)
     try:
         _finish(handle, len(cluster.workers), wait_timeout_s, dashboard_address is not None)
@@ -180,7 +183,7 @@ def start_cluster(
             ignore_sigint=use_cuda or processes,
             storage_options=storage_options,
             # a forked worker starts in the fork server's directory; a spawned one in ours
-            cwd=os.getcwd() if processes and not use_cuda else None,
+            cwd=os.getcwd() if forks else None,
         )
         repair_dashboard(client)
     except BaseException:
@@ -216,9 +219,11 @@ def _start_local(
     n_workers: int | None,
     cuda_visible_devices: Sequence[int] | None,
     kwargs: dict[str, Any],
+    forks: bool,
 ) -> tuple[Any, Client]:
-    """The embedded cluster and a client of it; a cluster that started is closed again when
-    the client cannot be made, and any error but ours is a :class:`ClusterError`."""
+    """The embedded cluster and a client of it (``forks``: its workers forked from the fork
+    server); a cluster that started is closed again when the client cannot be made, and any
+    error but ours is a :class:`ClusterError`."""
     # The embedded scheduler's p2p shuffle plugin logs the start and end of every shuffle at
     # WARNING; a pass runs several, and the lines would bury the progress bar.
     logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
@@ -226,7 +231,6 @@ def _start_local(
     # closed first may log its CommClosedError with a traceback at INFO: shutdown noise.
     logging.getLogger("distributed.batched").setLevel(logging.WARNING)
     cluster: Any = None
-    forks = processes and not use_cuda and forkserver.available()
     if forks:  # workers forked from a server that imported their code once
         kwargs["env"] = forkserver.worker_env(kwargs.get("env"))
     started = forkserver.forked_workers() if forks else contextlib.nullcontext()
