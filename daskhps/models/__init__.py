@@ -10,6 +10,7 @@ from daskhps.models.base import CTRModel
 from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
+from daskhps.models.layers import split_fields
 from daskhps.models.options import model_options
 from daskhps.models.pooling import pool
 from daskhps.models.registry import BUILTIN_MODELS, build_model, resolve_model, sparse_dim_of
@@ -29,4 +30,5 @@ __all__ = [
     "pool",
     "resolve_model",
     "sparse_dim_of",
+    "split_fields",
 ]

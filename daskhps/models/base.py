@@ -1,7 +1,9 @@
 """The interface every dense model follows, built-in or a user's own.
 
 A model sees one mini-batch as two dense tensors; the embedding rows were looked up in the
-sharded table (and multi-hot bags pooled by :func:`daskhps.models.pool`) before it::
+sharded tables (and multi-hot bags pooled by :func:`daskhps.models.pool`) before it. Each field
+``f`` has an embedding width ``D_f`` (its table's dim). When every field has the same width
+``D = embedding_dim`` the sparse input is three-dimensional, one row per field::
 
     B examples, num_dense dense features, F fields, D = embedding_dim, S = sparse_dim(D)
 
@@ -12,16 +14,26 @@ sharded table (and multi-hot bags pooled by :func:`daskhps.models.pool`) before 
     ...                                     ...     <--- D --->  ^
                                                                  extra column(s) when S > D
 
+When the widths differ (``field_dims``; ``embedding_dim`` is then their maximum) the fields'
+rows sit side by side in one flat row per example, in field order, each laid out as above::
+
+    S_f = sparse_dim(D_f)                 sparse: float32[B, S_0 + S_1 + ... + S_{F-1}]
+                                                    field 0          field 1            ...
+                                            ex 0   [e ... e | w]    [e e e ... e | w]  ...
+                                                    <- D_0 ->        <--- D_1 --->
+
     forward(dense, sparse) -> logits: float32[B]   (before the sigmoid; BCE-with-logits loss)
 
 ``S = model.sparse_dim(D)`` where ``D`` is the embedding dim: DLRM and DCN-v2 read plain
 ``D``-wide embeddings; DeepFM and Wide & Deep read ``D + 1`` floats per key and use the last
 one as the key's first-order ("wide") weight, so the table stores one more column and no second
-table is needed. The gradient of ``sparse`` is what flows back to the table's rows.
+table is needed. The gradient of ``sparse`` is what flows back to the tables' rows.
+:func:`daskhps.models.layers.split_fields` cuts a flat input into its fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -29,18 +41,65 @@ from torch import nn
 
 from daskhps.errors import ConfigError, DataError
 
-__all__ = ["CTRModel"]
+__all__ = ["CTRModel", "check_field_dims", "describe_widths"]
+
+
+def describe_widths(field_dims: Sequence[int], limit: int = 5) -> str:
+    """``"widths 8 and 32 (8: fields 1, 4; 32: fields 0, 2, 3, ...)"``: which field has which."""
+    widths = sorted(set(field_dims))
+    listed = ", ".join(map(str, widths[:-1])) + " and " if len(widths) > 1 else ""
+    listed += str(widths[-1])
+    groups = []
+    for w in widths:
+        idx = [f for f, d in enumerate(field_dims) if d == w]
+        shown = ", ".join(map(str, idx[:limit])) + (", ..." if len(idx) > limit else "")
+        groups.append(f"{w}: field{'s' if len(idx) > 1 else ''} {shown}")
+    return f"width{'s' if len(widths) > 1 else ''} {listed} ({'; '.join(groups)})"
+
+
+def check_field_dims(
+    model: str, num_fields: int, embedding_dim: int, field_dims: Sequence[int] | None
+) -> tuple[int, ...]:
+    """Per-field widths as a tuple (every field ``embedding_dim`` wide for ``None``).
+
+    Raises
+    ------
+    ConfigError
+        ``field_dims`` is not a sequence of ``num_fields`` integers ``>= 1``, or its maximum is
+        not ``embedding_dim`` (the width of DLRM's interaction and the widest table's dim).
+    """
+    if field_dims is None:
+        return (embedding_dim,) * num_fields
+    if isinstance(field_dims, (str, bytes)) or not isinstance(field_dims, Sequence):
+        raise ConfigError(
+            f"model {model!r}: field_dims must be a list of per-field embedding widths, "
+            f"got {field_dims!r}"
+        )
+    dims = tuple(field_dims)
+    bad = [d for d in dims if isinstance(d, bool) or not isinstance(d, int) or d < 1]
+    if bad or len(dims) != num_fields:
+        raise ConfigError(
+            f"model {model!r}: field_dims must hold {num_fields} integers >= 1 (one per field), "
+            f"got {list(dims)!r}"
+        )
+    if max(dims) != embedding_dim:
+        raise ConfigError(
+            f"model {model!r}: embedding_dim must be the largest of field_dims, "
+            f"{max(dims)}, got {embedding_dim}"
+        )
+    return dims
 
 
 class CTRModel(nn.Module):
     """Base class of the built-in models; a user's model may follow the same interface without it.
 
     Subclasses are built as ``Cls(num_dense=..., num_fields=..., embedding_dim=..., **options)``
-    where the options are the remaining keyword-only constructor arguments, each with a default
-    and a type annotation (both are read to validate a config). ``forward(dense, sparse)``
-    returns ``float32[B]`` logits, with the input layout pictured in this module's docstring.
-    Parameters are initialised from torch's global generator only, so ``torch.manual_seed``
-    fixes them, and every worker of a data-parallel run starts from the same model.
+    (plus ``field_dims=...`` when the fields' widths differ) where the options are the remaining
+    keyword-only constructor arguments, each with a default and a type annotation (both are read
+    to validate a config). ``forward(dense, sparse)`` returns ``float32[B]`` logits, with the
+    input layout pictured in this module's docstring. Parameters are initialised from torch's
+    global generator only, so ``torch.manual_seed`` fixes them, and every worker of a
+    data-parallel run starts from the same model.
 
     Parameters
     ----------
@@ -49,13 +108,24 @@ class CTRModel(nn.Module):
     num_fields:
         Sparse fields per example (at least 1).
     embedding_dim:
-        Embedding width ``D`` of every field.
+        Embedding width ``D`` of every field, or the largest of ``field_dims``.
+    field_dims:
+        Embedding width ``D_f`` of each field, in field order; ``None``: every field is
+        ``embedding_dim`` wide. Equal widths are the same as ``None`` (the same parameters,
+        input layout and outputs); unequal ones make ``sparse`` one flat row per example.
     """
 
     #: Name used in error messages and by :func:`daskhps.models.build_model`.
     name: ClassVar[str] = "model"
 
-    def __init__(self, *, num_dense: int, num_fields: int, embedding_dim: int) -> None:
+    def __init__(
+        self,
+        *,
+        num_dense: int,
+        num_fields: int,
+        embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         for arg, value, least in (
             ("num_dense", num_dense, 0),
@@ -69,6 +139,12 @@ class CTRModel(nn.Module):
         self.num_dense = num_dense
         self.num_fields = num_fields
         self.embedding_dim = embedding_dim
+        #: ``D_f`` of every field, always filled.
+        self.field_dims = check_field_dims(self.name, num_fields, embedding_dim, field_dims)
+        #: Whether ``sparse`` is ``[B, F, S]`` (True) or the flat ``[B, sum_f S_f]``.
+        self.equal_widths = len(set(self.field_dims)) == 1
+        #: ``S_f = sparse_dim(D_f)`` of every field: the widths of the fields' slices.
+        self.sparse_widths = tuple(self.sparse_dim(d) for d in self.field_dims)
 
     @classmethod
     def sparse_dim(cls, embedding_dim: int) -> int:
@@ -78,13 +154,18 @@ class CTRModel(nn.Module):
     def check_batch(self, dense: torch.Tensor, sparse: torch.Tensor) -> None:
         """Raise :class:`DataError` unless ``dense`` and ``sparse`` match this model's layout."""
         b = dense.shape[0] if dense.dim() == 2 else -1
-        want_sparse = (b, self.num_fields, self.sparse_dim(self.embedding_dim))
+        if self.equal_widths:
+            want_sparse: tuple[int, ...] = (b, self.num_fields, self.sparse_widths[0])
+            layout = ""
+        else:
+            want_sparse = (b, sum(self.sparse_widths))
+            layout = f" (fields of {', '.join(map(str, self.sparse_widths))} floats)"
         ok_dense = dense.dim() == 2 and dense.shape[1] == self.num_dense
         if not ok_dense or tuple(sparse.shape) != want_sparse:
             raise DataError(
                 f"model {self.name!r}: expected dense [B, {self.num_dense}] and sparse "
-                f"[B, {self.num_fields}, {want_sparse[2]}], got dense {list(dense.shape)} and "
-                f"sparse {list(sparse.shape)}"
+                f"[B, {', '.join(map(str, want_sparse[1:]))}]{layout}, got dense "
+                f"{list(dense.shape)} and sparse {list(sparse.shape)}"
             )
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:

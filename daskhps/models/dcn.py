@@ -2,7 +2,8 @@
 
 "DCN V2: Improved Deep & Cross Network and Practical Lessons for Web-scale Learning to Rank
 Systems". The input is one vector per example, ``x0 = [e_1, ..., e_F, dense]`` of width
-``d = F * D + num_dense``, and each cross layer maps ``x_l`` to (the paper's Eq. 1)::
+``d = F * D + num_dense`` (``d = sum_f D_f + num_dense`` for fields of unequal widths), and
+each cross layer maps ``x_l`` to (the paper's Eq. 1)::
 
     x_{l+1} = x0 * (W_l x_l + b_l) + x_l          W_l: d x d, b_l: d, * elementwise
 
@@ -15,6 +16,7 @@ The paper's mixture of low-rank experts (DCN-Mix) is not implemented.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import torch
@@ -124,7 +126,7 @@ class CrossLayer(nn.Module):
 
 
 class DCNv2(CTRModel):
-    """Deep & Cross Network v2 over ``x0 = [e_1..e_F, dense]`` (``d = F * D + num_dense``).
+    """Deep & Cross Network v2 over ``x0 = [e_1..e_F, dense]`` (``d = sum_f D_f + num_dense``).
 
     ``cross_layers`` cross layers (see :class:`CrossLayer`) map ``x0`` to ``x_L`` (width
     ``d``). ``structure="stacked"``: ``logit = w . MLP(x_L) + c``; ``"parallel"``:
@@ -133,8 +135,9 @@ class DCNv2(CTRModel):
 
     Parameters
     ----------
-    num_dense, num_fields, embedding_dim:
-        Batch layout, see :class:`~daskhps.models.base.CTRModel`.
+    num_dense, num_fields, embedding_dim, field_dims:
+        Batch layout, see :class:`~daskhps.models.base.CTRModel`; fields of unequal widths
+        need nothing more (``x0`` holds every field's columns side by side).
     cross_layers:
         Number of cross layers, at least 1; ``L`` layers give crosses up to degree ``L + 1``.
     low_rank:
@@ -159,6 +162,7 @@ class DCNv2(CTRModel):
         num_dense: int,
         num_fields: int,
         embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
         cross_layers: CrossLayers = 3,
         low_rank: LowRank = None,
         # Stacked by default: the cross network feeds the MLP, as in TorchRec's DLRM_DCN (the
@@ -171,14 +175,19 @@ class DCNv2(CTRModel):
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
     ) -> None:
-        super().__init__(num_dense=num_dense, num_fields=num_fields, embedding_dim=embedding_dim)
+        super().__init__(
+            num_dense=num_dense,
+            num_fields=num_fields,
+            embedding_dim=embedding_dim,
+            field_dims=field_dims,
+        )
         layers = check_cross_layers(self.name, "cross_layers", cross_layers)
         rank = check_low_rank(self.name, "low_rank", low_rank)
         self.structure = check_structure(self.name, "structure", structure)
         hidden = check_layer_sizes(self.name, "deep_mlp", deep_mlp)
         act = check_activation(self.name, "activation", activation)
         p = check_dropout(self.name, "dropout", dropout)
-        self.width = num_fields * embedding_dim + num_dense
+        self.width = sum(self.field_dims) + num_dense
         self.cross = nn.ModuleList(CrossLayer(self.width, rank) for _ in range(layers))
         self.deep: MLP | None = MLP(self.width, hidden, act, dropout=p) if hidden else None
         if self.deep is None:  # the cross network alone
@@ -191,7 +200,7 @@ class DCNv2(CTRModel):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         self.check_batch(dense, sparse)
-        x0 = torch.cat([sparse.flatten(1), dense], dim=1)
+        x0 = torch.cat([sparse.flatten(1), dense], dim=1)  # flat input: flatten is a no-op
         x = x0
         for layer in self.cross:
             x = layer(x0, x)

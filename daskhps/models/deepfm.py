@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from daskhps.models.layers import (
+    Activation,
+    Dropout,
+    FieldProjection,
+    LayerSizes,
+    make_field_projection,
+)
 from daskhps.models.wide_deep import WideDeep
 
 __all__ = ["DeepFM", "fm_interaction"]
@@ -23,10 +32,49 @@ class DeepFM(WideDeep):
 
     ``logit = bias + w_dense . dense + sum_f w_f + FM(e_1..e_F) + MLP([e_1..e_F, dense])``:
     Wide & Deep plus the FM second-order term over the same embeddings, so it takes the same
-    options (``deep_mlp``, ``activation``, ``dropout``).
+    options (``deep_mlp``, ``activation``, ``dropout``) and ``field_projection``.
+
+    Fields of unequal widths (``field_dims``): the FM term pairs fields at ``D =
+    embedding_dim``, the widest, each narrower field ``f`` mapped by its own
+    ``Linear(D_f, D, bias=False)`` first (see :class:`~daskhps.models.layers.FieldProjection`);
+    the MLP and the first-order weights read the fields as they are.
+
+    Parameters
+    ----------
+    field_projection:
+        Project the narrower fields when widths differ; false makes unequal widths an error.
     """
 
     name = "deepfm"
 
+    def __init__(
+        self,
+        *,
+        num_dense: int,
+        num_fields: int,
+        embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
+        deep_mlp: LayerSizes = (64, 32),
+        activation: Activation = "relu",
+        dropout: Dropout = 0.0,
+        field_projection: bool = True,
+    ) -> None:
+        super().__init__(
+            num_dense=num_dense,
+            num_fields=num_fields,
+            embedding_dim=embedding_dim,
+            field_dims=field_dims,
+            deep_mlp=deep_mlp,
+            activation=activation,
+            dropout=dropout,
+        )
+        # Last, so that equal widths create exactly the parameters they always did.
+        self.project: FieldProjection | None = make_field_projection(
+            self.name, "the FM second-order term", self.field_dims, embedding_dim, field_projection
+        )
+
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return super().forward(dense, sparse) + fm_interaction(sparse[..., :-1])
+        self.check_batch(dense, sparse)
+        embeddings, weight = self._split(sparse)
+        pairs = embeddings[0] if self.project is None else self.project(embeddings)
+        return self._wide_and_deep(dense, embeddings, weight) + fm_interaction(pairs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from daskhps.models.base import CTRModel
@@ -9,10 +11,13 @@ from daskhps.models.layers import (
     MLP,
     Activation,
     Dropout,
+    FieldProjection,
     LayerSizes,
     check_activation,
     check_dropout,
     check_layer_sizes,
+    make_field_projection,
+    split_fields,
 )
 
 __all__ = ["DLRM", "dot_interaction"]
@@ -53,9 +58,13 @@ class DLRM(CTRModel):
     top MLP reads ``[x, interactions]`` and returns one logit. With ``num_dense == 0`` there is no
     bottom MLP and only the field embeddings interact.
 
+    Fields of unequal widths (``field_dims``) meet at ``D = embedding_dim``, the widest: each
+    narrower field ``f`` is mapped by its own ``Linear(D_f, D, bias=False)`` first (see
+    :class:`~daskhps.models.layers.FieldProjection`).
+
     Parameters
     ----------
-    num_dense, num_fields, embedding_dim:
+    num_dense, num_fields, embedding_dim, field_dims:
         Batch layout, see :class:`~daskhps.models.base.CTRModel`.
     bottom_mlp:
         Hidden widths of the bottom MLP; a last layer to ``embedding_dim`` is appended.
@@ -65,6 +74,8 @@ class DLRM(CTRModel):
         Activation after each hidden layer.
     dropout:
         Dropout after each hidden activation of the top MLP; 0 for none.
+    field_projection:
+        Project the narrower fields when widths differ; false makes unequal widths an error.
     """
 
     name = "dlrm"
@@ -76,12 +87,19 @@ class DLRM(CTRModel):
         num_dense: int,
         num_fields: int,
         embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
         bottom_mlp: LayerSizes = (64,),
         top_mlp: LayerSizes = (64, 32),
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
+        field_projection: bool = True,
     ) -> None:
-        super().__init__(num_dense=num_dense, num_fields=num_fields, embedding_dim=embedding_dim)
+        super().__init__(
+            num_dense=num_dense,
+            num_fields=num_fields,
+            embedding_dim=embedding_dim,
+            field_dims=field_dims,
+        )
         bottom = check_layer_sizes(self.name, "bottom_mlp", bottom_mlp)
         top = check_layer_sizes(self.name, "top_mlp", top_mlp)
         act = check_activation(self.name, "activation", activation)
@@ -97,9 +115,15 @@ class DLRM(CTRModel):
         self.register_buffer("pairs", torch.triu_indices(n, n, offset=1), persistent=False)
         top_in = n * (n - 1) // 2 + (embedding_dim if self.bottom is not None else 0)
         self.top = MLP(top_in, top, act, dropout=p, out_features=1)
+        # Last, so that equal widths create exactly the parameters they always did.
+        self.project: FieldProjection | None = make_field_projection(
+            self.name, "the pairwise interaction", self.field_dims, embedding_dim, field_projection
+        )
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         self.check_batch(dense, sparse)
+        if self.project is not None:  # flat input: every field to [B, D], then [B, F, D]
+            sparse = self.project(split_fields(sparse, self.field_dims)[0])
         if self.bottom is None:
             return self.top(dot_interaction(sparse, self.pairs)).squeeze(1)
         x = self.bottom(dense)

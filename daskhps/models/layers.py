@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
+from daskhps.models.base import describe_widths
 
 __all__ = [
     "ACTIVATIONS",
@@ -17,11 +18,14 @@ __all__ = [
     "Activation",
     "DenseLinear",
     "Dropout",
+    "FieldProjection",
     "LayerSizes",
     "OptionCheck",
     "check_activation",
     "check_dropout",
     "check_layer_sizes",
+    "make_field_projection",
+    "split_fields",
 ]
 
 
@@ -147,3 +151,82 @@ class DenseLinear(nn.Module):
         if self.weight is not None:
             out = out + self.weight(dense).squeeze(1)
         return out
+
+
+def split_fields(
+    sparse: torch.Tensor, field_dims: Sequence[int], wide: bool = False
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Cut the flat sparse input of fields with unequal widths into its fields.
+
+    Parameters
+    ----------
+    sparse:
+        ``float[B, sum_f S_f]``, fields in order (see :mod:`daskhps.models.base`).
+    field_dims:
+        Embedding width ``D_f`` of each field.
+    wide:
+        Whether each field's slice ends in a wide weight (``S_f = D_f + 1``, DeepFM and
+        Wide & Deep) or is the embedding alone (``S_f = D_f``).
+
+    Returns
+    -------
+    tuple
+        The fields' embeddings ``[float[B, D_0], ..., float[B, D_{F-1}]]`` (views of
+        ``sparse``) and, with ``wide``, their wide weights ``float[B, F]`` (else None).
+    """
+    extra = 1 if wide else 0
+    # One split into views; the loop is over fields, never over examples.
+    parts = torch.split(sparse, [d + extra for d in field_dims], dim=1)
+    if not wide:
+        return list(parts), None
+    return [p[:, :-1] for p in parts], torch.stack([p[:, -1] for p in parts], dim=1)
+
+
+class FieldProjection(nn.Module):
+    """Every field's embedding at one ``width``: ``float[B, D_f]`` each to ``float[B, F, width]``.
+
+    A field already ``width`` wide passes unchanged; field ``f`` of another width gets its own
+    ``Linear(D_f, width, bias=False)`` (``by_field[str(f)]``), learned with the model. Pairwise
+    interactions (DLRM's dot products, DeepFM's FM term) need one width for all fields.
+
+    Parameters
+    ----------
+    field_dims:
+        Embedding width ``D_f`` of each field.
+    width:
+        The common width; the layers are created in field order from torch's global generator.
+    """
+
+    def __init__(self, field_dims: Sequence[int], width: int) -> None:
+        super().__init__()
+        other = [(str(f), d) for f, d in enumerate(field_dims) if d != width]
+        self.by_field = nn.ModuleDict({f: nn.Linear(d, width, bias=False) for f, d in other})
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> torch.Tensor:
+        projected = [
+            self.by_field[str(f)](e) if str(f) in self.by_field else e
+            for f, e in enumerate(embeddings)
+        ]
+        return torch.stack(projected, dim=1)
+
+
+def make_field_projection(
+    model: str, interaction: str, field_dims: Sequence[int], width: int, enabled: bool
+) -> FieldProjection | None:
+    """The projection a pairwise ``interaction`` needs: None when all fields are ``width`` wide.
+
+    Raises
+    ------
+    ConfigError
+        The widths differ and the model's ``field_projection`` option is false.
+    """
+    if all(d == width for d in field_dims):
+        return None
+    if not enabled:
+        raise ConfigError(
+            f"model {model!r}: {interaction} needs one width for every field, but the tables "
+            f"give the fields {describe_widths(field_dims)}; set model.options.field_projection "
+            f"to true (a learned linear map of each narrower field to {width}), or give every "
+            "table the same dim"
+        )
+    return FieldProjection(field_dims, width)

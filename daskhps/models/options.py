@@ -14,6 +14,7 @@ from daskhps.models.layers import OptionCheck
 
 __all__ = [
     "LAYOUT_ARGS",
+    "WIDTHS_ARG",
     "OptionError",
     "check_options",
     "constructor_params",
@@ -21,8 +22,10 @@ __all__ = [
     "takes_keyword",
 ]
 
-#: Constructor arguments every model takes; all others are its options.
+#: Constructor arguments every model takes; all others but WIDTHS_ARG are its options.
 LAYOUT_ARGS = ("num_dense", "num_fields", "embedding_dim")
+#: The per-field widths, taken by the models that support fields of unequal widths.
+WIDTHS_ARG = "field_dims"
 
 _KW_OK = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _KW_ONLY = inspect.Parameter.KEYWORD_ONLY
@@ -53,7 +56,7 @@ def model_options(cls: type[nn.Module]) -> dict[str, Any] | None:
     return {
         n: p.default
         for n, p in params.items()
-        if n not in LAYOUT_ARGS and p.kind in (_KW_OK, _KW_ONLY)
+        if n not in LAYOUT_ARGS and n != WIDTHS_ARG and p.kind in (_KW_OK, _KW_ONLY)
     }
 
 
@@ -69,18 +72,18 @@ class OptionError(Exception):
 def check_options(cls: type[nn.Module], label: str, options: Mapping[str, Any]) -> None:
     """Option names against the constructor, values against its type hints; raise OptionError."""
     allowed = model_options(cls)
-    if allowed is None:
-        return
     for opt in options:
-        if opt in LAYOUT_ARGS:
+        if opt in LAYOUT_ARGS or opt == WIDTHS_ARG:
             raise OptionError(
                 opt, f"{opt!r} is set from the data and the table, not as a model option"
             )
-        if opt not in allowed:
+        if allowed is not None and opt not in allowed:
             raise OptionError(
                 opt,
                 f"unknown option {opt!r} for model {label!r}; allowed options: {sorted(allowed)}",
             )
+    if allowed is None:
+        return
     required = [o for o, d in allowed.items() if d is inspect.Parameter.empty and o not in options]
     if required:
         raise OptionError(None, f"model {label!r} needs option(s) {required}")

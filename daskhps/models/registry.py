@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
+from daskhps.models.base import check_field_dims, describe_widths
 from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
 from daskhps.models.options import (
     LAYOUT_ARGS,
+    WIDTHS_ARG,
     OptionError,
     check_options,
     constructor_params,
@@ -101,7 +103,13 @@ def sparse_dim_of(model: nn.Module | type[nn.Module], embedding_dim: int) -> int
 
 
 def build_model(
-    name: str, *, num_dense: int, num_fields: int, embedding_dim: int, **options: Any
+    name: str,
+    *,
+    num_dense: int,
+    num_fields: int,
+    embedding_dim: int,
+    field_dims: Sequence[int] | None = None,
+    **options: Any,
 ) -> nn.Module:
     """Build a dense CTR model.
 
@@ -113,21 +121,44 @@ def build_model(
         interface.
     num_dense, num_fields, embedding_dim:
         Batch layout; the sparse input is ``[B, num_fields, sparse_dim_of(model, embedding_dim)]``.
+    field_dims:
+        Each field's embedding width, ``embedding_dim`` being the largest; ``None`` or equal
+        widths: every field is ``embedding_dim`` wide. Passed on to the model only when the
+        widths differ (its ``sparse`` input is then ``[B, sum_f sparse_dim_of(model, D_f)]``),
+        so a model without a ``field_dims`` parameter builds as before for equal widths.
     **options:
         The model's own constructor options (layer sizes, activation, dropout, ...).
 
     Raises
     ------
     ConfigError
-        Unknown model or option, a bad option value, or a user model that breaks the interface:
-        it is checked on a tiny probe batch and must return ``float32[B]`` logits.
+        Unknown model or option, a bad option value, bad ``field_dims``, unequal widths for a
+        model that takes no ``field_dims``, or a user model that breaks the interface: it is
+        checked on a tiny probe batch and must return ``float32[B]`` logits.
     """
     cls = resolve_model(name)
     try:
         check_options(cls, name, options)
     except OptionError as e:
         raise ConfigError(e.message) from None
-    layout = {"num_dense": num_dense, "num_fields": num_fields, "embedding_dim": embedding_dim}
+    layout: dict[str, Any] = {
+        "num_dense": num_dense,
+        "num_fields": num_fields,
+        "embedding_dim": embedding_dim,
+    }
+    dims = None
+    if field_dims is not None:
+        dims = check_field_dims(name, num_fields, embedding_dim, field_dims)
+        if len(set(dims)) == 1:
+            dims = None  # the same model as without field_dims, for every model
+        elif not takes_keyword(constructor_params(cls), WIDTHS_ARG):
+            raise ConfigError(
+                f"model {name!r} takes one embedding_dim for every field, but the tables give "
+                f"the fields {describe_widths(dims)}; give every table the same dim, or add a "
+                f"{WIDTHS_ARG} parameter to the model"
+            )
+        else:
+            layout[WIDTHS_ARG] = dims
     if cls in BUILTIN_MODELS.values():
         return cls(**layout, **options)
     try:
@@ -138,16 +169,20 @@ def build_model(
         raise ConfigError(
             f"model {name!r}: the constructor failed with {type(e).__name__}: {e}"
         ) from e
-    _probe(model, name, num_dense, num_fields, sparse_dim_of(model, embedding_dim))
+    if dims is None:
+        sparse_shape = [num_fields, sparse_dim_of(model, embedding_dim)]
+    else:
+        sparse_shape = [sum(sparse_dim_of(model, d) for d in dims)]
+    _probe(model, name, num_dense, sparse_shape)
     return model
 
 
-def _probe(model: nn.Module, name: str, num_dense: int, num_fields: int, width: int) -> None:
+def _probe(model: nn.Module, name: str, num_dense: int, sparse_shape: list[int]) -> None:
     """Run a user model once on a tiny batch and check the logits' shape and dtype."""
     # A private generator: probing must not move torch's global RNG, which seeds the run.
     gen = torch.Generator().manual_seed(0)
     dense = torch.randn(_PROBE_BATCH, num_dense, generator=gen)
-    sparse = torch.randn(_PROBE_BATCH, num_fields, width, generator=gen)
+    sparse = torch.randn(_PROBE_BATCH, *sparse_shape, generator=gen)
     where = (
         f"model {name!r}: forward(dense {list(dense.shape)}, sparse {list(sparse.shape)}) on a "
         "probe batch"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +139,14 @@ class ModelSpec:
         """Floats per key the model reads from the table, see :func:`sparse_dim_of`."""
         return sparse_dim_of(resolve_model(self.name), embedding_dim)
 
-    def build(self, *, num_dense: int, num_fields: int, embedding_dim: int) -> nn.Module:
+    def build(
+        self,
+        *,
+        num_dense: int,
+        num_fields: int,
+        embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> nn.Module:
         """:func:`build_model` with this spec; errors are prefixed with the spec's origin."""
         try:
             return build_model(
@@ -147,6 +154,7 @@ class ModelSpec:
                 num_dense=num_dense,
                 num_fields=num_fields,
                 embedding_dim=embedding_dim,
+                field_dims=field_dims,
                 **_thaw(self.options),
             )
         except ConfigError as e:

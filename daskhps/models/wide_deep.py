@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from daskhps.models.base import CTRModel
@@ -14,6 +16,7 @@ from daskhps.models.layers import (
     check_activation,
     check_dropout,
     check_layer_sizes,
+    split_fields,
 )
 
 __all__ = ["WideDeep"]
@@ -46,16 +49,22 @@ class WideDeep(CTRModel):
         num_dense: int,
         num_fields: int,
         embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
         deep_mlp: LayerSizes = (64, 32),
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
     ) -> None:
-        super().__init__(num_dense=num_dense, num_fields=num_fields, embedding_dim=embedding_dim)
+        super().__init__(
+            num_dense=num_dense,
+            num_fields=num_fields,
+            embedding_dim=embedding_dim,
+            field_dims=field_dims,
+        )
         hidden = check_layer_sizes(self.name, "deep_mlp", deep_mlp)
         act = check_activation(self.name, "activation", activation)
         p = check_dropout(self.name, "dropout", dropout)
         self.wide = DenseLinear(num_dense)
-        self.deep = MLP(num_fields * embedding_dim + num_dense, hidden, act, p, out_features=1)
+        self.deep = MLP(sum(self.field_dims) + num_dense, hidden, act, p, out_features=1)
 
     @classmethod
     def sparse_dim(cls, embedding_dim: int) -> int:
@@ -63,7 +72,22 @@ class WideDeep(CTRModel):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         self.check_batch(dense, sparse)
-        emb, weight = sparse[..., :-1], sparse[..., -1]
+        embeddings, weight = self._split(sparse)
+        return self._wide_and_deep(dense, embeddings, weight)
+
+    def _split(self, sparse: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The embeddings (``[float[B, F, D]]``, or one ``float[B, D_f]`` per field when widths
+        differ) and the wide weights ``float[B, F]`` of a checked ``sparse`` input."""
+        if self.equal_widths:
+            return [sparse[..., :-1]], sparse[..., -1]
+        embeddings, weight = split_fields(sparse, self.field_dims, wide=True)
+        assert weight is not None
+        return embeddings, weight
+
+    def _wide_and_deep(
+        self, dense: torch.Tensor, embeddings: list[torch.Tensor], weight: torch.Tensor
+    ) -> torch.Tensor:
+        """``bias + w_dense . dense + sum_f w_f + MLP([e_1..e_F, dense])`` from :meth:`_split`."""
         wide = self.wide(dense) + weight.sum(dim=1)
-        deep = self.deep(torch.cat([emb.flatten(1), dense], dim=1)).squeeze(1)
-        return wide + deep
+        deep = self.deep(torch.cat([*(e.flatten(1) for e in embeddings), dense], dim=1))
+        return wide + deep.squeeze(1)

@@ -39,6 +39,7 @@ def test_model_options_lists_defaults() -> None:
         "top_mlp": (64, 32),
         "activation": "relu",
         "dropout": 0.0,
+        "field_projection": True,
     }
     assert model_options(user_model.KwargsModel) is None
 
@@ -178,7 +179,8 @@ def test_spec_with_user_model() -> None:
         (
             {"name": "dlrm", "options": {"hidden": [8]}},
             "run.yaml: model.options.hidden: unknown option 'hidden' for model 'dlrm'; "
-            "allowed options: \\['activation', 'bottom_mlp', 'dropout', 'top_mlp'\\]",
+            "allowed options: \\['activation', 'bottom_mlp', 'dropout', 'field_projection', "
+            "'top_mlp'\\]",
         ),
         (
             {"name": "dlrm", "options": {"num_fields": 3}},
