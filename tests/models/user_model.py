@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
+
+from daskhps.models import split_fields
 
 
 class TinyModel(nn.Module):
@@ -47,6 +51,37 @@ class KwargsModel(TinyModel):
 class NeedsWidth(TinyModel):
     def __init__(self, *, num_dense: int, num_fields: int, embedding_dim: int, width: int) -> None:
         super().__init__(num_dense, num_fields, embedding_dim, hidden=width)
+
+
+class PerFieldTiny(nn.Module):
+    """Takes per-field widths and a wide weight per key, like Wide & Deep; records what it got."""
+
+    def __init__(
+        self,
+        *,
+        num_dense: int,
+        num_fields: int,
+        embedding_dim: int,
+        field_dims: Sequence[int] | None = None,
+        hidden: int = 8,
+    ) -> None:
+        super().__init__()
+        self.got_field_dims = field_dims
+        self.field_dims = (embedding_dim,) * num_fields if field_dims is None else tuple(field_dims)
+        self.mlp = nn.Sequential(
+            nn.Linear(num_dense + sum(self.field_dims), hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
+
+    @classmethod
+    def sparse_dim(cls, embedding_dim: int) -> int:
+        return embedding_dim + 1
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        # [B, F, S].flatten(1) is the flat layout of equal widths: one code path for both.
+        embeddings, weight = split_fields(sparse.flatten(1), self.field_dims, wide=True)
+        assert weight is not None
+        deep = self.mlp(torch.cat([dense, *embeddings], dim=1)).squeeze(1)
+        return deep + weight.sum(1)
 
 
 class NotAModule:

@@ -43,3 +43,35 @@ def test_builtin_model_exports_to_torchscript(
         got = loaded(dense, sparse)
     assert got.shape == (5,) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+@pytest.mark.parametrize("num_dense", [0, 4])
+def test_builtin_model_with_unequal_widths_exports_to_torchscript(
+    tmp_path: Path, name: str, num_dense: int
+) -> None:
+    # The flat sparse input of fields of unequal widths, traced as _trace does: on one batch
+    # size, checked on another, compared with the eager model on a third after a save and load.
+    dims = (3, 6, 1, 6, 4)
+    torch.manual_seed(0)
+    model = build_model(
+        name, num_dense=num_dense, num_fields=len(dims), embedding_dim=6, field_dims=dims
+    )
+    model.eval()
+    width = sum(model.sparse_dim(d) for d in dims)
+    gen = torch.Generator().manual_seed(0)
+
+    def example(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, num_dense, generator=gen), torch.randn(b, width, generator=gen)
+
+    path = tmp_path / "model.pt"
+    with _quiet_jit():
+        traced = torch.jit.trace(model, example(8), check_inputs=[example(3)])
+        torch.jit.save(traced, str(path))
+        loaded = torch.jit.load(str(path))
+    dense, sparse = example(5)
+    with torch.no_grad():
+        want = model(dense, sparse)
+        got = loaded(dense, sparse)
+    assert got.shape == (5,) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
