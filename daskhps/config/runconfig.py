@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,12 @@ class RunConfig:
         """Every embedding table: the ``tables`` entries as written, then the default table
         (``table``'s settings, named ``table.name``) with every categorical field no entry
         lists, in schema order, if any is left. Without ``tables``: one table of every field."""
+        return self._embedding_tables
+
+    @cached_property
+    def _embedding_tables(self) -> tuple[TableEntry, ...]:
+        # Built once: the default table is validated like any entry. A frozen dataclass takes
+        # a cached_property (it writes the instance's __dict__, not through __setattr__).
         listed = {f for t in self.tables for f in t.features}
         rest = [f for f in self.data.schema.categorical_names if f not in listed]
         return self.tables + ((default_table(self.table, rest),) if rest else ())
