@@ -7,6 +7,7 @@
       data             DataConfig            train | generate, schema, bad_rows, holdout, backend
       passes           PassesConfig          epochs + PassConfig (examples_per_pass, ...)
       table            TableConfig           name, dim, optimizer, seed, init_scale, tiers
+      tables           (TableEntry, ...)     more tables: name, dim, features, shared_keys, ...
       model            ModelSpec             name, options
       dense_optimizer  DenseOptimizerConfig  kind, lr, weight_decay, schedule, ...
       cluster          ClusterConfig         address | local settings, gpu, dist_backend, ...
@@ -27,6 +28,7 @@ from daskhps.config.overrides import apply_overrides, parse_override
 from daskhps.config.run import RunSection
 from daskhps.config.runconfig import MEMORY_BUDGET, RunConfig, load_config
 from daskhps.config.table import DeviceTierConfig, HostTierConfig, TableConfig, TiersConfig
+from daskhps.config.tables import TableEntry
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "TableConfig",
+    "TableEntry",
     "TiersConfig",
     "apply_overrides",
     "load_config",

@@ -19,20 +19,25 @@ from daskhps.config.table import (
     TableConfig,
     TiersConfig,
 )
+from daskhps.config.tables import TableEntry
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.source import TrainLogs
 from daskhps.options import Options
 from daskhps.table.optimizers import OptimizerSpec
 
-__all__ = ["FREE", "SECTIONS", "all_keys", "key_tree", "section_models"]
+__all__ = ["FREE", "LISTS", "SECTIONS", "all_keys", "key_tree", "section_models"]
 
 FREE = "<free-form>"  # a mapping whose keys are checked by its component (schema, options)
+# Sections that are lists of mappings: the key tree holds an entry's keys (``tables.dim`` is
+# the dim of each entry), and each maps to the section whose value it takes when left out.
+LISTS = {"tables": "table"}
 SECTIONS = (
     "run",
     "data",
     "passes",
     "table",
+    "tables",
     "model",
     "dense_optimizer",
     "cluster",
@@ -45,12 +50,14 @@ SECTIONS = (
 
 def section_models() -> dict[str, type[Options]]:
     """The declaration of every section but ``model`` (a name and free-form options, checked
-    against the model's class by :class:`~daskhps.models.spec.ModelSpec`)."""
+    against the model's class by :class:`~daskhps.models.spec.ModelSpec`); of a list section
+    (:data:`LISTS`), its entries'."""
     return {
         "run": RunSection,
         "data": DataConfig,
         "passes": PassesConfig,
         "table": TableConfig,
+        "tables": TableEntry,
         "dense_optimizer": DenseOptimizerConfig,
         "cluster": ClusterConfig,
         "eval": EvalConfig,
@@ -89,6 +96,12 @@ def key_tree() -> dict[str, Any]:
                 device=_node(DeviceTierConfig.key_names()),
                 host=_node(HostTierConfig.key_names()),
             ),
+        ),
+        "tables": _node(
+            TableEntry.key_names(),
+            optimizer=_node(OptimizerSpec.key_names()),
+            admission=_node(AdmissionConfig.key_names()),
+            expiry=_node(ExpiryConfig.key_names()),
         ),
         "model": {"name": None, "options": FREE},
         "dense_optimizer": _node(DenseOptimizerConfig.key_names()),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from daskhps.config._keys import SECTIONS, section_models
+from daskhps.config._keys import LISTS, SECTIONS, section_models
 from daskhps.config.reference import DOCS
 
 __all__ = ["json_schema", "render_json_schema"]
@@ -56,6 +56,8 @@ def json_schema() -> dict[str, Any]:
             continue
         schema = models[name].model_json_schema(ref_template="#/$defs/{model}")
         defs.update(schema.pop("$defs", {}))
+        if name in LISTS:  # a list of such mappings
+            schema = {"type": "array", "items": schema, "description": schema.get("description")}
         properties[name] = {"anyOf": [schema, {"type": "null"}]}  # null: every default
     return _json_words(
         {

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from daskhps._yaml import parse_scalar
-from daskhps.config._keys import all_keys, free_form
+from daskhps.config._keys import LISTS, all_keys, free_form
 from daskhps.errors import ConfigError
 from daskhps.options import closest
 
@@ -39,6 +39,12 @@ def apply_overrides(
             hint = closest(key, known)
             did = f"; did you mean {hint}?" if hint else ""
             raise ConfigError(f"{source} (--set {key}): {key}: unknown key{did}")
+        section = key.partition(".")[0]
+        if section in LISTS and key != section:
+            raise ConfigError(
+                f"{source} (--set {key}): {key}: {section} is a list; set it whole, e.g. "
+                f"--set '{section}=[{{name: ids, dim: 32, features: [C3, C4]}}]'"
+            )
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from daskhps.config._keys import key_tree, section_models
+from daskhps.config._keys import LISTS, key_tree, section_models
 from daskhps.config.runconfig import RunConfig
 from daskhps.data.schema import CategoricalField, DenseField, Schema
 from daskhps.models import BUILTIN_MODELS
@@ -52,6 +52,8 @@ _SECTION_TEXT = {
     "data": "Training logs, schema, bad rows, holdout.",
     "passes": "How the training rows are cut into passes and global batches.",
     "table": "The embedding table, its sparse optimizer and its tiers.",
+    "tables": "Embedding tables beside the default one: a list of mappings with these keys, "
+    "each holding some categorical fields (see [Several tables](#several-tables)).",
     "model": "The dense model (`daskhps.models`).",
     "dense_optimizer": "The dense model's optimizer and learning-rate schedule.",
     "cluster": "The Dask cluster: embedded (default) or an existing scheduler.",
@@ -166,6 +168,16 @@ def _leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+def _entry_default(key: str, section: str, vals: dict[str, Any]) -> str:
+    """An entry key's default: required, the other section's value it takes, or its own."""
+    info = declared(key)
+    assert info is not None  # a list section is declared
+    other = f"{LISTS[section]}.{key.partition('.')[2]}"
+    if info.is_required():
+        return "required"
+    return f"`{other}`" if other in vals else _show(info.default)
+
+
 def render() -> str:
     """The reference tables, one per section, as Markdown."""
     vals = defaults()
@@ -180,6 +192,8 @@ def render() -> str:
             typ, meaning, *explicit = describe(key)
             if explicit:
                 default = explicit[0]
+            elif section in LISTS:
+                default = _entry_default(key, section, vals)
             elif key in vals:
                 default = _show(vals[key])
             else:

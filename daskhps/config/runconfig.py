@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
 from daskhps.config.storage import StorageConfig
 from daskhps.config.table import TableConfig
+from daskhps.config.tables import TableEntry, default_table, parse_tables
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
+from daskhps.errors import ConfigError
 from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx
 from daskhps.storage import use_options
@@ -44,6 +47,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     passes: PassesConfig = field(default_factory=lambda: PassesConfig())
     table: TableConfig = field(default_factory=lambda: TableConfig())
+    tables: tuple[TableEntry, ...] = ()
     model: ModelSpec = field(default_factory=lambda: ModelSpec("dlrm"))
     dense_optimizer: DenseOptimizerConfig = field(default_factory=lambda: DenseOptimizerConfig())
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig())
@@ -70,6 +74,8 @@ class RunConfig:
             "data": self.data.to_dict(),
             "passes": self.passes.to_dict(),
             "table": self.table.to_dict(),
+            # A run of one table writes no tables: its config.yaml is what it always was.
+            **({"tables": [t.to_dict() for t in self.tables]} if self.tables else {}),
             "model": self.model.to_dict(),
             "dense_optimizer": self.dense_optimizer.to_dict(),
             "cluster": self.cluster.to_dict(),
@@ -83,13 +89,56 @@ class RunConfig:
 
     @property
     def sparse_dim(self) -> int:
-        """Floats per key the model reads: ``table.dim`` plus the model's extra columns."""
-        return self.model.sparse_dim(self.table.dim)
+        """Floats per key the model reads from the run's one table: its ``dim`` (``table.dim``
+        without ``tables``) plus the model's extra columns."""
+        return self.table_spec().dim
 
     def table_spec(self) -> TableSpec:
-        """The :class:`TableSpec` of the run's table (row width from the model)."""
-        t = self.table
-        return TableSpec(t.name, self.sparse_dim, t.optimizer, t.seed, t.init_scale)
+        """The :class:`TableSpec` of the run's one table (row width from the model).
+
+        Raises
+        ------
+        ConfigError
+            When the config has several tables (:attr:`several_tables`).
+        """
+        if self.several_tables:
+            names = ", ".join(t.name for t in self.embedding_tables())
+            raise ConfigError(f"this needs one table; the config has tables {names}")
+        return self.table_specs()[0]
+
+    def embedding_tables(self) -> tuple[TableEntry, ...]:
+        """Every embedding table: the ``tables`` entries as written, then the default table
+        (``table``'s settings, named ``table.name``) with every categorical field no entry
+        lists, in schema order, if any is left. Without ``tables``: one table of every field."""
+        return self._embedding_tables
+
+    @cached_property
+    def _embedding_tables(self) -> tuple[TableEntry, ...]:
+        # Built once: the default table is validated like any entry. A frozen dataclass takes
+        # a cached_property (it writes the instance's __dict__, not through __setattr__).
+        listed = {f for t in self.tables for f in t.features}
+        rest = [f for f in self.data.schema.categorical_names if f not in listed]
+        return self.tables + ((default_table(self.table, rest),) if rest else ())
+
+    def field_tables(self) -> tuple[int, ...]:
+        """Per categorical field (schema order): the index of its table in
+        :meth:`embedding_tables`."""
+        at = {f: i for i, t in enumerate(self.embedding_tables()) for f in t.features}
+        return tuple(at[f] for f in self.data.schema.categorical_names)
+
+    def field_dims(self) -> tuple[int, ...]:
+        """Per categorical field (schema order): its table's embedding dim."""
+        tables = self.embedding_tables()
+        return tuple(tables[i].dim for i in self.field_tables())
+
+    def table_specs(self) -> tuple[TableSpec, ...]:
+        """A :class:`TableSpec` per :meth:`embedding_tables` entry (row width from the model)."""
+        return tuple(t.spec(self.model) for t in self.embedding_tables())
+
+    @property
+    def several_tables(self) -> bool:
+        """True when the fields are spread over more than one embedding table."""
+        return len(self.embedding_tables()) > 1
 
 
 def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
@@ -114,11 +163,18 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
         model_raw = {"name": "dlrm", **(model_raw or {})}  # dlrm unless named
     with ctx.section("model"):
         model = ModelSpec.from_dict(model_raw, ctx.source, "model")
+    data = DataConfig.parse(d.get("data"), ctx, run.dir, run.seed)
+    passes = PassesConfig.parse(d.get("passes"), ctx)
+    table = TableConfig.parse(d.get("table"), ctx, run.dir, run.seed)
+    schema = data.schema
     cfg = RunConfig(
         run=run,
-        data=DataConfig.parse(d.get("data"), ctx, run.dir, run.seed),
-        passes=PassesConfig.parse(d.get("passes"), ctx),
-        table=TableConfig.parse(d.get("table"), ctx, run.dir, run.seed),
+        data=data,
+        passes=passes,
+        table=table,
+        tables=parse_tables(
+            d.get("tables"), ctx, schema.categorical_names, schema.dense_names, table
+        ),
         model=model,
         dense_optimizer=DenseOptimizerConfig.parse(d.get("dense_optimizer"), ctx),
         cluster=ClusterConfig.parse(d.get("cluster"), ctx),
@@ -137,7 +193,7 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
 
 def _check(cfg: RunConfig, ctx: Ctx) -> None:
     """Checks that need more than one section."""
-    spec = cfg.table_spec()  # cannot fail: table's declaration holds TableSpec's checks
+    specs = cfg.table_specs()  # cannot fail: the declarations hold TableSpec's checks
     tiers, cluster, plan = cfg.table.tiers, cfg.cluster, cfg.passes.plan
     workers = cluster.n_workers if cluster.local else None  # unknown behind an address
     if workers is not None and plan.global_batch_size < workers:
@@ -158,9 +214,13 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
                 "raise device.rows (about 2x the share leaves room to stage the next pass) or "
                 "lower passes.max_working_set",
             )
-    # With cluster.gpu: true the device tier lives in GPU memory (auto may find none).
+    # With cluster.gpu: true the device tier lives in GPU memory (auto may find none). Every
+    # table has its tiers on every worker.
     over = tiers.sizing.over_budget(
-        [spec], cluster.memory_limit, on_gpu=cluster.gpu is True, policy=tiers.policy
+        list(specs), cluster.memory_limit, on_gpu=cluster.gpu is True, policy=tiers.policy
     )
+    if over and len(specs) > 1:
+        names = ", ".join(s.name for s in specs)
+        over += f"; each of the {len(specs)} tables ({names}) has these tiers on every worker"
     if over:
         raise ctx.error("table.tiers", over)

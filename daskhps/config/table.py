@@ -28,6 +28,7 @@ __all__ = [
     "HostTierConfig",
     "TableConfig",
     "TiersConfig",
+    "store_name",
 ]
 
 
@@ -144,6 +145,13 @@ class ExpiryConfig(Options):
         return ExpiryRule(self.ttl_days, self.max_rows, self.score, num_shards)
 
 
+def store_name(name: str) -> str:
+    """``name`` when it can name a table's stores (letters, digits, '-', '_', '.')."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise Problem("", f"{name!r}: use letters, digits, '-', '_' or '.'")
+    return name
+
+
 class TableConfig(Options):
     """The embedding table: ``dim`` is the embedding width the model sees; the row width is
     the model's ``sparse_dim(dim)`` (one more column for DeepFM and Wide&Deep) plus optimizer
@@ -192,9 +200,7 @@ class TableConfig(Options):
     @field_validator("name")
     @classmethod
     def _store_name(cls, name: str) -> str:
-        if not name or not all(c.isalnum() or c in "-_." for c in name):
-            raise Problem("", f"{name!r}: use letters, digits, '-', '_' or '.'")
-        return name
+        return store_name(name)
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx, run_dir: str, seed: int) -> TableConfig:

@@ -9,12 +9,14 @@ continues", renders it).
 
 A policy entry names a node of the config tree (``table.optimizer.lr``) and covers every key
 under it (``cluster`` covers ``cluster.n_workers``); the longest entry that covers a key
-decides. A key no entry covers is refused by both modes: a new config key must be classified
-here before either mode lets it change.
+decides. A key inside a list of mappings names its item (``tables[1].dim``) and is decided by
+the entry without the index (``tables.dim``). A key no entry covers is refused by both modes:
+a new config key must be classified here before either mode lets it change.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -39,6 +41,14 @@ _ROWS = "what a stored row means"
 _MODEL = "the dense model's shape"
 _PLAN = "the plan a resume replays (a warm start trains a new plan)"
 _SPEED = "speed, placement or reporting only"
+_ADMISSION = (
+    "which keys get rows in the passes a resume replays; a warm start admits by the new "
+    "rule from its first pass, the pending counts carried on"
+)
+_EXPIRY = (
+    "which rows leave the table in the passes a resume replays; a warm start expires by "
+    "the new rule from its first day boundary"
+)
 
 POLICY: tuple[Rule, ...] = (
     Rule("run.name", True, True, "a label"),
@@ -63,21 +73,32 @@ POLICY: tuple[Rule, ...] = (
     Rule("table.optimizer.kind", False, False, "what the stored optimizer state means"),
     Rule("table.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
     Rule("table.optimizer.lr", True, True, "a learning rate may be tuned"),
-    Rule(
-        "table.admission",
-        False,
-        True,
-        "which keys get rows in the passes a resume replays; a warm start admits by the new "
-        "rule from its first pass, the pending counts carried on",
-    ),
-    Rule(
-        "table.expiry",
-        False,
-        True,
-        "which rows leave the table in the passes a resume replays; a warm start expires by "
-        "the new rule from its first day boundary",
-    ),
+    Rule("table.admission", False, True, _ADMISSION),
+    Rule("table.expiry", False, True, _EXPIRY),
     Rule("table.tiers", True, True, _SPEED),
+    # A listed table is decided as the table section: what a row means may not change, its
+    # optimizer, admission and expiry as table's may. Adding or removing a table changes its
+    # name and features, and moves fields between tables.
+    Rule("tables", False, False, "which table holds a field: " + _ROWS),
+    Rule("tables.name", False, False, _ROWS),
+    Rule("tables.dim", False, False, _ROWS),
+    Rule("tables.features", False, False, "which fields' keys a table holds: " + _ROWS),
+    Rule(
+        "tables.shared_keys",
+        False,
+        False,
+        "whether two features' equal values are one row: " + _ROWS,
+    ),
+    Rule("tables.seed", False, False, "a new row's initial values: " + _ROWS),
+    Rule("tables.init_scale", False, False, "a new row's initial values: " + _ROWS),
+    Rule(
+        "tables.optimizer", False, True, "settings of the stored optimizer state a resume continues"
+    ),
+    Rule("tables.optimizer.kind", False, False, "what the stored optimizer state means"),
+    Rule("tables.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
+    Rule("tables.optimizer.lr", True, True, "a learning rate may be tuned"),
+    Rule("tables.admission", False, True, _ADMISSION),
+    Rule("tables.expiry", False, True, _EXPIRY),
     Rule("model", False, False, _MODEL),
     Rule("dense_optimizer.kind", False, False, "what the stored optimizer state means"),
     Rule("dense_optimizer.lr", True, True, "a learning rate may be tuned"),
@@ -91,11 +112,12 @@ POLICY: tuple[Rule, ...] = (
     Rule("retrain", False, True, "the guard of a retraining run, not of a resumed one"),
 )
 _BY_KEY = {r.key: r for r in POLICY}
+_INDEX = re.compile(r"\[\d+\]")
 
 
 def rule(key: str) -> Rule | None:
     """The entry that decides ``key`` (the longest that covers it); None when none does."""
-    parts = key.split(".")
+    parts = _INDEX.sub("", key).split(".")
     for n in range(len(parts), 0, -1):
         found = _BY_KEY.get(".".join(parts[:n]))
         if found is not None:
@@ -109,9 +131,16 @@ def _accepts(key: str, mode: Mode) -> bool:
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    # A list of mappings (the tables) is compared item by item: its keys are decided one by
+    # one, and an item added or removed shows as its keys from or to None.
+    if isinstance(d, list) and d and all(isinstance(v, dict) for v in d):
+        out: dict[str, Any] = {}
+        for i, v in enumerate(d):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
     if not isinstance(d, dict):
         return {prefix: d}
-    out: dict[str, Any] = {}
+    out = {}
     for k, v in d.items():
         out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     return out

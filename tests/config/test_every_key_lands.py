@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -34,7 +35,7 @@ import torch
 from daskhps._yaml import dump_yaml, parse_scalar
 from daskhps.capacity import check_fits
 from daskhps.config import RunConfig
-from daskhps.config._keys import all_keys
+from daskhps.config._keys import LISTS, all_keys
 from daskhps.config.cluster import ClusterSecurity
 from daskhps.config.reference import defaults
 from daskhps.data.backend import cudf_available
@@ -48,6 +49,8 @@ from daskhps.passes import build_plan, plan_owner_keys
 from daskhps.passes.scan import scan_log
 from daskhps.retrain.guard import judge
 from daskhps.sharding import ShardMap
+from daskhps.table.optimizers import apply_update
+from daskhps.table.read_path import initial_rows as table_initial_rows
 from daskhps.training import checkpoint as ck
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.resume import stores_to_train_in
@@ -69,6 +72,9 @@ SECTIONS = {
     "table.tiers": "table.tiers.policy",
     "table.tiers.device": "table.tiers.device.rows",
     "table.tiers.host": "table.tiers.host.fraction",
+    "tables.optimizer": "tables.optimizer.kind",
+    "tables.admission": "tables.admission.min_count",
+    "tables.expiry": "tables.expiry.ttl_days",
 }
 
 
@@ -484,6 +490,54 @@ def run_identity(b: Built) -> tuple[str, str, str]:
     return t.run_id.rsplit("-", 1)[0], b.setup.run_id.rsplit("-", 1)[0], str(t.run_dir)
 
 
+# The listed tables: until training takes several tables, each key lands in the resolved view
+# the run builds its tables from (RunConfig.embedding_tables, field_tables, table_specs) and in
+# the table components made from it: initial rows, the sparse optimizer, the admission and
+# expiry rules of the first listed table.
+
+
+def table_layouts(b: Built) -> list[tuple[str, int, int]]:
+    return [(s.name, s.dim, s.width) for s in b.cfg.table_specs()]
+
+
+def field_tables(b: Built) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return b.cfg.field_tables(), b.cfg.field_dims()
+
+
+def shared_keys(b: Built) -> list[bool]:
+    return [t.shared_keys for t in b.cfg.embedding_tables()]
+
+
+def listed_initial_rows(b: Built) -> tuple[float, ...]:
+    return _rounded(table_initial_rows(b.cfg.table_specs()[0], torch.arange(40), state=False))
+
+
+def listed_updates(b: Built) -> tuple[float, ...]:
+    """Two steps of the first listed table's sparse optimizer on its initial rows."""
+    spec = b.cfg.table_specs()[0]
+    rows = table_initial_rows(spec, torch.arange(4))[:, : spec.stats_at].clone()
+    before = rows.clone()
+    g = torch.linspace(-1.0, 2.0, 4 * spec.dim).reshape(4, spec.dim)
+    apply_update(spec.optimizer, rows, g, spec.dim)
+    apply_update(spec.optimizer, rows, 0.1 - g.flip(1), spec.dim)
+    return _rounded(rows - before)
+
+
+def listed_admitted(b: Built) -> list[int]:
+    """Which of 400 keys without rows, seen 1-4 times, the first listed table admits."""
+    keys = np.arange(400)
+    ok = b.cfg.embedding_tables()[0].admission_rule.admitted(keys, np.zeros(400), keys % 4 + 1)
+    return keys[ok].tolist()[::40]
+
+
+def listed_expired(b: Built) -> list[int]:
+    """Which of 300 rows (as expired_keys) the first listed table expires at day 704."""
+    keys = np.arange(300)
+    rule = b.cfg.embedding_tables()[0].expiry.rule(b.cfg.passes.plan.num_shards)
+    out = rule.expired(keys, keys % 7 + 1, 700 + keys % 5, 704)
+    return keys[out].tolist()[::15]
+
+
 # -- the table -----------------------------------------------------------------------------
 
 
@@ -502,6 +556,22 @@ def L(where: str, probe: Callable[[Built], Any], *set_: str, **kw: Any) -> Landi
     return Landing(where, probe, tuple(set_), **kw)
 
 
+_ENTRY = {"name": "probe", "features": ["C1", "C2"]}
+
+
+def _tables(**change: Any) -> str:
+    """``--set tables=[...]`` of one listed table, ``_ENTRY`` changed so (a list is set whole;
+    braces doubled for the landing's format)."""
+    text = json.dumps([{**_ENTRY, **change}]).replace("{", "{{").replace("}", "}}")
+    return f"tables={text}"
+
+
+def T(probe: Callable[[Built], Any], base: dict[str, Any] | None = None, **change: Any) -> Landing:
+    """A key of the listed table: the variant changes ``_ENTRY`` (over ``base``)."""
+    base = base or {}
+    return L(TABLES, probe, _tables(**{**base, **change}), base=(_tables(**base),))
+
+
 DEV = "the trainer's WorkerShards, opened on rank 0"
 GEN = "the log generator (data.generate.ensure, as Trainer.run calls it)"
 READ = "the click-log reader (read_train_and_holdout, as Trainer.run calls it)"
@@ -514,6 +584,7 @@ _TLS = (
 )
 SETUP = "the dense-replica setup handed to every rank (RunParts.train_setup)"
 OPT = "the sparse optimizer of the table shard"
+TABLES = "the run's embedding tables (RunConfig.embedding_tables, table_specs) and their rules"
 # cudf is the non-default reader that can be told apart from auto on a machine without cudf;
 # with cudf, auto picks it, and pandas is the one to ask for.
 BACKEND = "pandas" if cudf_available() else "cudf"
@@ -675,6 +746,32 @@ LANDINGS: dict[str, Landing] = {
         "table.expected_keys=12345",
         expect=12345,
         base=("table.tiers.device.rows=4000",),  # a pass fits: the check passes
+    ),
+    "tables.name": T(table_layouts, name="other"),
+    "tables.dim": T(table_layouts, dim=8),
+    "tables.features": T(field_tables, features=["C1", "C3"]),
+    "tables.shared_keys": T(shared_keys, shared_keys=True),
+    "tables.optimizer.kind": T(listed_updates, optimizer={"kind": "sgd"}),
+    "tables.optimizer.lr": T(listed_updates, optimizer={"lr": 0.5}),
+    "tables.optimizer.row_wise": T(listed_updates, optimizer={"row_wise": True}),
+    "tables.optimizer.eps": T(listed_updates, optimizer={"eps": 1.0}),
+    "tables.optimizer.initial_accumulator": T(
+        listed_updates, optimizer={"initial_accumulator": 1.0}
+    ),
+    "tables.optimizer.beta1": T(
+        listed_updates, {"optimizer": {"kind": "adam"}}, optimizer={"kind": "adam", "beta1": 0.5}
+    ),
+    "tables.optimizer.beta2": T(
+        listed_updates, {"optimizer": {"kind": "adam"}}, optimizer={"kind": "adam", "beta2": 0.5}
+    ),
+    "tables.init_scale": T(listed_initial_rows, init_scale=0.01),
+    "tables.seed": T(listed_initial_rows, seed=3),
+    "tables.admission.min_count": T(listed_admitted, admission={"min_count": 3}),
+    "tables.admission.probability": T(listed_admitted, admission={"probability": 0.5}),
+    "tables.expiry.ttl_days": T(listed_expired, expiry={"ttl_days": 2}),
+    "tables.expiry.max_rows": T(listed_expired, expiry={"max_rows": 100}),
+    "tables.expiry.score": T(
+        listed_expired, {"expiry": {"max_rows": 100}}, expiry={"max_rows": 100, "score": "lru"}
     ),
     "model.name": L(SETUP, model_class, "model.name=deepfm", expect=("deepfm", "DeepFM")),
     "model.options": L(SETUP, model_params, "model.options.bottom_mlp=[8]"),
@@ -911,6 +1008,12 @@ def test_every_reference_key_has_a_landing() -> None:
 @pytest.mark.parametrize("key", sorted(LANDINGS))
 def test_variant_sets_the_key_to_a_non_default_value(key: str) -> None:
     values = dict(o.split("=", 1) for o in LANDINGS[key].set)
+    section, _, sub = key.partition(".")
+    if section in LISTS:  # a list is set whole: the variant's entry writes the key
+        (entry,) = parse_scalar(values[section].replace("{{", "{").replace("}}", "}"))
+        for part in sub.split("."):
+            entry = entry[part]
+        return
     assert key in values or (key == "model.options" and "model.options.bottom_mlp" in values)
     if key in values and key in defaults() and "{" not in values[key]:
         assert parse_scalar(values[key]) != defaults()[key], key

@@ -72,9 +72,11 @@ def _has(schema: dict[str, Any], node: dict[str, Any], key: str) -> bool:
 
 
 def _props(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
-    """The properties of a schema node, through ``$ref`` and ``anyOf``."""
+    """The properties of a schema node, through ``$ref``, ``anyOf`` and a list's items."""
     if "$ref" in node:
         node = schema["$defs"][node["$ref"].rpartition("/")[2]]
+    if node.get("type") == "array" and isinstance(node.get("items"), dict):
+        return _props(schema, node["items"])
     for option in node.get("anyOf", []):
         found = _props(schema, option)
         if found:

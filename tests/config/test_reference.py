@@ -24,7 +24,7 @@ from daskhps.config import (
     TableConfig,
     TiersConfig,
 )
-from daskhps.config._keys import SECTIONS, all_keys
+from daskhps.config._keys import LISTS, SECTIONS, all_keys
 from daskhps.config.reference import DOCS, END, START, defaults, describe, render
 from daskhps.options import Options
 
@@ -107,7 +107,10 @@ def test_storage_options_are_never_written_nor_part_of_the_run() -> None:
 # storage.options is left out of to_dict (config.yaml) on purpose: see the test above.
 @pytest.mark.parametrize("section", [s for s in SECTIONS if s != "storage"])
 def test_to_dict_keys_are_documented(section: str) -> None:
-    cfg = RunConfig.from_dict({"data": {"generate": {}, "holdout": {"fraction": 0.1}}})
+    tables = [{"name": "ids", "features": ["C1"]}]  # written only when there are some
+    cfg = RunConfig.from_dict(
+        {"data": {"generate": {}, "holdout": {"fraction": 0.1}}, "tables": tables}
+    )
     keys = {k for k in all_keys() if k.startswith(section)}
 
     def walk(d: dict, prefix: str) -> None:
@@ -117,7 +120,9 @@ def test_to_dict_keys_are_documented(section: str) -> None:
             if isinstance(v, dict) and path not in ("model.options", "data.schema"):
                 walk(v, path)
 
-    walk(cfg.to_dict()[section], section)
+    written = cfg.to_dict()[section]
+    for entry in written if section in LISTS else [written]:  # a list section: each entry
+        walk(entry, section)
 
 
 def test_schema_reference_is_current_and_lists_every_schema_key() -> None:

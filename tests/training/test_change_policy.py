@@ -8,6 +8,7 @@ either mode accepts must be made here on purpose, never by accident.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ _CONFIGS = (
         "model": {"name": "dlrm", "options": {"bottom_mlp": [4]}},
     },
     {"run": {"dir": "runs/r"}, "data": {"generate": {"out": "logs"}}, "table": {"dim": 8}},
+    {
+        "run": {"dir": "runs/r"},
+        "data": {"generate": {"out": "logs"}},
+        "tables": [{"name": "ids", "dim": 4, "features": ["C1", "C2"]}],
+    },
 )
 
 # key: (a resume accepts changing it, a warm start accepts changing it)
@@ -125,13 +131,35 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "table.tiers.policy": (True, True),
     "table.tiers.snapshot_every": (True, True),
     "table.tiers.store_dir": (True, True),
+    "tables[0].admission.min_count": (False, True),
+    "tables[0].admission.probability": (False, True),
+    "tables[0].dim": (False, False),
+    "tables[0].expiry.max_rows": (False, True),
+    "tables[0].expiry.score": (False, True),
+    "tables[0].expiry.ttl_days": (False, True),
+    "tables[0].features": (False, False),
+    "tables[0].init_scale": (False, False),
+    "tables[0].name": (False, False),
+    "tables[0].optimizer.beta1": (False, True),
+    "tables[0].optimizer.beta2": (False, True),
+    "tables[0].optimizer.eps": (False, True),
+    "tables[0].optimizer.initial_accumulator": (False, True),
+    "tables[0].optimizer.kind": (False, False),
+    "tables[0].optimizer.lr": (True, True),
+    "tables[0].optimizer.row_wise": (False, False),
+    "tables[0].seed": (False, False),
+    "tables[0].shared_keys": (False, False),
 }
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, list) and d and all(isinstance(v, dict) for v in d):  # the tables
+        for i, v in enumerate(d):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
     if not isinstance(d, dict):
         return {prefix: d}
-    out: dict[str, Any] = {}
     for k, v in d.items():
         out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     return out
@@ -163,10 +191,10 @@ class _Edited(RunConfig):
 
 def _edit(cfg: RunConfig, key: str, value: Any) -> RunConfig:
     d = cfg.to_dict()
-    node = d
-    *path, last = key.split(".")
+    node: Any = d
+    *path, last = re.sub(r"\[(\d+)\]", r".\1", key).split(".")  # tables[0].dim: tables.0.dim
     for p in path:
-        node = node[p]
+        node = node[int(p)] if isinstance(node, list) else node[p]
     node[last] = value
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(RunConfig)}
     return _Edited(**fields, edited=d)
@@ -244,3 +272,43 @@ def test_the_documented_table_is_the_policy() -> None:
     shown = {r[0].strip("`"): (r[1] == "yes", r[2] == "yes", r[3]) for r in rows if len(r) == 4}
     policy = {r.key: (r.resume, r.warm_start, r.why) for r in changes.POLICY}
     assert shown == policy
+
+
+def _tables(**first: Any) -> dict[str, Any]:
+    ids = {"name": "ids", "dim": 4, "features": ["C1", "C2"], **first}
+    return {**_CONFIGS[1], "tables": [ids, {"name": "small", "dim": 2, "features": ["C3"]}]}
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"dim": 8}, "tables[0].dim"),
+        ({"features": ["C1", "C4"]}, "tables[0].features"),
+        ({"shared_keys": True}, "tables[0].shared_keys"),
+    ],
+)
+def test_a_resume_may_not_change_what_a_tables_rows_mean(
+    tmp_path: Path, change: dict[str, Any], key: str
+) -> None:
+    old, new = RunConfig.from_dict(_tables()), RunConfig.from_dict(_tables(**change))
+    ckpt = config_checkpoint(tmp_path / "pass-000001", old.to_dict())
+    with pytest.raises(ResumeError) as e:
+        check_resume(ckpt, new)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{key}: " in msg
+    assert [k for k in changes.config_changes(old, new)] == [key]
+
+
+def test_a_table_added_or_removed_is_refused_and_one_table_is_as_before(tmp_path: Path) -> None:
+    old = RunConfig.from_dict(_CONFIGS[1])
+    assert "tables" not in old.to_dict()  # config.yaml of one table is what it always was
+    new = RunConfig.from_dict(_tables())
+    ckpt = config_checkpoint(tmp_path / "pass-000001", old.to_dict())
+    with pytest.raises(ResumeError, match=r"tables\[0\]\.name: None -> 'ids'"):
+        check_resume(ckpt, new)
+    with pytest.raises(ConfigError, match=r"tables\[1\]\.features: None -> \['C3'\]"):
+        check_warm_start(ckpt, new)
+    # the learning rate of a listed table may be tuned on resume
+    tuned = RunConfig.from_dict(_tables(optimizer={"lr": 0.5}))
+    ckpt = config_checkpoint(tmp_path / "pass-000002", new.to_dict())
+    assert check_resume(ckpt, tuned) == {"tables[0].optimizer.lr": (0.01, 0.5)}

@@ -1,0 +1,268 @@
+"""The ``tables`` section: embedding tables beside the default one, each holding some of the
+schema's categorical fields with its own dim, sparse optimizer, initialisation, admission and
+expiry.
+
+::
+
+    tables:
+      - name: ids
+        dim: 32
+        features: [C3, C4, C12, C16, C21, C24]
+        admission: {min_count: 2}
+      - name: small
+        dim: 8
+        features: [C6, C9, C14, C17, C20, C22, C23, C25]
+
+A key an entry leaves out is the ``table`` section's (``dim``, ``optimizer``, ``seed``, ...);
+a sub-mapping it writes (``optimizer``, ``admission``, ``expiry``) changes only the keys it
+names. Parsed entries hold the filled-in values, so a run's config.yaml says every table's
+settings and reads back equal. The fields no entry lists stay in the default table, built from
+``table`` (:meth:`daskhps.config.RunConfig.embedding_tables`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
+
+from daskhps.config.table import AdmissionConfig, ExpiryConfig, TableConfig, store_name
+from daskhps.data.schema import _expand
+from daskhps.models.spec import ModelSpec
+from daskhps.options import Ctx, Int, Options, Problem, Seq, shown, validate
+from daskhps.table.admission import AdmissionRule
+from daskhps.table.optimizers import OptimizerSpec
+from daskhps.table.spec import TableSpec
+
+__all__ = ["MAX_TABLES", "TableEntry", "default_table", "parse_tables"]
+
+# Every key of a run with several tables holds its table's index in bits 56..62.
+MAX_TABLES = 127
+# The keys an entry takes from the table section when it leaves them out (or writes null;
+# init_scale's null is a value: 1/sqrt(dim)), and those of them whose mapping it may write in
+# part.
+_FROM_TABLE = ("dim", "optimizer", "init_scale", "seed", "admission", "expiry")
+_MERGED = ("optimizer", "admission", "expiry")
+_FEATURE_KEYS = ("name", "dim")
+
+# What editors are told a feature entry is (the loader checks the rest).
+_FEATURES_JSON = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "anyOf": [
+            {"type": "string"},
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "dim": {"type": "integer"}},
+                "required": ["name"],
+                "additionalProperties": False,
+            },
+        ]
+    },
+}
+
+
+def feature_items(written: Sequence[Any]) -> list[tuple[int, str]]:
+    """``(index as written, field name)`` of every feature of a written ``features`` list,
+    ``C{1..3}`` expanded (so an error points at the line that names the field)."""
+    out: list[tuple[int, str]] = []
+    for i, item in enumerate(written):
+        name = item.get("name") if isinstance(item, Mapping) else item
+        if not isinstance(name, str):
+            raise Problem(
+                f"features[{i}]",
+                f"expected a field name or a mapping with keys name, dim; got {item!r}",
+            )
+        out.extend((i, n) for n in _expand([name], f"features[{i}]"))
+    return out
+
+
+def _feature_names(written: Any, dim: Any) -> Any:
+    """The field names of a written ``features`` list; a mapping entry's ``dim`` must be the
+    table's (the features of a table share its rows' width)."""
+    if not isinstance(written, list | tuple):
+        return written  # the field says what it expects
+    for i, item in enumerate(written):
+        if not isinstance(item, Mapping):
+            continue
+        for k in item:
+            if k not in _FEATURE_KEYS:
+                raise Problem(
+                    f"features[{i}].{k}",
+                    f"unknown key; a feature is a field name or a mapping with keys "
+                    f"{', '.join(_FEATURE_KEYS)}",
+                )
+        fdim = item.get("dim")
+        if fdim is None or not isinstance(dim, int):
+            continue
+        if isinstance(fdim, bool) or not isinstance(fdim, int | float):
+            raise Problem(f"features[{i}].dim", f"expected int, got {type(fdim).__name__} {fdim!r}")
+        if fdim != dim:
+            raise Problem(
+                f"features[{i}].dim",
+                f"{fdim!r} differs from the table's dim {dim}; the features of a table share "
+                f"its dim: list {item.get('name')!r} in a table of dim {fdim!r}, or drop its dim",
+            )
+    return [name for _, name in feature_items(written)]
+
+
+class TableEntry(Options):
+    """One embedding table of ``tables``: the categorical fields it holds (``features``) and
+    the table's settings. A key left out is the ``table`` section's; the features of a table
+    share its ``dim``. A row starts as a pure function of (``seed``, key)."""
+
+    name: str
+    """Table name (store paths, messages); unique among the tables."""
+    dim: Int = Field(16, ge=1)
+    """Embedding dim of every feature of the table; the model may add columns."""
+    features: Annotated[Seq[str], WithJsonSchema(_FEATURES_JSON)] = Field(
+        json_schema_extra=shown("list of field names (or `{name, dim}`)")
+    )
+    """Categorical fields of the schema the table holds; `C{1..3}` is C1, C2, C3."""
+    shared_keys: bool = False
+    """Features hash into one key space: a value in two of them is one row."""
+    optimizer: OptimizerSpec = OptimizerSpec()
+    """Sparse optimizer; a key left out is `table.optimizer`'s."""
+    init_scale: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    """Uniform init bound; null: `1/sqrt(dim)`."""
+    seed: Int = Field(0, ge=0)
+    """Initialisation seed: a row starts as f(seed, key)."""
+    admission: AdmissionConfig = AdmissionConfig()
+    """When a key gets a row; a key left out is `table.admission`'s."""
+    expiry: ExpiryConfig = ExpiryConfig()
+    """When rows leave the table; a key left out is `table.expiry`'s."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written_forms(cls, data: Any, info: ValidationInfo) -> Any:
+        # The table section (in the context) fills what the entry leaves out; the features
+        # are names once their ranges are expanded.
+        if not isinstance(data, Mapping):
+            return data
+        d = dict(data)
+        table = (info.context or {}).get("table")
+        if isinstance(table, TableConfig):
+            inherited = table.to_dict()
+            for key in _FROM_TABLE:
+                if key not in d or (d[key] is None and key != "init_scale"):
+                    d[key] = inherited[key]
+                elif key in _MERGED and isinstance(d[key], Mapping):
+                    d[key] = {**inherited[key], **d[key]}
+        if "features" in d:
+            dim = d.get("dim")
+            dim = int(dim) if isinstance(dim, float) and dim.is_integer() else dim
+            d["features"] = _feature_names(d["features"], dim)
+        return d
+
+    @field_validator("name")
+    @classmethod
+    def _store_name(cls, name: str) -> str:
+        return store_name(name)
+
+    @model_validator(mode="after")
+    def _holds_a_field(self) -> TableEntry:
+        if not self.features:
+            raise Problem(
+                "features",
+                "empty; a table holds at least one categorical field (leave the table out "
+                "and its fields stay in the default table)",
+            )
+        return self
+
+    @property
+    def admission_rule(self) -> AdmissionRule:
+        """The admission rule of this table (seeded with the table's seed)."""
+        return self.admission.rule(self.seed)
+
+    def spec(self, model: ModelSpec) -> TableSpec:
+        """The table's :class:`TableSpec`: its rows are ``model.sparse_dim(dim)`` wide."""
+        return TableSpec(
+            self.name, model.sparse_dim(self.dim), self.optimizer, self.seed, self.init_scale
+        )
+
+
+def default_table(table: TableConfig, features: Sequence[str]) -> TableEntry:
+    """The table of the fields no entry lists: the ``table`` section's, one key space a field."""
+    return TableEntry(
+        name=table.name,
+        dim=table.dim,
+        features=tuple(features),
+        shared_keys=False,
+        optimizer=table.optimizer,
+        init_scale=table.init_scale,
+        seed=table.seed,
+        admission=table.admission,
+        expiry=table.expiry,
+    )
+
+
+def _fields_text(names: Sequence[str]) -> str:
+    shown_ = ", ".join(names[:8])
+    return f"{shown_}, ... ({len(names)} fields)" if len(names) > 8 else shown_
+
+
+def parse_tables(
+    d: Any, ctx: Ctx, fields: Sequence[str], dense: Sequence[str], table: TableConfig
+) -> tuple[TableEntry, ...]:
+    """The ``tables`` section as read from YAML, every entry filled in from ``table`` and
+    checked against the schema's categorical ``fields`` (``dense``: its dense ones, named in
+    a message) and the other entries."""
+    if d is None:
+        return ()
+    if not isinstance(d, list | tuple):
+        raise ctx.error(
+            "tables",
+            f"expected a list of tables (mappings with keys "
+            f"{', '.join(TableEntry.key_names())}); got {d!r}",
+        )
+    entries = tuple(
+        validate(TableEntry, item, ctx, f"tables[{i}]", {"table": table})
+        for i, item in enumerate(d)
+    )
+    owner: dict[str, tuple[int, int]] = {}  # field -> (table, feature as written)
+    for i, item in enumerate(d):
+        for j, name in feature_items(item["features"]):
+            key = f"tables[{i}].features[{j}]"
+            if name not in fields:
+                what = "a dense field" if name in dense else "not a field of the schema"
+                raise ctx.error(
+                    key,
+                    f"{name!r} is {what}; a table holds categorical fields "
+                    f"({_fields_text(fields)})",
+                )
+            if name in owner:
+                t, k = owner[name]
+                where = (
+                    f"listed before (tables[{t}].features[{k}])"
+                    if t == i
+                    else f"already in table {entries[t].name!r} (tables[{t}])"
+                )
+                raise ctx.error(key, f"{name!r} is {where}; a feature belongs to one table")
+            owner[name] = (i, j)
+    names: dict[str, int] = {}
+    rest = [f for f in fields if f not in owner]
+    for i, entry in enumerate(entries):
+        if entry.name in names:
+            raise ctx.error(
+                f"tables[{i}].name",
+                f"{entry.name!r} is the name of tables[{names[entry.name]}] too; "
+                "table names are unique (they name the stores)",
+            )
+        if entry.name == table.name and rest:
+            raise ctx.error(
+                f"tables[{i}].name",
+                f"{entry.name!r} is the default table's name (table.name), and the default "
+                f"table holds the fields no table lists ({_fields_text(rest)}); rename this "
+                "table or set table.name",
+            )
+        names[entry.name] = i
+    total = len(entries) + (1 if rest else 0)
+    if total > MAX_TABLES:
+        raise ctx.error(
+            "tables",
+            f"{total} tables (the default table included) is more than {MAX_TABLES}; a key "
+            "holds its table's index in 7 bits",
+        )
+    return entries
