@@ -28,7 +28,8 @@ is nothing to pack and the exchange is the plain one, byte for byte.
 
 What crosses the network is counted on the rank's :attr:`Comm.traffic` by kind: ``keys``
 (the per-owner key counts, 8 bytes to each other rank, and the keys), ``rows``, ``grads``
-and ``dense`` (the dense gradients' all-reduce); a rank's keys it owns itself stay local.
+(packed: the floats actually sent) and ``dense`` (the dense gradients' all-reduce); a rank's
+keys it owns itself stay local.
 """
 
 from __future__ import annotations

@@ -96,14 +96,15 @@ def columns(widths: torch.Tensor, widest: int) -> torch.Tensor:
 def pack_rows(rows: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
     """The first ``widths[i]`` floats of every row ``i`` of ``rows`` (``[n, widest]``), one
     row after the other in a flat tensor."""
-    return rows[columns(widths, rows.shape[1])]
+    # masked_select, not rows[mask]: the same floats without listing their indices first
+    # (several times faster on CPU).
+    return torch.masked_select(rows, columns(widths, rows.shape[1]))
 
 
 def unpack_rows(flat: torch.Tensor, widths: torch.Tensor, widest: int) -> torch.Tensor:
     """Inverse of :func:`pack_rows`: ``[len(widths), widest]``, zero beyond each row's width."""
     out = flat.new_zeros((len(widths), widest))
-    out[columns(widths, widest)] = flat
-    return out
+    return out.masked_scatter_(columns(widths, widest), flat)
 
 
 def split_floats(widths: torch.Tensor, counts: Sequence[int]) -> list[int]:
