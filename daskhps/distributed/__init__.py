@@ -9,7 +9,8 @@ not. In data-flow order:
   function on every rank;
 * :class:`Comm` — one rank's explicit torch.distributed group, formed through Dask by
   :mod:`daskhps.distributed.rendezvous`;
-* :class:`Exchange` — per-mini-batch keys, rows and gradients between ranks;
+* :class:`Exchange` — per-mini-batch keys, rows and gradients between ranks (packed to each
+  key's width when tables differ, :class:`KeyWidths`);
 * :func:`reshard_on_workers` — a checkpoint's stores onto another worker count, the rows
   moving worker to worker.
 """
@@ -24,6 +25,7 @@ from daskhps.distributed.exchange import Exchange, Routing
 from daskhps.distributed.host import RunGroup, RunHost, local_host
 from daskhps.distributed.reshard import ReshardReport, reshard_on_workers
 from daskhps.distributed.shards import StageAhead, WorkerShards
+from daskhps.distributed.widths import KeyWidths
 from daskhps.tier_sizing import TierSizing  # what WorkerShards is sized by
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "Comm",
     "CommError",
     "Exchange",
+    "KeyWidths",
     "ReshardReport",
     "Routing",
     "RunGroup",

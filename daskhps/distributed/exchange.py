@@ -19,9 +19,17 @@ Example with 2 ranks, where keys ``a, b`` belong to rank 0 and ``c, d, e`` to ra
 ``rows[routing.inverse]`` gives the batch's rows in batch order. With one rank everything
 short-circuits to local calls with the same results.
 
+Rows of different widths (several tables, :class:`KeyWidths`): rows and gradients are
+``float[n, widest]`` on both ends, zero beyond a key's width, but each travels packed, its
+key's first ``width`` floats only (:mod:`daskhps.distributed.widths`). The split sizes in
+floats come from the keys each side already holds (``owned`` on the owner, ``keys`` on the
+requester), so packing adds no collective. When every table is as wide as the widest there
+is nothing to pack and the exchange is the plain one, byte for byte.
+
 What crosses the network is counted on the rank's :attr:`Comm.traffic` by kind: ``keys``
 (the per-owner key counts, 8 bytes to each other rank, and the keys), ``rows``, ``grads``
-and ``dense`` (the dense gradients' all-reduce); a rank's keys it owns itself stay local.
+(packed: the floats actually sent) and ``dense`` (the dense gradients' all-reduce); a rank's
+keys it owns itself stay local.
 """
 
 from __future__ import annotations
@@ -33,9 +41,10 @@ import torch
 
 from daskhps.distributed._errors import CommError
 from daskhps.distributed.collective import Comm
+from daskhps.distributed.widths import KeyWidths, pack_rows, split_floats, unpack_rows
 from daskhps.sharding import ShardMap
 
-__all__ = ["Exchange", "Routing"]
+__all__ = ["Exchange", "KeyWidths", "Routing"]
 
 LookupFn = Callable[[torch.Tensor], torch.Tensor]
 ApplyFn = Callable[[torch.Tensor, torch.Tensor], None]
@@ -69,13 +78,16 @@ class Routing:
 
 
 class Exchange:
-    """Exchange of one table's rows and gradients between the ranks of ``comm``.
+    """Exchange of embedding rows and their gradients between the ranks of ``comm``.
 
     Every rank calls the same methods in the same order (they are collectives). ``comm``
-    may be None for a single rank.
+    may be None for a single rank. ``widths`` (several tables of different widths): rows
+    and gradients travel packed, see the module docstring.
     """
 
-    def __init__(self, comm: Comm | None, shard_map: ShardMap) -> None:
+    def __init__(
+        self, comm: Comm | None, shard_map: ShardMap, widths: KeyWidths | None = None
+    ) -> None:
         world = comm.world_size if comm is not None else 1
         if shard_map.num_workers != world:
             raise CommError(
@@ -87,6 +99,9 @@ class Exchange:
         self.world_size = world
         self.device = comm.device if comm is not None else torch.device("cpu")
         self._ones = [1] * world
+        self.widths = widths
+        # Equal widths: packing would copy every row to send the same bytes.
+        self._packed = widths if widths is not None and not widths.uniform else None
 
     def route(self, keys: torch.Tensor) -> Routing:
         """Deduplicate a batch's keys, group them by owner and tell each owner its keys."""
@@ -114,8 +129,15 @@ class Exchange:
     def pull_rows(self, routing: Routing, lookup_fn: LookupFn) -> torch.Tensor:
         """Rows of ``routing.keys`` (``float[len(keys), dim]``): every owner answers
         ``lookup_fn(owned)`` for its requesters (called with an empty tensor when nobody
-        asks)."""
+        asks). With packed widths ``dim`` is the widest, and the rows are zero beyond each
+        key's width whatever ``lookup_fn`` left there."""
         served = lookup_fn(routing.owned).to(self.device)
+        kw = self._packed
+        if kw is not None:
+            _check_width(served, len(routing.owned), kw, "pull_rows: lookup_fn returned")
+            if self.world_size == 1:  # what the packed transfer would leave
+                return served.masked_fill(~kw.mask(routing.owned), 0)
+            return self._packed_all_to_all(kw, routing, served, to_owners=False)
         if self.world_size == 1:
             return served
         out = served.new_empty((len(routing.keys), *served.shape[1:]))
@@ -126,13 +148,23 @@ class Exchange:
 
     def push_grads(self, routing: Routing, grads: torch.Tensor, apply_fn: ApplyFn) -> None:
         """Send the gradients of ``routing.keys`` (same order as :meth:`pull_rows`'s rows)
-        to their owners, which call ``apply_fn(owned, grads_of_owned)``."""
+        to their owners, which call ``apply_fn(owned, grads_of_owned)``. With packed widths
+        only each key's first ``width`` columns are sent and the owner's gradients are zero
+        beyond them."""
         grads = grads.detach().to(self.device)
         if grads.shape[0] != len(routing.keys):
             raise CommError(
                 f"push_grads: {grads.shape[0]} gradient rows for {len(routing.keys)} routed "
                 "keys; pass the gradient of the pulled rows, in their order"
             )
+        kw = self._packed
+        if kw is not None:
+            _check_width(grads, len(routing.keys), kw, "push_grads: got gradients")
+            if self.world_size == 1:
+                apply_fn(routing.owned, grads.masked_fill(~kw.mask(routing.keys), 0))
+                return
+            apply_fn(routing.owned, self._packed_all_to_all(kw, routing, grads, to_owners=True))
+            return
         if self.world_size == 1:
             apply_fn(routing.owned, grads)
             return
@@ -162,9 +194,38 @@ class Exchange:
             p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
             offset += n
 
+    def _packed_all_to_all(
+        self, kw: KeyWidths, routing: Routing, rows: torch.Tensor, *, to_owners: bool
+    ) -> torch.Tensor:
+        """Send ``rows`` packed: gradients of ``routing.keys`` to their owners
+        (``to_owners``), or rows of ``routing.owned`` back to their requesters. Returns the
+        received rows, ``[n, widest]`` zero beyond each key's width. Each side sizes the
+        splits in floats from the keys it holds: both hold the same keys in the same order."""
+        if to_owners:
+            keys, counts, kind = routing.keys, routing.send_counts, "grads"
+            out_keys, out_counts = routing.owned, routing.recv_counts
+        else:
+            keys, counts, kind = routing.owned, routing.recv_counts, "rows"
+            out_keys, out_counts = routing.keys, routing.send_counts
+        widths, out_widths = kw.of(keys), kw.of(out_keys)
+        out_split = split_floats(out_widths, out_counts)
+        flat = rows.new_empty(sum(out_split))
+        self._comm().all_to_all_single(
+            flat, pack_rows(rows, widths), out_split, split_floats(widths, counts), kind=kind
+        )
+        return unpack_rows(flat, out_widths, kw.widest)
+
     def _comm(self) -> Comm:
         assert self.comm is not None  # world_size > 1 implies a group
         return self.comm
+
+
+def _check_width(rows: torch.Tensor, n: int, kw: KeyWidths, what: str) -> None:
+    if rows.shape != (n, kw.widest):
+        raise CommError(
+            f"{what} shape {tuple(rows.shape)} for {n} keys; with widths {list(kw.dims)} "
+            f"rows are [keys, {kw.widest}] (the widest table), zero beyond a key's width"
+        )
 
 
 def _dedup(
