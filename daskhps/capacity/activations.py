@@ -96,15 +96,16 @@ def step_bytes(cfg: RunConfig, rows: int = _PROBE_ROWS) -> StepBytes:
     """Measure ``cfg``'s dense model on a batch of ``rows`` examples (see the module
     docstring); takes tens of milliseconds for the built-in models."""
     schema = cfg.data.schema
-    spec = cfg.model
     nd, nf = len(schema.dense_names), len(schema.categorical_names)
     with torch.random.fork_rng():  # the caller's random state is left as it was
         torch.manual_seed(0)
-        model = spec.build(num_dense=nd, num_fields=nf, embedding_dim=cfg.table.dim)
-        width = spec.sparse_dim(cfg.table.dim)
+        model = cfg.build_model()
+        widths = cfg.sparse_widths()
+        # one width: [B, F, S]; several: the flat layout the models read then
+        shape = (nf, widths[0]) if len(set(widths)) == 1 else (sum(widths),)
 
         def batch() -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.randn(rows, nd), torch.randn(rows, nf, width)
+            return torch.randn(rows, nd), torch.randn(rows, *shape)
 
         model.train()
         with PeakLiveBytes() as train:

@@ -33,6 +33,7 @@ from daskhps.capacity.keystats import KeyStats, expected_key_stats, scan_key_sta
 from daskhps.capacity.stored import StoredTable, stored_table
 from daskhps.config import RunConfig
 from daskhps.errors import CapacityError
+from daskhps.table.spec import TableSpec
 from daskhps.tier_sizing import MEMORY_BUDGET, PAUSE_FRACTION
 
 __all__ = ["SizingReport", "WorkerMemory", "check_cluster_fits", "check_fits", "size_run"]
@@ -184,13 +185,14 @@ def local_memory_limit(cfg: RunConfig) -> int | None:
     return parse_memory_limit(limit, 1, cfg.cluster.n_workers, logger=log)
 
 
+def sizing_spec(cfg: RunConfig) -> TableSpec:
+    """The table the sizing prices every key at: the run's one table or, with several, the
+    one of the widest rows (the scan counts keys, not keys per table: an upper bound)."""
+    return max(cfg.table_specs(), key=lambda s: s.width)
+
+
 def dense_param_count(cfg: RunConfig) -> int:
-    schema = cfg.data.schema
-    model = cfg.model.build(
-        num_dense=len(schema.dense_names),
-        num_fields=len(schema.categorical_names),
-        embedding_dim=cfg.table.dim,
-    )
+    model = cfg.build_model()
     return sum(p.numel() for p in model.parameters())
 
 
@@ -209,7 +211,7 @@ def worker_memory(
     """The memory model of the busiest worker for ``keys`` and ``memory_limit``; ``stored``
     is the table a resume opens, ``steps`` the dense model's bytes per example (measured when
     not given)."""
-    spec = cfg.table_spec()
+    spec = sizing_spec(cfg)
     tiers = cfg.table.tiers
     policy = tiers.policy
     rows, host_budget = tiers.sizing.resolve(
@@ -428,7 +430,7 @@ def _device_key(cfg: RunConfig) -> str:
 
 
 def _disk(cfg: RunConfig, keys: KeyStats) -> DiskEstimate:
-    spec = cfg.table_spec()
+    spec = sizing_spec(cfg)
     epochs = cfg.passes.epochs
     W = keys.workers
     pass_rows = None if keys.largest_pass_per_owner is None else keys.largest_pass_per_owner * W

@@ -11,6 +11,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from daskhps._yaml import dump_yaml, load_yaml_with_lines
 from daskhps.config._keys import SECTIONS
 from daskhps.config.checkpoint import CheckpointConfig
@@ -23,6 +25,7 @@ from daskhps.config.storage import StorageConfig
 from daskhps.config.table import TableConfig
 from daskhps.config.tables import TableEntry, default_table, parse_tables
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
+from daskhps.data.keyspace import FieldKeys
 from daskhps.errors import ConfigError
 from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx
@@ -58,6 +61,14 @@ class RunConfig:
     # same run, and to_dict (config.yaml) leaves it out so no credential reaches the folder.
     storage: StorageConfig = field(default_factory=lambda: StorageConfig(), compare=False)
     source: str = field(default="<dict>", compare=False)
+
+    def __post_init__(self) -> None:
+        # The schema hashes each field into its table's keys (daskhps.data.keyspace): every
+        # reader of the logs gets it with the schema, on the driver and on the workers.
+        keys = self.field_keys()
+        if keys != self.data.schema.field_keys:
+            schema = self.data.schema.keyed(keys)
+            object.__setattr__(self, "data", self.data.model_copy(update={"schema": schema}))
 
     @classmethod
     def from_dict(
@@ -134,6 +145,34 @@ class RunConfig:
     def table_specs(self) -> tuple[TableSpec, ...]:
         """A :class:`TableSpec` per :meth:`embedding_tables` entry (row width from the model)."""
         return tuple(t.spec(self.model) for t in self.embedding_tables())
+
+    def build_model(self) -> nn.Module:
+        """The run's dense model as :meth:`ModelSpec.build` makes it for the schema's fields
+        and the tables' widths (from torch's global generator: seed it first)."""
+        schema = self.data.schema
+        dims = self.field_dims()
+        return self.model.build(
+            num_dense=len(schema.dense_names),
+            num_fields=len(dims),
+            embedding_dim=max(dims),
+            field_dims=dims,
+        )
+
+    def sparse_widths(self) -> tuple[int, ...]:
+        """Per categorical field: the floats of its row the model reads."""
+        return tuple(self.model.sparse_dim(d) for d in self.field_dims())
+
+    def field_keys(self) -> FieldKeys:
+        """How each categorical field's values become keys: salted with the field's name,
+        or its table's when the table has ``shared_keys``; with several tables, tagged with
+        the table's index."""
+        tables = self.embedding_tables()
+        at = self.field_tables()
+        names = self.data.schema.categorical_names
+        salts = tuple(
+            tables[t].name if tables[t].shared_keys else f for f, t in zip(names, at, strict=True)
+        )
+        return FieldKeys(salts, at if len(tables) > 1 else None)
 
     @property
     def several_tables(self) -> bool:
@@ -224,3 +263,14 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
         over += f"; each of the {len(specs)} tables ({names}) has these tiers on every worker"
     if over:
         raise ctx.error("table.tiers", over)
+    if len(set(cfg.field_dims())) > 1:  # a model that reads one width for every field says so
+        try:
+            cfg.build_model()
+        except ConfigError as e:
+            key = "model.options.field_projection" if "field_projection" in str(e) else "model"
+            raise ctx.error(key, _after_origin(str(e))) from None
+
+
+def _after_origin(message: str) -> str:
+    """A model spec's error without the ``<file>: model:`` its spec put in front."""
+    return message.split(": model: ", 1)[-1]

@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
 from daskhps.config.table import AdmissionConfig, ExpiryConfig, TableConfig, store_name
+from daskhps.data.keyspace import MAX_TABLES
 from daskhps.data.schema import _expand
 from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx, Int, Options, Problem, Seq, shown, validate
@@ -35,10 +36,9 @@ from daskhps.table.admission import AdmissionRule
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.table.spec import TableSpec
 
-__all__ = ["MAX_TABLES", "TableEntry", "default_table", "parse_tables"]
+__all__ = ["TableEntry", "default_table", "parse_tables"]
 
 # Every key of a run with several tables holds its table's index in bits 56..62.
-MAX_TABLES = 127
 # The keys an entry takes from the table section when it leaves them out (or writes null;
 # init_scale's null is a value: 1/sqrt(dim)), and those of them whose mapping it may write in
 # part.

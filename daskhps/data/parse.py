@@ -28,7 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
-from daskhps.data.hashing import hash_column, missing_key
+from daskhps.data.keyspace import FieldKeys
 from daskhps.data.labels import check_label_mode, parquet_has_label, text_has_label
 from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
 from daskhps.data.textfile import (
@@ -237,7 +237,7 @@ def _dense_out(values: np.ndarray, f: DenseField) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def _multi_hot(col: pa.ChunkedArray, f: CategoricalField) -> pd.Series:
+def _multi_hot(col: pa.ChunkedArray, f: CategoricalField, keying: FieldKeys, i: int) -> pd.Series:
     """Split, hash, and rebuild the lists; an empty or missing cell is ``[missing key]``."""
     assert f.separator is not None
     arr = pc.split_pattern(pc.cast(col, pa.string()), f.separator).combine_chunks()
@@ -245,12 +245,12 @@ def _multi_hot(col: pa.ChunkedArray, f: CategoricalField) -> pd.Series:
     tokens = arr.flatten()
     keep = np.asarray(pc.fill_null(pc.not_equal(tokens, ""), False))
     row = np.repeat(np.arange(len(arr)), np.diff(np.asarray(arr.offsets)))[keep]
-    keys = hash_column(tokens.filter(pa.array(keep)), f.name)
+    keys = keying.hash(tokens.filter(pa.array(keep)), i)
     counts = np.bincount(row, minlength=len(arr))
     empty = counts == 0
     # Rows without tokens get the field's missing key: insert it in row order.
     row = np.concatenate([row, np.flatnonzero(empty)])
-    keys = np.concatenate([keys, np.full(int(empty.sum()), missing_key(f.name), np.int64)])
+    keys = np.concatenate([keys, np.full(int(empty.sum()), keying.missing(i), np.int64)])
     order = np.argsort(row, kind="stable")
     offsets = np.concatenate([[0], np.cumsum(np.maximum(counts, 1))]).astype(np.int32)
     lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(keys[order]))
@@ -402,12 +402,13 @@ def _good_frame(
         out[f.name] = _dense_out(dense_values[f.name][good], f)
     keep = pa.array(good) if not good.all() else None
     with stage_span("hash"):
-        for cf in schema.categorical:
+        keying = schema.field_keys
+        for i, cf in enumerate(schema.categorical):
             col = raw.table[cf.name] if keep is None else raw.table[cf.name].filter(keep)
             if cf.multi_hot:
-                out[cf.name] = _multi_hot(col, cf).array
+                out[cf.name] = _multi_hot(col, cf, keying, i).array
             else:
-                out[cf.name] = hash_column(col, cf.name)
+                out[cf.name] = keying.hash(col, i)
     return pd.DataFrame(out)
 
 

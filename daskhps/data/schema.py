@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from daskhps._yaml import load_yaml_with_lines
+from daskhps.data.keyspace import FieldKeys
 from daskhps.errors import ConfigError
 from daskhps.options import Ctx, Options, Problem, Seq, validate
 
@@ -166,6 +167,10 @@ class Schema(Options):
     categorical: Seq[CategoricalField] = ()
     """Categorical columns: names, or mappings with a multi-hot separator."""
 
+    # How the categorical values become keys: not part of how a log is read, but of the run
+    # the schema is used in (its tables: daskhps.data.keyspace); set by keyed().
+    _field_keys: FieldKeys | None = PrivateAttr(None)
+
     @model_validator(mode="before")
     @classmethod
     def _written_forms(cls, data: Any) -> Any:
@@ -247,6 +252,22 @@ class Schema(Options):
     def output_columns(self) -> tuple[str, ...]:
         """Columns of a parsed frame, in order."""
         return (LABEL, *self.dense_names, *self.categorical_names)
+
+    @property
+    def field_keys(self) -> FieldKeys:
+        """How each categorical field's values become keys: by default hashed with the
+        field's own salt, untagged (one table)."""
+        if self._field_keys is not None:
+            return self._field_keys
+        return FieldKeys(self.categorical_names)
+
+    def keyed(self, keys: FieldKeys) -> Schema:
+        """This schema, hashing its categorical values as ``keys`` says (a run's tables)."""
+        if len(keys.salts) != len(self.categorical):
+            raise ValueError(f"{len(keys.salts)} key rules for {len(self.categorical)} fields")
+        out = self.model_copy()
+        out._field_keys = keys
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The schema as a plain mapping that :meth:`from_dict` reads back to an equal one."""

@@ -27,14 +27,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
+from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed._errors import ClusterError
 from daskhps.errors import CapacityError
 from daskhps.monitor import stage_span
@@ -94,9 +95,14 @@ class WorkerShards:
     mode, commit:
         Passed to :meth:`EmbeddingTable.open` (``commit``: resume from that commit point).
     admission:
-        When a key gets a row (None: at once, in the first pass that holds it).
+        When a key gets a row (None: at once, in the first pass that holds it); one rule for
+        every table, or a rule per table name.
     expiry:
-        When rows leave the table (:meth:`expire`; None: never).
+        When rows leave the table (:meth:`expire`; None: never); one or per table.
+    tagged:
+        Keys carry their table's index (``key >> TABLE_SHIFT``, :mod:`daskhps.data.keyspace`):
+        the index of ``tables``. Then the verbs that take a table also take None, for every
+        table, each key going to the table its index names.
 
     The worker's rank and memory limit are bound by :meth:`bind` (the run host does it when
     its plugin is set up on the worker).
@@ -113,8 +119,9 @@ class WorkerShards:
         store: StoreOptions | None = None,
         mode: Literal["w", "a", "r"] = "a",
         commit: str | None = None,
-        admission: AdmissionRule | None = None,
-        expiry: ExpiryRule | None = None,
+        admission: AdmissionRule | Mapping[str, AdmissionRule] | None = None,
+        expiry: ExpiryRule | Mapping[str, ExpiryRule] | None = None,
+        tagged: bool = False,
     ) -> None:
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
@@ -131,8 +138,17 @@ class WorkerShards:
         self.memory_limit: int | None = None
         self.tables: dict[str, EmbeddingTable] = {}
         self.locks: dict[str, threading.Lock] = {}
-        self.admission = admission if admission is not None and not admission.admits_all else None
-        self.expiry = expiry if expiry is not None and expiry.expires else None
+        self.tagged = tagged
+        self.order = names
+        self.admission: dict[str, AdmissionRule] = {}
+        self.expiry: dict[str, ExpiryRule] = {}
+        for name in names:
+            a = admission.get(name) if isinstance(admission, Mapping) else admission
+            e = expiry.get(name) if isinstance(expiry, Mapping) else expiry
+            if a is not None and not a.admits_all:
+                self.admission[name] = a
+            if e is not None and e.expires:
+                self.expiry[name] = e
         self.pending: dict[str, PendingCounts] = {}
         self._admitting: dict[str, _PassAdmission] = {}  # the pass admitted, until counted
         self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
@@ -191,35 +207,66 @@ class WorkerShards:
 
     # -- a pass ----------------------------------------------------------------------------
 
-    def stage(self, table: str, keys: Any) -> StageReport:
+    def split(self, keys: Any) -> list[tuple[str, Any]]:
+        """``keys`` (int64 keys, or a frame with a ``key`` column) by table: ``(name, its
+        keys)`` for every table, in order. Keys carry their table's index when ``tagged``;
+        otherwise the shards hold one table and it gets them all."""
+        if not self.tagged:
+            if len(self.order) != 1:
+                raise ClusterError(
+                    f"the shards hold tables {self.order} with untagged keys: name the table"
+                )
+            return [(self.order[0], keys)]
+        index = keys_of(keys) >> TABLE_SHIFT
+        out = []
+        for i, name in enumerate(self.order):
+            mask = index == i
+            out.append((name, keys[mask] if isinstance(keys, torch.Tensor) else keys[mask.numpy()]))
+        return out
+
+    def _each(self, table: str | None, keys: Any, verb: Callable[[str, Any], Any]) -> list[Any]:
+        """``verb(name, keys)`` for ``table``, or for every table with its share of ``keys``."""
+        if table is not None:
+            return [verb(table, keys)]
+        return [verb(name, part) for name, part in self.split(keys)]
+
+    def stage(self, table: str | None, keys: Any) -> StageReport:
         """Pin ``keys`` (a tensor or array of int64 keys, or a frame with a ``key`` column,
-        such as a pass's owner partition) in the device tier."""
+        such as a pass's owner partition) in the device tier (``table`` None: every table's
+        share, see :meth:`split`)."""
+        return _summed(self._each(table, keys, self._stage))
+
+    def _stage(self, table: str, keys: Any) -> StageReport:
         with stage_span("stage"), self.locked(table) as t:
             report = t.stage(keys_of(keys))
         if self.monitor is not None:
             self.monitor.note_staged(table, report)
         return report
 
-    def try_stage(self, table: str, keys: Any) -> StageAhead:
+    def try_stage(self, table: str | None, keys: Any) -> StageAhead:
         """:meth:`stage` where not fitting is an expected answer (staging ahead)."""
         try:
             return StageAhead(self.stage(table, keys))
         except CapacityError as e:  # an answer, not a failure: Dask would log it as one
             return StageAhead(None, str(e))
 
-    def admit(self, table: str, keys: Any) -> dict[str, int]:
+    def admit(self, table: str | None, keys: Any) -> dict[str, int]:
         """Decide which keys of a staged pass's owner partition (columns ``key``, ``count``)
         without a row this pass admits; the others are frozen (no update) until the pass is
         counted. Returns how many were admitted and how many held back. Without an
         admission rule every key is admitted and nothing is done."""
+        return _added(self._each(table, keys, self._admit))
+
+    def _admit(self, table: str, keys: Any) -> dict[str, int]:
         with stage_span("admit"), self.locked(table) as t:
-            if self.admission is None:
+            rule = self.admission.get(table)
+            if rule is None:
                 return {"admitted": 0, "held_back": 0}
             k = keys_of(keys)
             new = t.without_rows(k).cpu().numpy()
             nkeys = k.cpu().numpy()[new]
             seen = column_of(keys, "count", torch.int64).numpy()[new]
-            ok = self.admission.admitted(nkeys, self.pending[table].counts(nkeys), seen)
+            ok = rule.admitted(nkeys, self.pending[table].counts(nkeys), seen)
             t.freeze(torch.from_numpy(nkeys[~ok]))
             # sorted: an owner partition is in (virtual shard, key) order, not key order
             self._admitting[table] = _PassAdmission(held=np.sort(nkeys[~ok]))
@@ -228,18 +275,21 @@ class WorkerShards:
             self.monitor.note_admitted(table, out["admitted"])
         return out
 
-    def record_seen(self, table: str, keys: Any) -> None:
+    def record_seen(self, table: str | None, keys: Any) -> None:
         """Count a pass's owner partition (columns ``key``, ``count``, ``day``) once it
         trained: the keys with rows in the rows' statistics (its keys are pinned, so this
         moves no row), those held back by admission in the pending counts. A key admitted
         in this pass takes its pending count into its row."""
+        self._each(table, keys, self._record_seen)
+
+    def _record_seen(self, table: str, keys: Any) -> None:
         with stage_span("count"), self.locked(table) as t:
             k = keys_of(keys)
             counts = column_of(keys, "count", torch.int64)
             days = column_of(keys, "day", torch.int32)
             pending = self.pending[table]
             passed = self._admitting.pop(table, None)
-            if self.admission is not None and passed is None:
+            if table in self.admission and passed is None:
                 raise ClusterError(
                     f"table {table!r} on rank {self.rank}: a pass was counted that was not "
                     "admitted; call admit after staging it"
@@ -255,28 +305,35 @@ class WorkerShards:
         if self.monitor is not None:
             self.monitor.note_pending(table, len(pending))
 
-    def expire(self, table: str, today: int) -> dict[str, int]:
+    def expire(self, table: str | None, today: int) -> dict[str, int]:
         """The day boundary of log day ``today`` (a ``last_day`` number; the pass that ends it
         is counted): remove the rows the expiry rule expires from every tier, and drop the
-        pending counts of keys not seen for ``ttl_days``. Returns how many of each."""
+        pending counts of keys not seen for ``ttl_days``. Returns how many of each (``table``
+        None: of every table, summed)."""
+        names = self.order if table is None else [table]
+        return _added([self._expire(name, today) for name in names])
+
+    def _expire(self, table: str, today: int) -> dict[str, int]:
         with stage_span("expire"), self.locked(table) as t:
-            if self.expiry is None:
+            rule = self.expiry.get(table)
+            if rule is None:
                 return {"expired": 0, "pending_expired": 0}
             keys, counts, days = t.row_statistics()
-            gone = self.expiry.expired(keys.numpy(), counts.numpy(), days.numpy(), today)
+            gone = rule.expired(keys.numpy(), counts.numpy(), days.numpy(), today)
             removed = t.remove(keys[torch.from_numpy(gone)])
             pending = self.pending[table]
-            stale = self.expiry.stale(pending.stats[:, 1], today)
+            stale = rule.stale(pending.stats[:, 1], today)
             pending.pop(pending.keys[stale])
         if self.monitor is not None:
             self.monitor.note_expired(table, removed, len(pending))
         return {"expired": removed, "pending_expired": int(stale.sum())}
 
-    def unpin(self, table: str) -> None:
-        with self.locked(table) as t:
-            t.unpin()
-        if self.monitor is not None:
-            self.monitor.note_unpinned(table)
+    def unpin(self, table: str | None) -> None:
+        for name in self.order if table is None else [table]:
+            with self.locked(name) as t:
+                t.unpin()
+            if self.monitor is not None:
+                self.monitor.note_unpinned(name)
 
     def lookup(self, table: str, keys: torch.Tensor, *, read_only: bool = False) -> torch.Tensor:
         with self.locked(table) as t:
@@ -285,6 +342,30 @@ class WorkerShards:
     def apply_gradients(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
         with self.locked(table) as t:
             t.apply_gradients(keys, grads)
+
+    def lookup_tagged(
+        self, keys: torch.Tensor, width: int, *, read_only: bool = False
+    ) -> torch.Tensor:
+        """Rows of keys of every table (``tagged``), ``float[len(keys), width]`` with zeros
+        beyond each table's row width; ``width`` is the widest table's."""
+        out = torch.zeros((len(keys), width), dtype=torch.float32, device=keys.device)
+        index = keys >> TABLE_SHIFT
+        for i, name in enumerate(self.order):
+            where = (index == i).nonzero().squeeze(1)
+            if len(where):
+                rows = self.lookup(name, keys[where], read_only=read_only)
+                out[where, : rows.shape[1]] = rows.to(out.device)
+        return out
+
+    def apply_tagged(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """:meth:`apply_gradients` of keys of every table; ``grads`` as
+        :meth:`lookup_tagged`'s rows (columns beyond a table's width are ignored)."""
+        index = keys >> TABLE_SHIFT
+        for i, name in enumerate(self.order):
+            where = (index == i).nonzero().squeeze(1)
+            if len(where):
+                dim = self.specs[name].dim
+                self.apply_gradients(name, keys[where], grads[where, :dim])
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -377,6 +458,18 @@ class WorkerShards:
                 "the run was started with"
             )
         return self.rank
+
+
+def _summed(reports: list[StageReport]) -> StageReport:
+    if len(reports) == 1:
+        return reports[0]
+    return type(reports[0])(
+        **{f.name: sum(getattr(r, f.name) for r in reports) for f in fields(reports[0])}
+    )
+
+
+def _added(counts: list[dict[str, int]]) -> dict[str, int]:
+    return {k: sum(c[k] for c in counts) for k in counts[0]}
 
 
 def keys_of(part: Any) -> torch.Tensor:

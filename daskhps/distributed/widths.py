@@ -1,9 +1,10 @@
 """Row widths of keys from several tables, and the packing of such rows into a flat buffer.
 
 In a run with several tables a key carries its table's index in bits 56..62
-(``key >> TAG_SHIFT``), and each table has its own row width. The exchange pads every row to
-the widest table (``float[n, widest]``, zero beyond a key's width) so the model and the
-tables see one layout, but sends only each key's first ``width`` floats::
+(``key >> TABLE_SHIFT``, :mod:`daskhps.data.keyspace`), and each table has its own row
+width. The exchange pads every row to the widest table (``float[n, widest]``, zero beyond
+a key's width) so the model and the tables see one layout, but sends only each key's first
+``width`` floats::
 
     keys      [a0 b1 c0]          widths (table 0: 3, table 1: 1)   [3 1 3]
     rows      [a a a | b 0 0 | c c c]  --pack-->  [a a a b c c c]  --unpack-->  rows
@@ -17,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
-from typing import ClassVar
 
 import torch
 
+from daskhps.data.keyspace import MAX_TABLES, TABLE_SHIFT
 from daskhps.errors import ConfigError, DataError
 
 __all__ = ["KeyWidths", "columns", "pack_rows", "split_floats", "unpack_rows"]
@@ -34,8 +35,6 @@ class KeyWidths:
     """
 
     dims: Sequence[int]
-    TAG_SHIFT: ClassVar[int] = 56
-    MAX_TABLES: ClassVar[int] = 127  # bits 56..62: keys stay non-negative int64
     widest: int = field(init=False)
     uniform: bool = field(init=False)  # every table as wide as the widest: nothing to pack
     _by_device: dict[torch.device, torch.Tensor] = field(
@@ -44,9 +43,9 @@ class KeyWidths:
 
     def __post_init__(self) -> None:
         dims = tuple(self.dims)
-        if not 1 <= len(dims) <= self.MAX_TABLES:
+        if not 1 <= len(dims) <= MAX_TABLES:
             raise ConfigError(
-                f"KeyWidths: {len(dims)} tables; a run has 1 to {self.MAX_TABLES} tables "
+                f"KeyWidths: {len(dims)} tables; a run has 1 to {MAX_TABLES} tables "
                 "(the table index lives in key bits 56..62)"
             )
         for t, d in enumerate(dims):
@@ -62,15 +61,15 @@ class KeyWidths:
 
     def of(self, keys: torch.Tensor) -> torch.Tensor:
         """``int64`` width of every key (same shape), from its table index ``key >> 56``."""
-        tags = keys >> self.TAG_SHIFT
+        tags = keys >> TABLE_SHIFT
         if tags.numel():
             lo, hi = (int(v) for v in torch.aminmax(tags))
             if lo < 0 or hi >= len(self.dims):
                 flat = keys.reshape(-1)
-                key = int(flat[((flat < 0) | (flat >> self.TAG_SHIFT >= len(self.dims)))][0])
+                key = int(flat[((flat < 0) | (flat >> TABLE_SHIFT >= len(self.dims)))][0])
                 raise DataError(
-                    f"key {key} has table index {key >> self.TAG_SHIFT} (key >> "
-                    f"{self.TAG_SHIFT}) but widths are known for tables 0..{len(self.dims) - 1}: "
+                    f"key {key} has table index {key >> TABLE_SHIFT} (key >> "
+                    f"{TABLE_SHIFT}) but widths are known for tables 0..{len(self.dims) - 1}: "
                     "encode keys as (table << 56) | low with a table of the run"
                 )
         return self._lookup(keys.device)[tags]

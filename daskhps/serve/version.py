@@ -84,12 +84,7 @@ class Servable:
     def build_model(self) -> torch.nn.Module:
         """The dense model with the trained weights, in eval mode."""
         cfg = self.config
-        schema = cfg.data.schema
-        model = cfg.model.build(
-            num_dense=len(schema.dense_names),
-            num_fields=len(schema.categorical_names),
-            embedding_dim=cfg.table.dim,
-        )
+        model = cfg.build_model()
         try:
             model.load_state_dict(self.dense_state)
         except RuntimeError as e:

@@ -140,6 +140,19 @@ class Checkpoint(CheckpointManifest):
             )
         return spec
 
+    @property
+    def table_specs(self) -> tuple[TableSpec, ...]:
+        """Every table's spec (one: :attr:`table_spec`), as the stores were written."""
+        if not self.tables:
+            return (self.table_spec,)
+        specs = self.config.table_specs()
+        if [s.layout() for s in specs] != self.tables:
+            raise CheckpointError(
+                f"checkpoint {self.path}: the table layouts in {MANIFEST} differ from its "
+                "config's; the manifest was edited by hand: restore it or use another checkpoint"
+            )
+        return specs
+
     def store_path(self, rank: int, table: str | None = None) -> Path:
         """The store of rank ``rank``'s shard of ``table`` (default: the run's table)."""
         return self.stores_dir / (table or str(self.table["table"])) / f"rank-{rank}"
@@ -449,7 +462,7 @@ def finish_checkpoint(
     ``files``, which are filled in here.
     """
     manifest = {
-        "format": FORMAT,
+        "format": FORMAT if fields.get("tables") else 1,
         "daskhps_version": __version__,
         "name": folder.name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -200,20 +200,22 @@ class Checkpointer:
         commits: list[dict[str, dict[str, Any]]],
     ) -> dict[str, Any]:
         cfg = self.config
-        table = cfg.table.name
+        specs = cfg.table_specs()
+        first = specs[0].name
         shards = []
         for s, c in zip(stats, commits, strict=True):
-            t = s["tables"][table]
-            shards.append(
-                {
-                    "rank": s["rank"],
-                    "device_rows": int(t["device"].get("rows", 0)),
-                    "host_rows": int(t.get("host", {}).get("rows", 0)),
-                    "store_bytes": int(t["store"].get("bytes_on_disk", 0)),
-                    # which commit of that name: a later one (another run) is damage
-                    **commit_record(c[table]),
-                }
-            )
+            ts = [s["tables"][spec.name] for spec in specs]
+            shard = {
+                "rank": s["rank"],
+                "device_rows": sum(int(t["device"].get("rows", 0)) for t in ts),
+                "host_rows": sum(int(t.get("host", {}).get("rows", 0)) for t in ts),
+                "store_bytes": sum(int(t["store"].get("bytes_on_disk", 0)) for t in ts),
+                # which commit of that name: a later one (another run) is damage
+                **commit_record(c[first]),
+            }
+            if len(specs) > 1:
+                shard["tables"] = {spec.name: commit_record(c[spec.name]) for spec in specs}
+            shards.append(shard)
         return {
             "kind": kind,
             "passes_done": pos.passes_done,
@@ -225,7 +227,8 @@ class Checkpointer:
             "stores_dir": recorded_stores_dir(self.stores_dir, self.run_dir),
             "num_workers": self.group.world_size,
             "num_shards": cfg.passes.plan.num_shards,
-            "table": cfg.table_spec().layout(),
+            "table": specs[0].layout(),
+            "tables": [spec.layout() for spec in specs] if len(specs) > 1 else [],
             "config": cfg.to_dict(),
             "metrics": record.eval or {},
             "train_loss": record.train_loss,

@@ -126,7 +126,7 @@ class PassLoop:
             logs[0],
             begun.plan,
             ShardMap(cfg.passes.plan.num_shards, len(addresses)),
-            cfg.table.name,
+            None if cfg.several_tables else cfg.table_specs()[0].name,
             cfg.passes.plan.global_batch_size,
         )
         checkpointer = Checkpointer(
@@ -155,7 +155,7 @@ class PassLoop:
         )
         specs = [spec for _, spec in begun.schedule]
         step = begun.step
-        admits = not cfg.table.admission_rule.admits_all
+        admits = any(not t.admission_rule.admits_all for t in cfg.embedding_tables())
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
                 progress.start_pass(active.position + 1)
@@ -278,8 +278,8 @@ class PassLoop:
     def _day_ends(self, plan: PassPlan, schedule: list[tuple[int, PassSpec]]) -> dict[int, int]:
         """Where the passes end a log day, for expiry (``ttl_days`` on logs without days was
         refused before the cluster started). Without days, ``max_rows`` applies at the end."""
-        expiry = self.config.table.expiry
-        if expiry.ttl_days is None and expiry.max_rows is None:
+        rules = [t.expiry for t in self.config.embedding_tables()]
+        if all(e.ttl_days is None and e.max_rows is None for e in rules):
             return {}
         per_pass = plan.pass_days()
         ends = day_ends([per_pass[spec.index] for _, spec in schedule])
@@ -353,9 +353,10 @@ class PassLoop:
             rec.eval = self._evaluate(ctx.group, begun.holdout)
             rec.seconds["eval"] = time.perf_counter() - t
         stats = ctx.group.on_shards(WorkerShards.stats, what="shard stats")
-        rec.tiers = _tier_summary(stats, ctx.table)
+        tables = [t.name for t in self.config.embedding_tables()]
+        rec.tiers = _tier_summary(stats, tables)
         if rec.admission:  # the keys waiting for admission after this pass, and their bytes
-            pending = [s["tables"][ctx.table]["pending"] for s in stats]
+            pending = [s["tables"][t]["pending"] for s in stats for t in tables]
             rec.admission["pending_keys"] = sum(p["keys"] for p in pending)
             rec.admission["pending_bytes"] = sum(p["bytes"] for p in pending)
         rec.epoch = epoch + 1
@@ -448,25 +449,26 @@ def _min_threads(client: Any, addresses: list[str]) -> int:
     return min(int(workers[a].get("nthreads", 1)) for a in addresses)
 
 
-def _tier_summary(stats: list[dict[str, Any]], table: str) -> dict[str, Any]:
-    """Hit rates and store traffic of one table, summed over workers, and the table's resident
-    bytes on each worker (tiers with their indexes, and the store's key index)."""
+def _tier_summary(stats: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
+    """Hit rates and store traffic of the run's tables, summed over tables and workers, and
+    the tables' resident bytes on each worker (tiers with their indexes, and the stores' key
+    indexes)."""
     rows_from: dict[str, int] = {}
     store_read = store_written = 0
     resident = []
     for s in stats:
-        t = s["tables"][table]
-        resident.append(
-            int(
+        here = 0
+        for t in (s["tables"][name] for name in tables):
+            here += int(
                 t.get("device", {}).get("bytes", 0)
                 + t.get("host", {}).get("bytes", 0)
                 + t.get("store", {}).get("index_bytes", 0)
             )
-        )
-        for k, v in t.get("rows_from", {}).items():
-            rows_from[k] = rows_from.get(k, 0) + int(v)
-        store_read += int(t.get("store", {}).get("rows_read", 0))
-        store_written += int(t.get("store", {}).get("rows_written", 0))
+            for k, v in t.get("rows_from", {}).items():
+                rows_from[k] = rows_from.get(k, 0) + int(v)
+            store_read += int(t.get("store", {}).get("rows_read", 0))
+            store_written += int(t.get("store", {}).get("rows_written", 0))
+        resident.append(here)
     total = sum(rows_from.values())
     return {
         "rows_from": rows_from,

@@ -18,7 +18,9 @@ from typing import Any
 
 __all__ = ["FORMAT", "CheckpointManifest", "ManifestError"]
 
-FORMAT = 1
+# 2: a run with several tables (``tables``); a run with one table still writes 1, which
+# every daskhps reads.
+FORMAT = 2
 
 # Fields whose JSON key is not their name ("config" is the RunConfig a Checkpoint builds).
 _KEYS = {"run_config": "config"}
@@ -43,7 +45,7 @@ class CheckpointManifest:
     stores_dir: Path
     num_workers: int
     num_shards: int
-    table: dict[str, Any]  # the stores' layout (TableSpec.layout())
+    table: dict[str, Any]  # the stores' layout (TableSpec.layout()); the first table's
     run_config: dict[str, Any]  # key "config": the run's config as a dict
     files: dict[str, dict[str, Any]]  # file name -> {"size", "sha256"}
     daskhps_version: str | None = None
@@ -58,6 +60,8 @@ class CheckpointManifest:
     seconds: float | None = None  # to write it, all but the manifest
     # per log day of the run so far: keys admitted and rows expired (table.admission, .expiry)
     lifecycle: dict[str, dict[str, int]] = field(default_factory=dict)
+    # several tables: every table's layout, in index order (empty with one table: ``table``)
+    tables: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -98,6 +102,8 @@ class CheckpointManifest:
             if f.name == "extra":
                 continue
             value = getattr(self, f.name)
+            if f.name == "tables" and not value:
+                continue  # one table: the manifest of format 1, unchanged
             out[_KEYS.get(f.name, f.name)] = str(value) if isinstance(value, Path) else value
             if f.name == "passes_done":
                 out["pass"] = value

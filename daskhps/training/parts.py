@@ -6,7 +6,7 @@ without a cluster that every key reaches its component and none is lost
 
     RunConfig ─► RunParts ─► start_cluster(**cluster_args())      cluster.*
                           ─► RunGroup.start(**comm_args())         cluster.dist_*
-                          ─► worker_shards(spec, stores, commit)   table.tiers, admission, expiry
+                          ─► worker_shards(stores, commit)         table, tables
                           ─► train_setup()                         model, dense_optimizer, schema
                           ─► schedule(plan), batches(spec, ...)    passes, dense_optimizer.lr
                           ─► replica()                             checkpoint.replicate_to
@@ -24,7 +24,6 @@ from daskhps.config import RunConfig
 from daskhps.distributed import WorkerShards, start_cluster
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.passes import PassPlan, PassSpec
-from daskhps.table import TableSpec
 from daskhps.training import worker
 from daskhps.training.holdout import HoldoutStream
 from daskhps.training.metrics import evaluate_predictions
@@ -78,20 +77,24 @@ class RunParts:
         c = self.config.cluster
         return {"max_restarts": c.max_restarts, "wait_s": c.restart_wait_s}
 
-    def worker_shards(self, spec: TableSpec, stores: Path, commit: str | None) -> WorkerShards:
-        """What holds every rank's shard of ``spec`` (the config's table) in ``stores``, opened
-        at ``commit`` (None: a new table), tiered as ``table.tiers`` says."""
+    def worker_shards(self, stores: Path, commit: str | None) -> WorkerShards:
+        """What holds every rank's shard of the config's tables in ``stores``, opened at
+        ``commit`` (None: new tables), tiered as ``table.tiers`` says, each table with its
+        own admission and expiry."""
         cfg = self.config
+        tables = cfg.embedding_tables()
+        shards = cfg.passes.plan.num_shards
         return WorkerShards(
-            [spec],
+            cfg.table_specs(),
             stores,
             cfg.table.tiers.sizing,
             policy=cfg.table.tiers.policy,
             store=cfg.table.tiers.store,
             mode="a",
             commit=commit,
-            admission=cfg.table.admission_rule,
-            expiry=cfg.table.expiry.rule(cfg.passes.plan.num_shards),
+            admission={t.name: t.admission_rule for t in tables},
+            expiry={t.name: t.expiry.rule(shards) for t in tables},
+            tagged=cfg.several_tables,
         )
 
     def train_setup(self) -> worker.TrainSetup:

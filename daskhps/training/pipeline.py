@@ -55,7 +55,7 @@ class PassContext:
     train_log: ClickLog
     plan: PassPlan
     shard_map: ShardMap
-    table: str
+    table: str | None  # None: several tables, each key going to its own (WorkerShards.split)
     batch_size: int  # global
 
     def stage(self, keys: Sequence[Any], what: str) -> list[StageReport]:

@@ -177,6 +177,12 @@ def stores_to_train_in(
     mine = Path(os.path.abspath(config.table.tiers.store_dir))
     if ckpt is None:
         return mine, False
+    if ckpt.tables and (copy_from is not None or ckpt.num_workers != num_workers):
+        raise ResumeError(
+            f"{ckpt.name} holds several tables ({', '.join(t['table'] for t in ckpt.tables)}), "
+            f"whose rows this daskhps cannot re-shard or copy yet: resume it on "
+            f"{ckpt.num_workers} workers, in the run folder that wrote it"
+        )
     if copy_from is not None:
         echo(
             f"copying the rows of {ckpt.name} from {ckpt.stores_dir} into {mine}: those "

@@ -37,7 +37,6 @@ from daskhps.distributed.disks import remove_folder
 from daskhps.errors import ResumeError, first_line
 from daskhps.monitor.progress import Progress
 from daskhps.passes.scan import remove_spill
-from daskhps.table import TableSpec
 from daskhps.training import resume as resuming
 from daskhps.training import rundir
 from daskhps.training.checkpoint import Checkpoint, list_checkpoints
@@ -165,18 +164,19 @@ class Trainer:
             if not cfg.cluster.local:  # the workers are known only now: size the run on them
                 resumed = self._ckpt is not None and self.warm_start is None
                 check_cluster_fits(cfg, client, len(addresses), resumed)
-            spec = cfg.table_spec()
+            names = [spec.name for spec in cfg.table_specs()]
             target = self._stores(len(addresses))
             addresses = self._place(client, addresses, target)
             stores = target[0]
             try:
-                return self._attempts(client, addresses, spec, stores, logs, recovery)
+                return self._attempts(client, addresses, stores, logs, recovery)
             except BaseException:
                 if self._ckpt is None and not list_checkpoints(self.run_dir):
                     # a new run that failed before its first checkpoint: the stores it made
                     # on the workers' disks go (place_new_run found none there before it)
                     try:
-                        client.run(remove_folder, str(stores / spec.name))
+                        for name in names:
+                            client.run(remove_folder, str(stores / name))
                     except Exception as e:  # a lost worker's disk is gone anyway
                         log.warning("removing the new run's stores on the workers: %s", e)
                 raise
@@ -185,7 +185,6 @@ class Trainer:
         self,
         client: Any,
         addresses: list[str],
-        spec: TableSpec,
         stores: Path,
         logs: tuple[ClickLog, ClickLog | None],
         recovery: dict[str, Any],
@@ -198,7 +197,7 @@ class Trainer:
             group = RunGroup.start(
                 client,
                 addresses,
-                shards=self.parts.worker_shards(spec, stores, commit),
+                shards=self.parts.worker_shards(stores, commit),
                 **self.parts.comm_args(),
             )
             try:
@@ -264,7 +263,7 @@ class Trainer:
             placed = place_resharded(client, addresses, ckpt, replica, folder, cfg.source)
             return list(placed.addresses)
         if ckpt is None:
-            table = cfg.table_spec().name
+            table = cfg.table_specs()[0].name  # a new run's stores are all made at once
             assert self._start is not None
             placed = place_new_run(
                 *(client, addresses, folder, table, self.parts.replica(), cfg.source),

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from daskhps.data.schema import Schema
 from daskhps.distributed import Exchange, RunHost, WorkerShards
-from daskhps.distributed.exchange import Routing
+from daskhps.distributed.exchange import KeyWidths, Routing
 from daskhps.models import ModelSpec, pool
 from daskhps.monitor.network import PassKeys, RankTraffic, take_routed
 from daskhps.monitor.progress import report_batches
@@ -148,12 +148,37 @@ def sparse_input(
     routing: Routing,
     offsets: torch.Tensor | None,
     pooling: BagPooling | None,
+    columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The model's ``sparse`` input ``float[n, F, D]`` from the unique rows of a batch.
 
     Without ``offsets`` (single-hot) the keys were ``int64[n, F]`` and the rows are gathered
-    straight into place; otherwise the flat rows are pooled bag by bag.
+    straight into place; otherwise the flat rows are pooled bag by bag. With ``columns``
+    (tables of different widths: the rows are padded to the widest) the result is the flat
+    ``float[n, sum of the fields' widths]`` the models read then: ``columns`` picks each
+    field's own columns out of ``[n, F * widest]``.
     """
+    out = _sparse_rows(leaf, routing, offsets, pooling)
+    if columns is None:
+        return out
+    return out.reshape(out.shape[0], -1).index_select(1, columns.to(out.device))
+
+
+def field_columns(widths: tuple[int, ...]) -> torch.Tensor | None:
+    """The columns of :func:`sparse_input` for fields whose rows are ``widths`` wide (padded
+    to the widest), or None when they are all as wide (the ``[n, F, D]`` layout stays)."""
+    widest = max(widths)
+    if min(widths) == widest:
+        return None
+    return torch.cat([f * widest + torch.arange(w) for f, w in enumerate(widths)])
+
+
+def _sparse_rows(
+    leaf: torch.Tensor,
+    routing: Routing,
+    offsets: torch.Tensor | None,
+    pooling: BagPooling | None,
+) -> torch.Tensor:
     if offsets is None:
         return _gather(leaf, routing)
     if pooling is None:
@@ -180,11 +205,13 @@ def batch_forward(
     keys: torch.Tensor,
     offsets: torch.Tensor | None,
     pooling: BagPooling | None,
+    columns: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Routing, torch.Tensor]:
     """One batch's logits, with the routing and the leaf of unique rows whose ``.grad``
     (after backward) goes to :meth:`Exchange.push_grads`."""
     routing, leaf = pull_batch(exchange, lookup_fn, keys)
-    return model(dense, sparse_input(leaf, routing, offsets, pooling)), routing, leaf
+    sparse = sparse_input(leaf, routing, offsets, pooling, columns)
+    return model(dense, sparse), routing, leaf
 
 
 @dataclass(frozen=True)
@@ -203,24 +230,41 @@ class TrainSetup:
     weight_decay: float
     grad_clip_norm: float | None
     threads: int | None = None
+    # Several tables: their names by index (keys carry it) and each one's row width as the
+    # model reads it; empty for one table (``table``). Each field's embedding width.
+    tables: tuple[str, ...] = ()
+    table_widths: tuple[int, ...] = ()
+    field_dims: tuple[int, ...] = ()
+
+    @property
+    def several_tables(self) -> bool:
+        return len(self.tables) > 1
+
+    def field_widths(self) -> tuple[int, ...]:
+        """Floats per field the model reads (its table's row width, as the model reads it)."""
+        return tuple(self.model.sparse_dim(d) for d in self.field_dims)
 
     @classmethod
     def from_config(cls, config: RunConfig, run_id: str) -> TrainSetup:
         """The setup of ``config``'s dense model (model, dense optimizer, schema, seed): the
         trainer's, and the start ``daskhps import`` writes into its checkpoint."""
         opt = config.dense_optimizer
+        several = config.several_tables
         return cls(
             run_id=run_id,
-            table=config.table.name,
+            table=config.table_specs()[0].name,
             schema=config.data.schema,
             model=config.model,
-            embedding_dim=config.table.dim,
+            embedding_dim=max(config.field_dims()),
             num_shards=config.passes.plan.num_shards,
             seed=config.run.seed,
             optimizer=opt.kind,
             lr=opt.lr,
             weight_decay=opt.weight_decay,
             grad_clip_norm=opt.grad_clip_norm,
+            tables=tuple(t.name for t in config.embedding_tables()) if several else (),
+            table_widths=tuple(s.dim for s in config.table_specs()) if several else (),
+            field_dims=config.field_dims(),
         )
 
 
@@ -233,6 +277,7 @@ def build_dense(setup: TrainSetup) -> tuple[torch.nn.Module, torch.optim.Optimiz
         num_dense=len(schema.dense_names),
         num_fields=len(schema.categorical_names),
         embedding_dim=setup.embedding_dim,
+        field_dims=setup.field_dims or None,
     )
     params = list(model.parameters())
     kind, lr, wd = setup.optimizer, setup.lr, setup.weight_decay
@@ -258,10 +303,27 @@ class _Replica:
         comm = host.require_comm()
         self.setup = setup
         self.model, self.opt = build_dense(setup)
-        self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size))
+        widths = KeyWidths(setup.table_widths) if setup.several_tables else None
+        self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size), widths)
         self.shards: WorkerShards = host.require_shards()
         self.pooling = bag_pooling(setup.schema)
+        self.columns = field_columns(setup.field_widths()) if setup.several_tables else None
+        self.widest = max(setup.table_widths, default=0)
         self.step = 0
+
+    def lookup(self, keys: torch.Tensor, *, read_only: bool = False) -> torch.Tensor:
+        """Rows of keys this rank owns: of the run's table, or of every table (padded to
+        the widest, see :meth:`WorkerShards.lookup_tagged`)."""
+        if self.setup.several_tables:
+            return self.shards.lookup_tagged(keys, self.widest, read_only=read_only)
+        return self.shards.lookup(self.setup.table, keys, read_only=read_only)
+
+    def apply(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """The sparse optimizer's step on rows this rank owns."""
+        if self.setup.several_tables:
+            self.shards.apply_tagged(keys, grads)
+        else:
+            self.shards.apply_gradients(self.setup.table, keys, grads)
 
 
 def _replica(host: RunHost) -> _Replica:
@@ -327,6 +389,7 @@ def train_step(
     pooling: BagPooling | None,
     times: dict[str, float],
     seen: PassKeys | None = None,
+    columns: torch.Tensor | None = None,
 ) -> float:
     """One synchronous mini-batch step of this rank; returns the summed loss of its share.
 
@@ -341,7 +404,7 @@ def train_step(
     if seen is not None:
         seen.add(routing.keys, routing.send_counts)
     t1 = time.perf_counter()
-    logits = model(dense, sparse_input(leaf, routing, offsets, pooling))
+    logits = model(dense, sparse_input(leaf, routing, offsets, pooling, columns))
     loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
     opt.zero_grad(set_to_none=False)
     (loss / global_size).backward()
@@ -370,33 +433,25 @@ def train_pass(
     """Train this rank's share of every global batch of one pass (``part``: its examples;
     ``position``: the pass's place in the run's schedule)."""
     rep = _replica(host)
-    setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
+    setup, model, ex = rep.setup, rep.model, rep.exchange
     B, n, nb = batches.batch_size, batches.num_examples, batches.num_batches
     data = WorkerExamples.from_frame(part, setup.schema, B, nb)
     comm = host.require_comm()
     comm.traffic.take()  # the pass's bytes only (an evaluation's lookups are not counted)
     seen = PassKeys()
     lrs = batches.lrs
-    table = setup.table
     times: dict[str, float] = defaultdict(float)
     losses: list[float] = []
     loss_sum = 0.0
     model.train()
-
-    def lookup(keys: torch.Tensor) -> torch.Tensor:
-        return shards.lookup(table, keys)
-
-    def apply(keys: torch.Tensor, grads: torch.Tensor) -> None:
-        shards.apply_gradients(table, keys, grads)
-
     for b in range(nb):
         host.check_open()  # a driver that left stops the pass here, not at its end
         value = train_step(
             model,
             rep.opt,
             ex,
-            lookup,
-            apply,
+            rep.lookup,
+            rep.apply,
             data.batch(b),
             global_size=min(B, n - b * B),
             lr=lrs[b],
@@ -404,6 +459,7 @@ def train_pass(
             pooling=rep.pooling,
             times=times,
             seen=seen,
+            columns=rep.columns,
         )
         rep.step += 1
         loss_sum += value
@@ -431,30 +487,41 @@ def _pass_traffic(
         sent={k: s for k, (s, _) in moved.items()},
         received={k: r for k, (_, r) in moved.items()},
         owners=seen.by_owner(comm.world_size),
-        row_bytes=rep.setup.embedding_dim * 4,  # float32 rows and gradients
+        row_bytes=_mean_row_bytes(rep.setup),
         dense_bytes=dense * 4,
         batches=batches,
         routed=take_routed(host.token, position, host.addresses[host.require_rank()]),
     )
 
 
+def _mean_row_bytes(setup: TrainSetup) -> int:
+    """Bytes of a row or gradient on the wire (float32): with several tables, a field's row
+    on average (the figure prices unique keys, whatever their table)."""
+    if not setup.several_tables:
+        return setup.embedding_dim * 4
+    widths = setup.field_widths()
+    return round(4 * sum(widths) / len(widths))
+
+
 def eval_pass(host: RunHost, batches: Batches, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Predicted click probabilities and labels of this rank's holdout rows, through
     read-only lookups (no row is inserted anywhere)."""
     rep = _replica(host)
-    setup, model, ex, shards = rep.setup, rep.model, rep.exchange, rep.shards
+    setup, model, ex = rep.setup, rep.model, rep.exchange
     data = WorkerExamples.from_frame(part, setup.schema, batches.batch_size, batches.num_batches)
     preds = []
     model.eval()
 
     def lookup(keys: torch.Tensor) -> torch.Tensor:
-        return shards.lookup(setup.table, keys, read_only=True)
+        return rep.lookup(keys, read_only=True)
 
     with torch.no_grad():
         for b in range(batches.num_batches):
             host.check_open()
             dense, keys, offsets, _ = data.batch(b)
-            logits, _, _ = batch_forward(model, ex, lookup, dense, keys, offsets, rep.pooling)
+            logits, _, _ = batch_forward(
+                model, ex, lookup, dense, keys, offsets, rep.pooling, rep.columns
+            )
             preds.append(torch.sigmoid(logits))
     model.train()
     pred = torch.cat(preds).numpy() if preds else np.zeros(0, np.float32)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed import Comm, Exchange, KeyWidths
 from daskhps.distributed.exchange import ApplyFn
 from daskhps.sharding import ShardMap
@@ -19,12 +20,12 @@ from daskhps.sharding import ShardMap
 NUM_SHARDS = 8
 DIMS = (5, 2, 3)  # table index -> row width
 WIDEST = max(DIMS)
-LOW = (1 << KeyWidths.TAG_SHIFT) - 1
+LOW = (1 << TABLE_SHIFT) - 1
 JUNK = 1000.0  # beyond a key's width, in what lookups and gradients hand the exchange
 
 
 def tagged(table: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    return (table << KeyWidths.TAG_SHIFT) | low
+    return (table << TABLE_SHIFT) | low
 
 
 def rounds(world: int) -> list[list[torch.Tensor]]:
@@ -50,13 +51,13 @@ def rounds(world: int) -> list[list[torch.Tensor]]:
 
 
 def _junk_beyond(keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    width = torch.tensor(DIMS)[keys >> KeyWidths.TAG_SHIFT]
+    width = torch.tensor(DIMS)[keys >> TABLE_SHIFT]
     return torch.where(torch.arange(WIDEST) < width[:, None], rows, JUNK)
 
 
 def lookup(keys: torch.Tensor) -> torch.Tensor:
     """An owner's rows: ``(low % 13) + 16 table + column``, junk beyond the width."""
-    base = (keys & LOW) % 13 + 16 * (keys >> KeyWidths.TAG_SHIFT)
+    base = (keys & LOW) % 13 + 16 * (keys >> TABLE_SHIFT)
     return _junk_beyond(keys, (base[:, None] + torch.arange(WIDEST)).to(torch.float32))
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed import Comm, Exchange, KeyWidths
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
@@ -41,7 +42,7 @@ def _rank(rank: int, args: argparse.Namespace, root: str) -> None:
     batches = [torch.randperm(pool, generator=g)[: args.keys] for _ in range(args.batches)]
     if widths:  # tag the i-th key with table i % n
         tags = torch.arange(args.keys) % len(widths.dims)
-        batches = [(tags[: len(b)] << KeyWidths.TAG_SHIFT) | b for b in batches]
+        batches = [(tags[: len(b)] << TABLE_SHIFT) | b for b in batches]
     times: dict[str, list[float]] = {"route": [], "pull": [], "push": [], "round": []}
     with EmbeddingTable.open(spec, Path(root) / f"rank-{rank}", device_rows=pool) as table:
         mine = torch.arange(pool)

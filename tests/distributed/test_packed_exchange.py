@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed import CommError, Exchange, KeyWidths
 from daskhps.sharding import ShardMap
 from tests.distributed import _packed_ranks as pr
@@ -17,7 +18,7 @@ FLOAT = 4  # float32 bytes
 
 
 def _width(key: int) -> int:
-    return pr.DIMS[key >> KeyWidths.TAG_SHIFT]
+    return pr.DIMS[key >> TABLE_SHIFT]
 
 
 def _row(key: int) -> torch.Tensor:

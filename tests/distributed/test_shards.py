@@ -158,3 +158,71 @@ def test_stores_take_snapshot_every(tmp_path):
         finally:
             host.teardown(_worker("tcp://w:0"))
     assert got == [[7], [1, 3, 5, 7]]  # every 8th commit by default, every 2nd when asked
+
+
+def _tagged(table: int, low: list[int]) -> torch.Tensor:
+    return torch.tensor(low, dtype=torch.int64) | (table << 56)
+
+
+def test_tagged_shards_send_each_key_to_its_table(tmp_path):
+    """Keys of several tables in one call: each table gets its own keys, and the answers are
+    those of the tables called one by one."""
+    import pandas as pd
+
+    from daskhps.table.admission import AdmissionRule
+    from daskhps.table.expiry import ExpiryRule
+
+    shards = WorkerShards(
+        [SMALL, WIDE],
+        tmp_path,
+        TierSizing(device_rows=64, host_bytes=0),
+        admission={"wide": AdmissionRule(min_count=2)},
+        expiry={"small": ExpiryRule(max_rows=2)},
+        tagged=True,
+    )
+    _host(shards, ["tcp://w:0"], "tcp://w:0")
+    shards.open()
+    small, wide = _tagged(0, [1, 2, 3]), _tagged(1, [1, 5])
+    keys = torch.cat([wide[:1], small, wide[1:]])  # tables mixed in one batch
+    part = pd.DataFrame({"key": keys.numpy(), "count": [1, 1, 1, 1, 2], "day": [0] * 5})
+    assert [(n, list(p["key"])) for n, p in shards.split(part)] == [
+        ("small", small.tolist()),
+        ("wide", wide.tolist()),
+    ]
+    report = shards.stage(None, part)
+    assert report.rows == 5 and report.initialised == 5
+    # only wide has an admission rule: key 5 (seen twice) gets a row, wide's key 1 waits
+    assert shards.admit(None, part) == {"admitted": 1, "held_back": 1}
+
+    rows = shards.lookup_tagged(keys, WIDE.dim)
+    assert rows.shape == (5, WIDE.dim)
+    for i, k in enumerate(keys):
+        name = "wide" if int(k) >> 56 else "small"
+        own = shards.lookup(name, k.view(1))[0]
+        assert torch.equal(rows[i, : len(own)], own)
+        assert not rows[i, len(own) :].any()  # zeros beyond a narrower table's width
+
+    grads = torch.ones(5, WIDE.dim)
+    before = {n: shards.lookup(n, k) for n, k in (("small", small), ("wide", wide))}
+    shards.apply_tagged(keys, grads)
+    after_small = shards.lookup("small", small)
+    # sgd with lr 0.01 (OptimizerSpec's default) on a gradient of ones
+    assert torch.allclose(after_small, before["small"] - 0.01 * torch.ones(3, SMALL.dim))
+    after_wide = shards.lookup("wide", wide)
+    assert torch.equal(after_wide[0], before["wide"][0])  # held back by admission: frozen
+    assert not torch.equal(after_wide[1], before["wide"][1])
+
+    shards.record_seen(None, part)
+    assert shards.expire(None, 1) == {"expired": 1, "pending_expired": 0}  # small keeps 2
+    assert shards.stats()["tables"]["wide"]["pending"]["keys"] == 1
+    shards.unpin(None)
+    shards.close(uncommitted="drop")
+
+
+def test_untagged_shards_of_several_tables_need_a_name(tmp_path):
+    shards = WorkerShards([SMALL, WIDE], tmp_path, TierSizing(device_rows=8, host_bytes=0))
+    _host(shards, ["tcp://w:0"], "tcp://w:0")
+    shards.open()
+    with pytest.raises(ClusterError, match="untagged keys: name the table"):
+        shards.stage(None, torch.tensor([1, 2]))
+    shards.close(uncommitted="drop")
