@@ -125,6 +125,7 @@ class Built:
             num_dense=len(s.schema.dense_names),
             num_fields=len(s.schema.categorical_names),
             embedding_dim=s.embedding_dim,
+            field_dims=s.field_dims,
         )
 
     @cached_property
@@ -133,7 +134,7 @@ class Built:
         0's worker."""
         # as Trainer.run opens them for a new run
         stores, _ = stores_to_train_in(None, self.cfg, len(ADDRESSES), None, print)
-        shards = self.trainer.parts.worker_shards(self.cfg.table_spec(), stores, None)
+        shards = self.trainer.parts.worker_shards(stores, None)
         host = RunHost("keys", ADDRESSES, shards)
         limit = self.trainer.parts.cluster_args()["memory_limit"]
         worker = SimpleNamespace(
@@ -497,24 +498,32 @@ def run_identity(b: Built) -> tuple[str, str, str]:
 
 
 def table_layouts(b: Built) -> list[tuple[str, int, int]]:
-    return [(s.name, s.dim, s.width) for s in b.cfg.table_specs()]
+    """The tables the trainer's shards hold."""
+    return [(s.name, s.dim, s.width) for s in b.host.specs.values()]
 
 
-def field_tables(b: Built) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return b.cfg.field_tables(), b.cfg.field_dims()
+def field_tables(b: Built) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """Each field's table, as the parser tags its keys, and its width, as the model reads it."""
+    return b.setup.schema.field_keys.tables, b.setup.field_dims
 
 
-def shared_keys(b: Built) -> list[bool]:
-    return [t.shared_keys for t in b.cfg.embedding_tables()]
+def shared_keys(b: Built) -> tuple[str, ...]:
+    """The name each field's keys are salted with when the logs are parsed."""
+    return b.setup.schema.field_keys.salts
+
+
+def _listed(b: Built) -> str:
+    return next(iter(b.host.specs))
 
 
 def listed_initial_rows(b: Built) -> tuple[float, ...]:
-    return _rounded(table_initial_rows(b.cfg.table_specs()[0], torch.arange(40), state=False))
+    spec = b.host.specs[_listed(b)]
+    return _rounded(table_initial_rows(spec, torch.arange(40), state=False))
 
 
 def listed_updates(b: Built) -> tuple[float, ...]:
     """Two steps of the first listed table's sparse optimizer on its initial rows."""
-    spec = b.cfg.table_specs()[0]
+    spec = b.host.specs[_listed(b)]
     rows = table_initial_rows(spec, torch.arange(4))[:, : spec.stats_at].clone()
     before = rows.clone()
     g = torch.linspace(-1.0, 2.0, 4 * spec.dim).reshape(4, spec.dim)
@@ -524,16 +533,23 @@ def listed_updates(b: Built) -> tuple[float, ...]:
 
 
 def listed_admitted(b: Built) -> list[int]:
-    """Which of 400 keys without rows, seen 1-4 times, the first listed table admits."""
+    """Which of 400 keys without rows, seen 1-4 times, the shards admit to the first listed
+    table (all of them without a rule)."""
     keys = np.arange(400)
-    ok = b.cfg.embedding_tables()[0].admission_rule.admitted(keys, np.zeros(400), keys % 4 + 1)
+    rule = b.host.admission.get(_listed(b))
+    if rule is None:
+        return keys.tolist()[::40]
+    ok = rule.admitted(keys, np.zeros(400), keys % 4 + 1)
     return keys[ok].tolist()[::40]
 
 
 def listed_expired(b: Built) -> list[int]:
-    """Which of 300 rows (as expired_keys) the first listed table expires at day 704."""
+    """Which of 300 rows (as expired_keys) the shards expire from the first listed table at
+    day 704 (none without a rule)."""
     keys = np.arange(300)
-    rule = b.cfg.embedding_tables()[0].expiry.rule(b.cfg.passes.plan.num_shards)
+    rule = b.host.expiry.get(_listed(b))
+    if rule is None:
+        return []
     out = rule.expired(keys, keys % 7 + 1, 700 + keys % 5, 704)
     return keys[out].tolist()[::15]
 
