@@ -26,13 +26,24 @@ from daskhps.errors import ConfigError
 from daskhps.table.spec import TableSpec
 from daskhps.tiers.host import rows_for_bytes
 
-__all__ = ["MEMORY_BUDGET", "PAUSE_FRACTION", "TierSizing", "row_cost"]
+__all__ = ["MEMORY_BUDGET", "PAUSE_FRACTION", "OwnBudget", "TierSizing", "row_cost"]
 
 # Dask pauses a worker at 80% of its memory limit. Without a GPU the device and host tiers
 # share the worker's process memory, so together they may take at most MEMORY_BUDGET of it:
 # the rest is room for the dense model, batches, staging buffers and Dask itself.
 PAUSE_FRACTION = 0.8
 MEMORY_BUDGET = 0.6
+
+
+@dataclass(frozen=True)
+class OwnBudget:
+    """A table's own tier budgets (a ``tables`` entry's ``tiers``): each one given is the
+    table's alone; each one left None it shares with the other tables (the run's budget)."""
+
+    device_fraction: float | None = None
+    device_rows: int | None = None
+    host_fraction: float | None = None
+    policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class TierSizing:
     host_fraction: float | None = None
     device_rows: int | None = None
     host_bytes: int | None = None
+    # (table, its own budgets): those tables take their own budgets, the others share these
+    own: tuple[tuple[str, OwnBudget], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.device_fraction is None) == (self.device_rows is None):
@@ -76,22 +89,75 @@ class TierSizing:
         """Why the tiers in the worker's process memory would take more than
         :data:`MEMORY_BUDGET` of ``memory_limit``, or None. Rows and bytes count only when
         the limit is known (each row at :func:`row_cost`); on a GPU the device tier is not in
-        the process."""
+        the process. Tables with budgets of their own (:attr:`own`) add them."""
         used, parts = 0.0, []
-        if not on_gpu and self.device_fraction is not None:
+        own = dict(self.own)
+        for t in tables:
+            b = own.get(t.name)
+            if b is None:
+                continue
+            if not on_gpu and b.device_fraction is not None:
+                used += b.device_fraction
+                parts.append(f"{t.name}'s device.fraction {b.device_fraction}")
+            elif not on_gpu and b.device_rows is not None and memory_limit:
+                frac = b.device_rows * row_cost(t.width, b.policy or policy) / memory_limit
+                used += frac
+                parts.append(f"{t.name}'s device.rows {b.device_rows} ({frac:.2f})")
+            if b.host_fraction is not None:
+                used += b.host_fraction
+                parts.append(f"{t.name}'s host.fraction {b.host_fraction}")
+        shared_device = [t for t in tables if self._own(t.name, "device") is None]
+        shared_host = [t for t in tables if self._own(t.name, "host") is None]
+        if not shared_device and not shared_host:
+            return self._verdict(used, parts, on_gpu)
+        if not shared_device:  # the run's device budget is nobody's
+            return self._over(shared_host, memory_limit, on_gpu, policy, used, parts, device=False)
+        return self._over(
+            shared_device, memory_limit, on_gpu, policy, used, parts, host=bool(shared_host)
+        )
+
+    def _own(self, table: str, tier: str) -> OwnBudget | None:
+        """The table's own budget of ``tier`` ("device" or "host"), if it has one."""
+        b = dict(self.own).get(table)
+        if b is None:
+            return None
+        given = b.host_fraction if tier == "host" else (b.device_fraction or b.device_rows)
+        return b if given is not None else None
+
+    def _over(
+        self,
+        tables: Sequence[TableSpec],
+        memory_limit: int | None,
+        on_gpu: bool,
+        policy: str,
+        used: float,
+        parts: list[str],
+        *,
+        device: bool = True,
+        host: bool = True,
+    ) -> str | None:
+        if not device:
+            pass
+        elif not on_gpu and self.device_fraction is not None:
             used += self.device_fraction
             parts.append(f"device.fraction {self.device_fraction}")
         elif not on_gpu and self.device_rows is not None and memory_limit:
             frac = sum(self.device_rows * row_cost(t.width, policy) for t in tables) / memory_limit
             used += frac
             parts.append(f"device.rows {self.device_rows} ({frac:.2f} of memory_limit)")
-        if self.host_bytes is None:
+        if not host:
+            pass
+        elif self.host_bytes is None:
             used += self.host_fraction or 0.0
             parts.append(f"host.fraction {self.host_fraction or 0.0}")
         elif memory_limit:
             frac = self.host_bytes * len(tables) / memory_limit
             used += frac
             parts.append(f"host_bytes {self.host_bytes} ({frac:.2f} of memory_limit)")
+        return self._verdict(used, parts, on_gpu)
+
+    @staticmethod
+    def _verdict(used: float, parts: list[str], on_gpu: bool) -> str | None:
         if used <= MEMORY_BUDGET + 1e-12:
             return None
         pause = f"Dask pauses a worker at {PAUSE_FRACTION:.0%} of its limit"
@@ -123,41 +189,59 @@ class TierSizing:
         problem = self.over_budget(tables, memory_limit, on_gpu=on_gpu, policy=policy)
         if problem and check_budget:
             raise ConfigError(f"tier sizing: {problem}")
-        needs_limit = self.host_fraction is not None or (
-            self.device_fraction is not None and not on_gpu
+        owns = [b for _, b in self.own]
+        needs_limit = (
+            self.host_fraction is not None
+            or (self.device_fraction is not None and not on_gpu)
+            or any(b.host_fraction is not None for b in owns)
+            or (not on_gpu and any(b.device_fraction is not None for b in owns))
         )
         if needs_limit and not memory_limit:
             raise ConfigError(
                 "tier sizing: fractions need a worker memory limit, but the worker has none: "
                 "set the cluster's memory_limit or give device_rows/host_bytes"
             )
-        weights = [row_cost(t.width, policy) for t in tables]
-        total_w = sum(weights) or 1.0
+        pool = (
+            torch.cuda.get_device_properties(torch.device(device)).total_memory
+            if on_gpu
+            else memory_limit or 0
+        )
+        # A budget shared by several tables is split in proportion to the memory a row costs
+        # in each, so that each gets about the same number of rows.
+        device_weights = {
+            t.name: row_cost(t.width, policy) for t in tables if self._own(t.name, "device") is None
+        }
+        host_weights = {
+            t.name: row_cost(t.width, policy) for t in tables if self._own(t.name, "host") is None
+        }
 
-        def share(budget: float, w: float) -> int:
-            return int(budget * w / total_w)
+        def share(budget: float, weights: dict[str, float], name: str) -> int:
+            return int(budget * weights[name] / (sum(weights.values()) or 1.0))
 
         out = {}
-        for t, w in zip(tables, weights, strict=True):
-            if self.device_rows is not None:
+        for t in tables:
+            own = dict(self.own).get(t.name, OwnBudget())
+            if own.device_rows is not None:
+                rows = own.device_rows
+            elif own.device_fraction is not None:
+                frac = own.device_fraction
+                rows = rows_for_bytes(t.width, int(frac * pool), own.policy or policy)
+            elif self.device_rows is not None:
                 rows = self.device_rows
             else:
                 frac = self.device_fraction or 0.0
-                pool = (
-                    torch.cuda.get_device_properties(torch.device(device)).total_memory
-                    if on_gpu
-                    else memory_limit or 0
+                rows = rows_for_bytes(t.width, share(frac * pool, device_weights, t.name), policy)
+            if rows < 1:
+                raise ConfigError(
+                    f"tier sizing: table {t.name!r} gets no device rows from "
+                    f"device fraction {frac}: raise it or the memory limit"
                 )
-                rows = rows_for_bytes(t.width, share(frac * pool, w), policy)
-                if rows < 1:
-                    raise ConfigError(
-                        f"tier sizing: table {t.name!r} gets no device rows from "
-                        f"device_fraction={frac}: raise it or the memory limit"
-                    )
-            if self.host_bytes is not None:
+            if own.host_fraction is not None:
+                host = int(own.host_fraction * (memory_limit or 0))
+            elif self.host_bytes is not None:
                 host = self.host_bytes
             elif self.host_fraction is not None:
-                host = share(self.host_fraction * (memory_limit or 0), w)
+                host = share(self.host_fraction * (memory_limit or 0), host_weights, t.name)
             else:
                 host = 0
             out[t.name] = (rows, host)

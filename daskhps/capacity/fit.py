@@ -214,7 +214,7 @@ def worker_memory(
     spec = sizing_spec(cfg)
     tiers = cfg.table.tiers
     policy = tiers.policy
-    rows, host_budget = tiers.sizing.resolve(
+    rows, host_budget = cfg.tier_sizing().resolve(
         [spec], memory_limit, "cpu", policy, check_budget=False
     )[spec.name]
     batch = keys.largest_pass_per_owner or 0

@@ -19,7 +19,7 @@ from daskhps.config.table import (
     TableConfig,
     TiersConfig,
 )
-from daskhps.config.tables import TableEntry
+from daskhps.config.tables import TableEntry, TableTiersConfig
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.source import TrainLogs
@@ -102,6 +102,11 @@ def key_tree() -> dict[str, Any]:
             optimizer=_node(OptimizerSpec.key_names()),
             admission=_node(AdmissionConfig.key_names()),
             expiry=_node(ExpiryConfig.key_names()),
+            tiers=_node(
+                TableTiersConfig.key_names(),
+                device=_node(DeviceTierConfig.key_names()),
+                host=_node(HostTierConfig.key_names()),
+            ),
         ),
         "model": {"name": None, "options": FREE},
         "dense_optimizer": _node(DenseOptimizerConfig.key_names()),

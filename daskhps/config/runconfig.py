@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx
 from daskhps.storage import use_options
 from daskhps.table.spec import TableSpec
-from daskhps.tier_sizing import MEMORY_BUDGET  # daskhps.config.MEMORY_BUDGET
+from daskhps.tier_sizing import MEMORY_BUDGET, TierSizing  # daskhps.config.MEMORY_BUDGET
 
 __all__ = ["MEMORY_BUDGET", "RunConfig", "load_config"]
 
@@ -158,6 +158,12 @@ class RunConfig:
             field_dims=dims,
         )
 
+    def tier_sizing(self) -> TierSizing:
+        """Every worker's tier budgets: ``table.tiers``, shared by the tables, and the budgets
+        of the tables that have their own (``tables[].tiers``)."""
+        own = tuple((t.name, t.tiers.budget()) for t in self.tables if t.tiers is not None)
+        return replace(self.table.tiers.sizing, own=own)
+
     def sparse_widths(self) -> tuple[int, ...]:
         """Per categorical field: the floats of its row the model reads."""
         return tuple(self.model.sparse_dim(d) for d in self.field_dims())
@@ -255,7 +261,7 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
             )
     # With cluster.gpu: true the device tier lives in GPU memory (auto may find none). Every
     # table has its tiers on every worker.
-    over = tiers.sizing.over_budget(
+    over = cfg.tier_sizing().over_budget(
         list(specs), cluster.memory_limit, on_gpu=cluster.gpu is True, policy=tiers.policy
     )
     if over and len(specs) > 1:

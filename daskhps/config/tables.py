@@ -23,11 +23,18 @@ settings and reads back equal. The fields no entry lists stay in the default tab
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
-from daskhps.config.table import AdmissionConfig, ExpiryConfig, TableConfig, store_name
+from daskhps.config.table import (
+    AdmissionConfig,
+    DeviceTierConfig,
+    ExpiryConfig,
+    HostTierConfig,
+    TableConfig,
+    store_name,
+)
 from daskhps.data.keyspace import MAX_TABLES
 from daskhps.data.schema import _expand
 from daskhps.models.spec import ModelSpec
@@ -35,6 +42,7 @@ from daskhps.options import Ctx, Int, Options, Problem, Seq, shown, validate
 from daskhps.table.admission import AdmissionRule
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.table.spec import TableSpec
+from daskhps.tier_sizing import OwnBudget
 
 __all__ = ["TableEntry", "default_table", "parse_tables"]
 
@@ -108,6 +116,28 @@ def _feature_names(written: Any, dim: Any) -> Any:
     return [name for _, name in feature_items(written)]
 
 
+class TableTiersConfig(Options):
+    """A table's own tier budgets: each one written is the table's alone (a fraction of the
+    worker memory limit, or device rows); each one left out the table shares with the other
+    tables that leave it out (``table.tiers``, about the same rows each)."""
+
+    device: DeviceTierConfig | None = None
+    """The table's own device cache: `rows` or `fraction`; null: a share of the run's."""
+    host: HostTierConfig | None = None
+    """The table's own host tier; null: a share of the run's."""
+    policy: Literal["lru", "lfu"] | None = None
+    """Eviction policy of the table's device and host tiers; null: `table.tiers.policy`."""
+
+    def budget(self) -> OwnBudget:
+        d, h = self.device, self.host
+        return OwnBudget(
+            device_fraction=d.fraction if d is not None else None,
+            device_rows=d.rows if d is not None else None,
+            host_fraction=h.fraction if h is not None else None,
+            policy=self.policy,
+        )
+
+
 class TableEntry(Options):
     """One embedding table of ``tables``: the categorical fields it holds (``features``) and
     the table's settings. A key left out is the ``table`` section's; the features of a table
@@ -133,6 +163,8 @@ class TableEntry(Options):
     """When a key gets a row; a key left out is `table.admission`'s."""
     expiry: ExpiryConfig = ExpiryConfig()
     """When rows leave the table; a key left out is `table.expiry`'s."""
+    tiers: TableTiersConfig | None = None
+    """The table's own tier budgets and policy; null: shares of `table.tiers`."""
 
     @model_validator(mode="before")
     @classmethod

@@ -169,6 +169,7 @@ class WorkerShards:
         budgets = self.sizing.resolve(
             list(self.specs.values()), self.memory_limit, self.device, self.policy
         )
+        policies = {name: b.policy for name, b in self.sizing.own if b.policy is not None}
         opened: dict[str, dict[str, int]] = {}
         for name, spec in self.specs.items():
             rows, host_bytes = budgets[name]
@@ -180,7 +181,7 @@ class WorkerShards:
                         device_rows=rows,
                         host_bytes=host_bytes,
                         device=self.device,
-                        policy=self.policy,
+                        policy=policies.get(name, self.policy),  # type: ignore[arg-type]
                         mode=self.mode,
                         commit=self.commit_name,
                         store=self.store_options,

@@ -98,6 +98,7 @@ POLICY: tuple[Rule, ...] = (
     Rule("tables.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
     Rule("tables.optimizer.lr", True, True, "a learning rate may be tuned"),
     Rule("tables.admission", False, True, _ADMISSION),
+    Rule("tables.tiers", True, True, _SPEED),
     Rule("tables.expiry", False, True, _EXPIRY),
     Rule("model", False, False, _MODEL),
     Rule("dense_optimizer.kind", False, False, "what the stored optimizer state means"),

@@ -87,7 +87,7 @@ class RunParts:
         return WorkerShards(
             cfg.table_specs(),
             stores,
-            cfg.table.tiers.sizing,
+            cfg.tier_sizing(),
             policy=cfg.table.tiers.policy,
             store=cfg.table.tiers.store,
             mode="a",

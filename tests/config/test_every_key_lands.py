@@ -75,6 +75,9 @@ SECTIONS = {
     "tables.optimizer": "tables.optimizer.kind",
     "tables.admission": "tables.admission.min_count",
     "tables.expiry": "tables.expiry.ttl_days",
+    "tables.tiers": "tables.tiers.policy",
+    "tables.tiers.device": "tables.tiers.device.rows",
+    "tables.tiers.host": "tables.tiers.host.fraction",
 }
 
 
@@ -532,6 +535,18 @@ def listed_updates(b: Built) -> tuple[float, ...]:
     return _rounded(rows - before)
 
 
+def listed_tiers(b: Built) -> tuple[int, int, str, str | None]:
+    """The first listed table's device rows, host bytes and policies, as its shard opened."""
+    t = b.host.tables[_listed(b)]
+    host = t.host
+    return (
+        int(t.device_cache.capacity_rows),
+        0 if host is None else int(host.capacity_bytes),
+        t.device_cache.policy,
+        None if host is None else host.policy,
+    )
+
+
 def listed_admitted(b: Built) -> list[int]:
     """Which of 400 keys without rows, seen 1-4 times, the shards admit to the first listed
     table (all of them without a rule)."""
@@ -786,6 +801,10 @@ LANDINGS: dict[str, Landing] = {
     "tables.admission.probability": T(listed_admitted, admission={"probability": 0.5}),
     "tables.expiry.ttl_days": T(listed_expired, expiry={"ttl_days": 2}),
     "tables.expiry.max_rows": T(listed_expired, expiry={"max_rows": 100}),
+    "tables.tiers.device.rows": T(listed_tiers, tiers={"device": {"rows": 500}}),
+    "tables.tiers.device.fraction": T(listed_tiers, tiers={"device": {"fraction": 0.0005}}),
+    "tables.tiers.host.fraction": T(listed_tiers, tiers={"host": {"fraction": 0.01}}),
+    "tables.tiers.policy": T(listed_tiers, tiers={"policy": "lfu"}),
     "tables.expiry.score": T(
         listed_expired, {"expiry": {"max_rows": 100}}, expiry={"max_rows": 100, "score": "lru"}
     ),

@@ -168,6 +168,7 @@ def test_round_trip_through_to_dict_and_a_yaml_file(tmp_path: Path) -> None:
         "seed": 0,
         "admission": {"min_count": 2, "probability": 1.0},
         "expiry": {"ttl_days": 3, "max_rows": None, "score": "lfu"},
+        "tiers": None,
     }
     assert RunConfig.from_dict(d) == cfg
     again = load_config(write(tmp_path, cfg.to_yaml(), "config.yaml"))

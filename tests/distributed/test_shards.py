@@ -226,3 +226,34 @@ def test_untagged_shards_of_several_tables_need_a_name(tmp_path):
     with pytest.raises(ClusterError, match="untagged keys: name the table"):
         shards.stage(None, torch.tensor([1, 2]))
     shards.close(uncommitted="drop")
+
+
+def test_a_table_with_budgets_of_its_own_takes_them_and_the_others_share_the_rest():
+    from daskhps.tier_sizing import OwnBudget
+
+    third = TableSpec("third", dim=4, optimizer=OptimizerSpec(kind="sgd"))
+    own = (("wide", OwnBudget(device_rows=77, host_fraction=0.1, policy="lfu")),)
+    got = TierSizing(0.2, 0.25, own=own).resolve([SMALL, WIDE, third], GiB)
+    assert got["wide"] == (77, int(0.1 * GiB))
+    alone = TierSizing(0.2, 0.25).resolve([SMALL, third], GiB)
+    assert got["small"] == alone["small"] and got["third"] == alone["third"]  # WIDE is not in
+    # what the memory check counts: the shared fractions and every own one
+    with pytest.raises(ConfigError, match=r"wide's host\.fraction 0\.3"):
+        TierSizing(0.2, 0.2, own=(("wide", OwnBudget(host_fraction=0.3)),)).resolve(
+            [SMALL, WIDE], GiB
+        )
+    # a table with all its budgets its own leaves the run's budgets uncounted when alone
+    both = (("wide", OwnBudget(device_fraction=0.1, host_fraction=0.1)),)
+    assert TierSizing(0.5, 0.5, own=both).over_budget([WIDE], GiB, on_gpu=False) is None
+
+
+def test_a_tables_own_policy_reaches_its_tiers(tmp_path):
+    from daskhps.tier_sizing import OwnBudget
+
+    sizing = TierSizing(device_rows=8, host_bytes=1 << 20, own=(("wide", OwnBudget(policy="lfu")),))
+    shards = WorkerShards([SMALL, WIDE], tmp_path, sizing)
+    _host(shards, ["tcp://w:0"], "tcp://w:0")
+    shards.open()
+    assert shards.tables["wide"].device_cache.policy == "lfu"
+    assert shards.tables["small"].device_cache.policy == "lru"
+    shards.close(uncommitted="drop")
