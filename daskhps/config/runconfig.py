@@ -268,15 +268,19 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
         names = ", ".join(s.name for s in specs)
         over += f"; each of the {len(specs)} tables ({names}) has these tiers on every worker"
     if over:
-        raise ctx.error("table.tiers", over)
+        own = [i for i, t in enumerate(cfg.tables) if t.tiers is not None]
+        raise ctx.error(f"tables[{own[0]}].tiers" if own else "table.tiers", over)
     if len(set(cfg.field_dims())) > 1:  # a model that reads one width for every field says so
         try:
             cfg.build_model()
         except ConfigError as e:
-            key = "model.options.field_projection" if "field_projection" in str(e) else "model"
-            raise ctx.error(key, _after_origin(str(e))) from None
+            key = "model.options.field_projection" if "field_projection" in str(e) else "model.name"
+            raise ctx.error(key, _in_tables(str(e), cfg)) from None
 
 
-def _after_origin(message: str) -> str:
-    """A model spec's error without the ``<file>: model:`` its spec put in front."""
-    return message.split(": model: ", 1)[-1]
+def _in_tables(message: str, cfg: RunConfig) -> str:
+    """A model's error about its fields' widths in the config's words: without the
+    ``<file>: model:`` its spec put in front, and the tables for the field numbers."""
+    message = message.split(": model: ", 1)[-1]
+    tables = "; ".join(f"table {t.name!r}: dim {t.dim}" for t in cfg.embedding_tables())
+    return re.sub(r"\(\d+: fields? [^)]*\)", f"({tables})", message, count=1)

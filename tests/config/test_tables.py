@@ -247,6 +247,16 @@ CASES = [
      "tables[0].features[0].size", "{name: C4", "mapping with keys name, dim"),
     (MINIMAL + "tables:\n  - name: t\n    features: [7]\n", "tables[0].features[0]", "features:",
      "expected a field name"),
+    # a model that needs one width, given two
+    (TWO + "model:\n  name: dlrm\n  options:\n    field_projection: false\n",
+     "model.options.field_projection", "field_projection: false",
+     "widths 16 and 32 (table 'ids': dim 32; table 'embeddings': dim 16); set "
+     "model.options.field_projection to true"),
+    (TWO + "model:\n  name: tests.models.user_model:TinyModel\n", "model.name", "TinyModel",
+     "takes one embedding_dim for every field, but the tables give the fields widths 16 and 32"),
+    # a table's own tiers count beside the run's
+    (TWO + "    tiers: {host: {fraction: 0.3}}\n", "tables[0].tiers", "tiers:",
+     "ids's host.fraction 0.3"),
     # every table has its tiers on every worker: three tables of device.rows do not fit
     (EXAMPLE + "cluster: {memory_limit: 1GiB}\ntable:\n  tiers:\n    device: {rows: 1000000}\n",
      "table.tiers", "  tiers:", "each of the 3 tables (ids, small, embeddings)"),
