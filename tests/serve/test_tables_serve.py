@@ -24,6 +24,7 @@ from daskhps.config import RunConfig
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.data.readers import read_click_log
 from daskhps.distributed import start_cluster
+from daskhps.errors import DataError
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.serve import Servable, load_servable
 from daskhps.serve.export import META, export_model
@@ -110,6 +111,18 @@ def test_a_checkpoint_of_several_tables_is_a_servable_of_each(run: Any) -> None:
     assert [v.spec.dim for v in s.tables] == [8, 2, 4]
     assert {v.commit for v in s.tables} == {run["ckpts"][-1].commit}
     assert s.table == s.tables[0] and s.several_tables
+    # one lookup of every table's keys: each row from its table, zeros beyond its width
+    keys = run["frame"][list(s.config.data.schema.categorical_names)].to_numpy(np.int64)
+    keys = torch.from_numpy(np.concatenate([keys[:20, 0], keys[:20, 4], keys[:20, 9]]))
+    with TablesLookup(s.tables, device_rows=30, host_bytes=1 << 10, fields=[3, 3, 20]) as lk:
+        rows = lk.lookup(keys)
+        assert rows.shape == (60, 8)
+        for i, v in enumerate(s.tables):
+            got = rows[20 * i : 20 * (i + 1)]
+            want = reference_rows(v, keys[20 * i : 20 * (i + 1)])[:, : v.spec.dim]
+            assert torch.equal(got[:, : v.spec.dim], want) and not got[:, v.spec.dim :].any()
+        with pytest.raises(DataError, match=r"names table 5, but the model has 3 tables"):
+            lk.lookup(torch.tensor([5 << TABLE_SHIFT]))
 
 
 def test_predict_equals_the_trainers_evaluation(run: Any, client: Any) -> None:
