@@ -20,10 +20,11 @@ is one key, one row.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from daskhps.data.hashing import hash_column, missing_key
+from daskhps.data.hashing import hash_column, hash_rows, missing_key
 
 __all__ = ["LOW_MASK", "MAX_TABLES", "TABLE_SHIFT", "FieldKeys", "table_of"]
 
@@ -58,6 +59,16 @@ class FieldKeys:
     def hash(self, values: object, field: int) -> np.ndarray:
         """int64 keys of field ``field``'s values (a missing value has the missing key)."""
         return self.tag(hash_column(values, self.salts[field]), field)
+
+    def hash_rows(self, cells: Any) -> np.ndarray:
+        """Keys of rows of cells of every field in one pass, ``int64[n, F]``: cell ``i * F + j``
+        is field ``j`` of row ``i`` (:func:`~daskhps.data.hashing.hash_rows`), each key the one
+        :meth:`hash` gives it (salted, and tagged with its table)."""
+        keys = hash_rows(cells, self.salts)
+        if self.tables is not None:
+            keys &= LOW_MASK
+            keys |= np.array(self.tables, dtype=np.int64) << TABLE_SHIFT
+        return keys
 
     def missing(self, field: int) -> int:
         """The key of a missing value of field ``field``."""

@@ -108,10 +108,12 @@ def run_export(args: argparse.Namespace) -> int:
     res = export_model(
         load_servable(args.model, args.checkpoint), args.out, overwrite=args.overwrite
     )
-    print(
-        f"exported {res.keys:,} keys x {res.sparse_dim} floats and the TorchScript model to "
-        f"{res.out} ({res.bytes / 2**20:.1f} MiB)"
+    rows = (
+        f"{res.keys:,} keys x {res.sparse_dim} floats"
+        if res.tables == 1
+        else f"{res.keys:,} keys of {res.tables} tables (up to {res.sparse_dim} floats each)"
     )
+    print(f"exported {rows} and the TorchScript model to {res.out} ({res.bytes / 2**20:.1f} MiB)")
     return 0
 
 

@@ -12,6 +12,14 @@
                         clip/transform/fill, the key hash (hps64, constants, per-field salts),
                         and the initial value of a key the dump lacks
 
+A run with several embedding tables exports a dump per table (``keys-<table>.npy``,
+``embeddings-<table>.npy``, each table's keys tagged with its index as the run makes them) and
+in ``export.json`` the map of each field to its table (``feature_tables``: name, index, dim,
+``shared_keys``), every table's file names and initial-value rule (``tables``), and how a key
+carries its table (``key_hash``). When the tables' widths differ, ``sparse`` is flat:
+``sparse[B, sum of the fields' widths]``, field ``f``'s row at columns ``columns[f]``, as the
+trainer builds it (daskhps.training.worker.field_columns).
+
 ``sparse[b, f]`` is the row of the key of field ``f`` of example ``b`` (multi-hot fields: the
 sum or mean of their rows, as the field's pooling says). Keys are daskhps's ``hps64`` hashes of
 (field, value). A key missing from the dump was never trained: daskhps gives it its initial
@@ -40,8 +48,7 @@ import torch
 
 from daskhps._paths import check_writable_dir
 from daskhps._version import __version__
-from daskhps.data.describe import features
-from daskhps.data.hashing import hash_spec
+from daskhps.data.describe import features, key_hash
 from daskhps.errors import StoreExistsError
 from daskhps.serve.stores import ShardedStores, check_stores
 from daskhps.serve.version import Servable
@@ -60,17 +67,16 @@ _CHUNK = 1 << 20  # keys read per step: bounds memory on large tables
 class ExportResult:
     out: Path
     keys: int
-    sparse_dim: int
+    sparse_dim: int  # the widest table's, with several
     bytes: int
+    tables: int = 1
 
 
-def _trace(model: torch.nn.Module, num_dense: int, num_fields: int, sdim: int) -> Any:
+def _trace(model: torch.nn.Module, num_dense: int, sparse: tuple[int, ...]) -> Any:
     gen = torch.Generator().manual_seed(0)
 
     def example(b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(b, num_dense, generator=gen), torch.randn(
-            b, num_fields, sdim, generator=gen
-        )
+        return torch.randn(b, num_dense, generator=gen), torch.randn(b, *sparse, generator=gen)
 
     with _quiet_jit():
         return torch.jit.trace(model, example(8), check_inputs=[example(3)])
@@ -109,52 +115,133 @@ def export_model(
     schema = cfg.data.schema
     nd, nf = len(schema.dense_names), len(schema.categorical_names)
     spec = servable.table.spec
-    check_stores(servable.table, servable.name)
-    stores = ShardedStores(servable.table)
+    several = servable.several_tables
+    for table in servable.tables:
+        check_stores(table, servable.name)
+    widths = cfg.sparse_widths()
+    sparse = (nf, spec.dim) if not several or len(set(widths)) == 1 else (sum(widths),)
+    files = [_dump_names(t.spec.name if several else None) for t in servable.tables]
+    opened: list[ShardedStores] = []
     try:
+        for table in servable.tables:  # every store opens before anything is written
+            opened.append(ShardedStores(table))
         outp.mkdir(parents=True, exist_ok=True)
         (outp / META).unlink(missing_ok=True)  # written last: a torn export has none
         model = servable.build_model()
-        traced = _trace(model, nd, nf, spec.dim)
+        traced = _trace(model, nd, sparse)
         with _quiet_jit():
             torch.jit.save(traced, str(outp / MODEL))
-        total = len(stores)
-        keys_out = np.lib.format.open_memmap(outp / KEYS, mode="w+", dtype=np.int64, shape=(total,))
-        emb_out = np.lib.format.open_memmap(
-            outp / EMBEDDINGS, mode="w+", dtype=np.float32, shape=(total, spec.dim)
-        )
-        at = 0
-        for store in stores.stores:
-            keys = store.keys()
-            for part in keys.split(_CHUNK):
-                rows = store.lookup(part).rows
-                keys_out[at : at + len(part)] = part.numpy()
-                emb_out[at : at + len(part)] = rows[:, : spec.dim].numpy()
-                at += len(part)
-        keys_out.flush()
-        emb_out.flush()
-        del keys_out, emb_out
+        counts = [
+            _dump(stores, outp / k, outp / e) for stores, (k, e) in zip(opened, files, strict=True)
+        ]
     finally:
-        stores.close()
-    meta = {
+        for stores in opened:
+            stores.close()
+    meta: dict[str, Any] = {
         "daskhps_version": __version__,
         "model": servable.name,
         "model_class": cfg.model.name,
         "commit": servable.table.commit,
         "inputs": {
             "dense": {"shape": ["B", nd], "columns": list(schema.dense_names)},
-            "sparse": {"shape": ["B", nf, spec.dim], "fields": list(schema.categorical_names)},
+            "sparse": {"shape": ["B", *sparse], "fields": list(schema.categorical_names)},
         },
         "output": "logits[B]; probability = sigmoid(logit)",
-        "keys": total,
+        "keys": sum(counts),
         "features": features(schema),
-        "key_hash": hash_spec(),
-        "unseen_keys": {
+        "key_hash": key_hash(schema),
+    }
+    if not several:
+        meta["unseen_keys"] = {
             "rule": "init_embedding(key, seed, dim, scale) of daskhps.table.init",
             **init_spec(spec.seed, spec.dim, spec.scale),
-        },
-        "files": {"model": MODEL, "keys": KEYS, "embeddings": EMBEDDINGS},
-    }
+        }
+        meta["files"] = {"model": MODEL, "keys": files[0][0], "embeddings": files[0][1]}
+    else:
+        _tables_meta(meta, servable, files, counts)
     (outp / META).write_text(json.dumps(meta, indent=1))
-    size = sum((outp / f).stat().st_size for f in (MODEL, KEYS, EMBEDDINGS, META))
-    return ExportResult(outp, total, spec.dim, size)
+    size = sum((outp / f).stat().st_size for f in (MODEL, META, *(f for kf in files for f in kf)))
+    return ExportResult(outp, sum(counts), max(widths), size, len(servable.tables))
+
+
+def _dump_names(table: str | None) -> tuple[str, str]:
+    """The keys and embeddings files of ``table``'s dump (None: the run's one table)."""
+    if table is None:
+        return KEYS, EMBEDDINGS
+    return f"keys-{table}.npy", f"embeddings-{table}.npy"
+
+
+def _dump(stores: ShardedStores, keys_path: Path, rows_path: Path) -> int:
+    """Write every key ``stores`` hold at their commit (rank by rank) and the model's columns
+    of its row; returns how many keys."""
+    spec = stores.spec
+    total = len(stores)
+    keys_out = np.lib.format.open_memmap(keys_path, mode="w+", dtype=np.int64, shape=(total,))
+    emb_out = np.lib.format.open_memmap(
+        rows_path, mode="w+", dtype=np.float32, shape=(total, spec.dim)
+    )
+    at = 0
+    for store in stores.stores:
+        keys = store.keys()
+        for part in keys.split(_CHUNK):
+            rows = store.lookup(part).rows
+            keys_out[at : at + len(part)] = part.numpy()
+            emb_out[at : at + len(part)] = rows[:, : spec.dim].numpy()
+            at += len(part)
+    keys_out.flush()
+    emb_out.flush()
+    del keys_out, emb_out
+    return total
+
+
+def _tables_meta(
+    meta: dict[str, Any], servable: Servable, files: list[tuple[str, str]], counts: list[int]
+) -> None:
+    """``export.json``'s sections of a run with several tables: which table each field reads,
+    each table's dump and initial rows, and the flat input's columns when widths differ."""
+    cfg = servable.config
+    entries = cfg.embedding_tables()
+    at = cfg.field_tables()
+    widths = cfg.sparse_widths()
+    names = cfg.data.schema.categorical_names
+    meta["feature_tables"] = {
+        f: {
+            "table": entries[t].name,
+            "index": t,
+            "dim": widths[i],
+            "shared_keys": bool(entries[t].shared_keys),
+        }
+        for i, (f, t) in enumerate(zip(names, at, strict=True))
+    }
+    if len(set(widths)) > 1:
+        ends = np.cumsum(widths).tolist()
+        meta["inputs"]["sparse"]["columns"] = {
+            f: [e - w, e] for f, w, e in zip(names, widths, ends, strict=True)
+        }
+        meta["inputs"]["sparse"]["layout"] = (
+            "flat: field f's row (its table's dim floats) at columns [start, end) of "
+            "columns[f], the fields in order"
+        )
+    meta["tables"] = [
+        {
+            "name": v.spec.name,
+            "index": i,
+            "dim": v.spec.dim,
+            "shared_keys": bool(entries[i].shared_keys),
+            "fields": [f for f, t in zip(names, at, strict=True) if t == i],
+            "keys": n,
+            "files": {"keys": k, "embeddings": e},
+            "unseen_keys": init_spec(v.spec.seed, v.spec.dim, v.spec.scale),
+        }
+        for i, (v, (k, e), n) in enumerate(zip(servable.tables, files, counts, strict=True))
+    ]
+    meta["unseen_keys"] = {
+        "rule": "init_embedding(key, seed, dim, scale) of daskhps.table.init, with the tagged "
+        "key and its table's seed, dim and scale (tables[i].unseen_keys)"
+    }
+    meta["files"] = {
+        "model": MODEL,
+        "tables": {
+            v.spec.name: t["files"] for v, t in zip(servable.tables, meta["tables"], strict=True)
+        },
+    }

@@ -8,9 +8,9 @@
 
     poll thread    every poll_s: read CURRENT ──changed──► prepare (beside the served view):
                      load the checkpoint, build its dense model with the new weights; the
-                     same table: open the new commit's stores and diff segment sets
-                     (lookup.prepare); another table or model (dim, schema, model class):
-                     open a whole new lookup
+                     same table(s): open the new commit's stores and diff segment sets, table
+                     by table (lookup.prepare); another table or model (dim, schema, model
+                     class, the tables or how fields are keyed): open a whole new lookup
     IO loop thread requests, one at a time ──► swap, between two requests:
                      the same table: swap the stores, replace the cached rows of changed
                      keys (lookup.refresh(prepared)), then the dense model; another table:
@@ -45,6 +45,7 @@ from daskhps.serve.lookup import PreparedRefresh
 from daskhps.serve.requests import RowReader
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.stores import check_stores
+from daskhps.serve.tables import PreparedTables
 from daskhps.serve.version import Servable, load_servable
 
 __all__ = ["ModelSource", "OnlineModel", "Prepared", "Published", "Swap"]
@@ -97,7 +98,8 @@ class ModelSource:
 
     def load(self, published: Published) -> Servable:
         servable = load_servable(published.checkpoint or self.path)
-        check_stores(servable.table, str(self.path))
+        for table in servable.tables:
+            check_stores(table, str(self.path))
         return servable
 
 
@@ -108,7 +110,8 @@ class Prepared:
     published: Published
     servable: Servable
     model: torch.nn.Module
-    refresh: PreparedRefresh | None  # the same table: its stores opened beside, the delta
+    refresh: PreparedRefresh | PreparedTables | None  # the same tables: their stores opened
+    # beside the served ones, and each table's delta
     scorer: Scorer | None  # a whole new view: the table or the model is another
     reader: RowReader | None  # with a new view: the reader of its schema
     seconds: float
@@ -193,16 +196,17 @@ class OnlineModel:
         servable = self.source.load(published)
         old = self.scorer.servable
         same = (
-            servable.table.spec == old.table.spec
+            [t.spec for t in servable.tables] == [t.spec for t in old.tables]
             and servable.config.model == old.config.model
             and servable.config.data.schema == old.config.data.schema
+            and servable.config.field_keys() == old.config.field_keys()
         )
-        refresh: PreparedRefresh | None = None
+        refresh: PreparedRefresh | PreparedTables | None = None
         scorer: Scorer | None = None
         reader: RowReader | None = None
         if same:
             model = servable.build_model()
-            refresh = self.scorer.lookup.prepare(servable.table)
+            refresh = self.scorer.prepare(servable)
         else:
             scorer = Scorer(servable, self.sizes, self.batch_size)
             reader = RowReader(scorer.schema, self.max_rows)
@@ -222,7 +226,7 @@ class OnlineModel:
             changed = -1
         else:
             assert prepared.refresh is not None
-            report = self.scorer.lookup.refresh(prepared.refresh)
+            report = self.scorer.refresh(prepared.refresh)
             self.scorer.model = prepared.model
             self.scorer.servable = prepared.servable
             how, changed = report.how, report.changed_keys

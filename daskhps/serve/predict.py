@@ -228,7 +228,8 @@ def predict(
     check_label_mode(labels)
     files = resolve_files(data)
     outp = Path(out)
-    check_stores(servable.table, servable.name)
+    for table in servable.tables:
+        check_stores(table, servable.name)
     _prepare_out(outp, overwrite)
     cfg = servable.config
     job = _Job(

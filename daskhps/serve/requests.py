@@ -27,7 +27,6 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from daskhps.data.hashing import hash_rows
 from daskhps.data.parse import _dense_out, _numeric, parse_columns, parse_text
 from daskhps.data.schema import CategoricalField, DenseField, Schema
 from daskhps.errors import DaskHPSError, DataError
@@ -87,11 +86,12 @@ class RowReader:
     JSON rows of a single-hot schema go one fast way: every dense cell of the request in one
     Arrow array, parsed and transformed as :func:`read_rows` parses a column
     (daskhps.data.parse), and every categorical cell keyed in one pass
-    (:func:`~daskhps.data.hashing.hash_rows`), with no frame in between. What it does not take
-    as it is (a mix of value types other than a column-by-column parse would read alike, any
-    bad value, a multi-hot schema, log lines) goes the general way, :func:`read_rows` then
-    :meth:`Inputs.from_frame <daskhps.serve.inputs.Inputs.from_frame>`, which names the row and
-    the field of a bad one. Both give the same inputs, bit for bit.
+    (:meth:`FieldKeys.hash_rows <daskhps.data.keyspace.FieldKeys.hash_rows>`: salted and,
+    with several tables, tagged as the run's parser keys them), with no frame in between.
+    What it does not take as it is (a mix of value types other than a column-by-column parse
+    would read alike, any bad value, a multi-hot schema, log lines) goes the general way,
+    :func:`read_rows` then :meth:`Inputs.from_frame <daskhps.serve.inputs.Inputs.from_frame>`,
+    which names the row and the field of a bad one. Both give the same inputs, bit for bit.
     """
 
     def __init__(self, schema: Schema, max_rows: int) -> None:
@@ -100,6 +100,7 @@ class RowReader:
         self._features = frozenset(schema.feature_columns)
         self._fast = not any(f.multi_hot for f in schema.categorical)
         self._cats = schema.categorical_names
+        self._keys = schema.field_keys  # the run's: salts, and table tags with several tables
         # Dense fields by treatment: the transform is elementwise, one call a treatment.
         groups: dict[tuple[Any, ...], list[int]] = {}
         for j, f in enumerate(schema.dense):
@@ -136,7 +137,7 @@ class RowReader:
                 return None
             cells = [str(v) if type(v) is int else v for v in cells]  # as an int column is
         try:
-            keys = hash_rows(pa.array(cells, pa.large_string()), self._cats)
+            keys = self._keys.hash_rows(pa.array(cells, pa.large_string()))
         except (pa.ArrowException, ValueError):  # a string Arrow cannot hold: the general way
             return None
         return Inputs(torch.from_numpy(dense), torch.from_numpy(keys))

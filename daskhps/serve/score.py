@@ -9,6 +9,11 @@ One task per input file, on any worker (no process group, no collective)::
 
 ``daskhps serve`` scores a request's rows with the same :class:`Scorer` (daskhps.serve.online).
 
+A run with several embedding tables is scored the same way: its keys carry their table
+(daskhps.data.keyspace), a :class:`~daskhps.serve.tables.TablesLookup` looks each up in its
+table's caches and stores, and the model's input is laid out as the trainer's
+(``field_columns``: flat ``[B, sum of the fields' widths]`` when the widths differ).
+
 Every worker keeps one :class:`Scorer` per prediction job: the dense model and a read-only
 lookup over *all* rank stores (HPS-style: each inference node sees the whole table through
 its caches), so files are scored independently and the job scales with workers. The stores
@@ -32,9 +37,10 @@ import torch
 from daskhps.data.schema import Schema
 from daskhps.distributed.exchange import Routing
 from daskhps.serve.inputs import Inputs
-from daskhps.serve.lookup import ServingLookup
+from daskhps.serve.lookup import PreparedRefresh, RefreshReport, ServingLookup
+from daskhps.serve.tables import PreparedTables, TablesLookup
 from daskhps.serve.version import Servable
-from daskhps.training.worker import BagPooling, bag_pooling, sparse_input
+from daskhps.training.worker import BagPooling, bag_pooling, field_columns, sparse_input
 
 __all__ = ["Scorer", "predict_frame", "score_inputs"]
 
@@ -47,9 +53,12 @@ def score_inputs(
     lookup_fn: LookupFn,
     inputs: Inputs,
     batch_size: int = 4096,
+    columns: torch.Tensor | None = None,
 ) -> np.ndarray:
     """Click probabilities (``float32[n]``, row order) of parsed rows, ``batch_size`` rows a
-    forward, with ``model`` in eval mode.
+    forward, with ``model`` in eval mode. ``columns``: tables of different widths, the
+    trainer's :func:`~daskhps.training.worker.field_columns` (the rows then are padded to
+    the widest).
 
     Each batch as the trainer's evaluation runs it as one rank
     (:func:`daskhps.training.worker.batch_forward`), bit for bit, without what a rank needs
@@ -69,7 +78,7 @@ def score_inputs(
             rows = lookup_fn(uniq).cpu()
             k = [len(uniq)]
             routing = Routing(uniq, inverse.reshape(keys.shape), k, uniq, k)
-            logits = model(dense, sparse_input(rows, routing, offsets, pooling))
+            logits = model(dense, sparse_input(rows, routing, offsets, pooling, columns))
             out[lo:hi] = torch.sigmoid(logits).numpy()
     return out
 
@@ -108,6 +117,29 @@ class CacheSizes:
     device: str = "cpu"
 
 
+def open_lookup(servable: Servable, sizes: CacheSizes) -> ServingLookup | TablesLookup:
+    """The serving lookup of ``servable``'s table, or of its several tables (the caches split
+    over them by how many fields each serves)."""
+    policy = servable.config.table.tiers.policy
+    if not servable.several_tables:
+        return ServingLookup(
+            servable.table,
+            device_rows=sizes.device_rows,
+            host_bytes=sizes.host_bytes,
+            device=sizes.device,
+            policy=policy,
+        )
+    at = servable.config.field_tables()
+    return TablesLookup(
+        servable.tables,
+        device_rows=sizes.device_rows,
+        host_bytes=sizes.host_bytes,
+        device=sizes.device,
+        policy=policy,
+        fields=[at.count(i) for i in range(len(servable.tables))],
+    )
+
+
 class Scorer:
     """The dense model and a serving lookup, shared by the threads of one process."""
 
@@ -117,13 +149,9 @@ class Scorer:
         self.schema = servable.config.data.schema
         self.pooling = bag_pooling(self.schema)
         self.batch_size = batch_size
-        self.lookup = ServingLookup(
-            servable.table,
-            device_rows=sizes.device_rows,
-            host_bytes=sizes.host_bytes,
-            device=sizes.device,
-            policy=servable.config.table.tiers.policy,
-        )
+        self.lookup = open_lookup(servable, sizes)
+        cfg = servable.config
+        self.columns = field_columns(cfg.sparse_widths()) if servable.several_tables else None
         self._lock = threading.Lock()  # the caches are not thread-safe; the model is
 
     def _lookup(self, keys: torch.Tensor) -> torch.Tensor:
@@ -135,7 +163,25 @@ class Scorer:
         model = self.model
         if model.training:
             model.eval()
-        return score_inputs(model, self.pooling, self._lookup, inputs, self.batch_size)
+        return score_inputs(
+            model, self.pooling, self._lookup, inputs, self.batch_size, self.columns
+        )
+
+    def prepare(self, servable: Servable) -> PreparedRefresh | PreparedTables:
+        """Open ``servable``'s tables (the same tables, a newer commit) beside the served
+        ones and find the delta (:meth:`ServingLookup.prepare`; any thread)."""
+        if isinstance(self.lookup, TablesLookup):
+            return self.lookup.prepare(servable.tables)
+        return self.lookup.prepare(servable.table)
+
+    def refresh(self, prepared: PreparedRefresh | PreparedTables) -> RefreshReport:
+        """Move the caches to what :meth:`prepare` opened (between two scorings)."""
+        with self._lock:
+            if isinstance(self.lookup, TablesLookup):
+                assert isinstance(prepared, PreparedTables)
+                return self.lookup.refresh(prepared)
+            assert isinstance(prepared, PreparedRefresh)
+            return self.lookup.refresh(prepared)
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
         """Click probabilities of parsed log rows, in frame order."""

@@ -8,7 +8,9 @@ A :class:`TableVersion` names one committed state of a sharded table::
 
 A :class:`Servable` adds the run config (schema, model) and the dense weights. It comes from a
 checkpoint folder, a run directory (its latest checkpoint) or a retraining run's published
-version with :func:`load_servable`.
+version with :func:`load_servable`. A run with several embedding tables has a
+:class:`TableVersion` per table (``Servable.tables``, in the run's table order: a key's table
+index, bits 56..62, picks one), all at the same commit of the same stores folder.
 """
 
 from __future__ import annotations
@@ -73,13 +75,26 @@ class Servable:
     dense_state:
         The dense model's ``state_dict``.
     table:
-        Where the embedding rows are.
+        Where the embedding rows are: the run's table, or its first of several.
+    tables:
+        Every table's version, in the run's table order (a key's table index picks one);
+        left out: ``(table,)``.
     """
 
     name: str
     config: RunConfig
     dense_state: dict[str, torch.Tensor]
     table: TableVersion
+    tables: tuple[TableVersion, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            object.__setattr__(self, "tables", (self.table,))
+
+    @property
+    def several_tables(self) -> bool:
+        """True when the keys carry their table's index (daskhps.data.keyspace)."""
+        return len(self.tables) > 1
 
     def build_model(self) -> torch.nn.Module:
         """The dense model with the trained weights, in eval mode."""
@@ -99,14 +114,17 @@ class Servable:
     def from_checkpoint(cls, ckpt: Any) -> Servable:
         """From a :class:`daskhps.training.checkpoint.Checkpoint`."""
         cfg = ckpt.config
-        table = TableVersion(
-            stores_dir=Path(ckpt.stores_dir),
-            spec=ckpt.table_spec,
-            num_workers=int(ckpt.num_workers),
-            num_shards=int(ckpt.num_shards),
-            commit=str(ckpt.commit),
+        tables = tuple(
+            TableVersion(
+                stores_dir=Path(ckpt.stores_dir),
+                spec=spec,
+                num_workers=int(ckpt.num_workers),
+                num_shards=int(ckpt.num_shards),
+                commit=str(ckpt.commit),
+            )
+            for spec in ckpt.table_specs
         )
-        return cls(str(ckpt.name), cfg, ckpt.dense_state(), table)
+        return cls(str(ckpt.name), cfg, ckpt.dense_state(), tables[0], tables)
 
 
 def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:

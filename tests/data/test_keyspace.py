@@ -75,3 +75,23 @@ def test_a_keyed_schema_parses_to_keys_of_its_tables_and_pickles():
     assert [len(b) for b in bags] == [2, 1]  # an empty bag holds the missing key
     assert all((table_of(b) == 5).all() for b in bags)
     assert bags[1][0] == (missing_key("b") & LOW_MASK) | (5 << TABLE_SHIFT)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.text(max_size=12)), max_size=24),
+    st.lists(st.tuples(st.sampled_from(["C1", "C2", "shared"]), st.integers(0, MAX_TABLES)),
+             min_size=1, max_size=4),
+    st.booleans(),
+)  # fmt: skip
+def test_rows_of_cells_key_as_each_field_alone(cells, rules, tagged):
+    """``FieldKeys.hash_rows`` (the online request's one pass) is :meth:`FieldKeys.hash` of
+    each field's column: the same salt, the same table tag, missing cells alike."""
+    salts = tuple(s for s, _ in rules)
+    keying = FieldKeys(salts, tuple(t for _, t in rules) if tagged else None)
+    nf = len(rules)
+    cells = cells[: len(cells) // nf * nf]
+    got = keying.hash_rows(pa.array(cells, pa.large_string()))
+    assert got.shape == (len(cells) // nf, nf) and got.dtype == np.int64
+    for j in range(nf):
+        assert got[:, j].tolist() == keying.hash(pa.array(cells[j::nf], pa.string()), j).tolist()

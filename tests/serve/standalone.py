@@ -32,6 +32,8 @@ class Hps64:
             c["MISSING_TAG"],
             c["KEY_MASK"],
         )
+        # several tables: a key's table index in its bits from TABLE_SHIFT up
+        self.table_shift, self.low_mask = c.get("TABLE_SHIFT"), c.get("LOW_MASK")
 
     def fmix(self, x: int) -> int:
         x ^= x >> 30
@@ -52,11 +54,17 @@ class Hps64:
     def salt(self, field: str) -> int:
         return self.hash(field.encode("utf-8"), self.salt_seed)
 
-    def key(self, field: str, value: str | None) -> int:
+    def key(self, field: str, value: str | None, table: int | None = None) -> int:
+        """The key of ``value`` salted with the name ``field``, tagged with ``table``."""
         salt = self.salt(field)
         if value is None:
-            return self.fmix(salt ^ self.missing_tag) & self.key_mask
-        return self.hash(value.encode("utf-8"), salt) & self.key_mask
+            key = self.fmix(salt ^ self.missing_tag) & self.key_mask
+        else:
+            key = self.hash(value.encode("utf-8"), salt) & self.key_mask
+        if table is None:
+            return key
+        assert self.table_shift is not None and self.low_mask is not None
+        return (key & self.low_mask) | (table << self.table_shift)
 
 
 def dense_value(cell: str | None, f: dict[str, Any]) -> np.float32:
@@ -123,8 +131,11 @@ class Inputs:
         assert not any(f["separator"] for f in fields)  # single-hot logs in these tests
         names = self.meta["inputs"]["sparse"]["fields"]
         assert names == [f["name"] for f in fields]
+        # salted with salt_name (a shared table's name) and tagged with table, where given
+        rules = [(f["name"], f.get("salt_name", f["name"]), f.get("table")) for f in fields]
         return np.array(
-            [[self.hash.key(f, r[f]) for f in names] for r in rows], dtype=np.uint64
+            [[self.hash.key(salt, r[f], table) for f, salt, table in rules] for r in rows],
+            dtype=np.uint64,
         ).view(np.int64)
 
     def dense(self, rows: list[dict[str, str | None]]) -> np.ndarray:
@@ -136,9 +147,32 @@ class Inputs:
 
 
 def sparse_input(folder: Path, meta: dict[str, Any], keys: np.ndarray) -> np.ndarray:
-    """The rows of ``keys`` (``[B, F]``): from the dump, else their initial rows."""
-    dump_keys = np.load(folder / meta["files"]["keys"])
-    dump_rows = np.load(folder / meta["files"]["embeddings"])
+    """The rows of ``keys`` (``[B, F]``): from the dump, else their initial rows; with several
+    tables, each field's from its table's dump, laid out as ``inputs.sparse`` says."""
+    if "tables" not in meta:
+        return _rows(folder, meta["files"], meta["unseen_keys"], keys)
+    fields = meta["inputs"]["sparse"]["fields"]
+    tables = meta["tables"]
+    parts = []
+    for f, name in enumerate(fields):
+        t = tables[meta["feature_tables"][name]["index"]]
+        parts.append(_rows(folder, t["files"], t["unseen_keys"], keys[:, f]))
+    if len(meta["inputs"]["sparse"]["shape"]) == 2:  # flat: [B, sum of the fields' widths]
+        columns = meta["inputs"]["sparse"]["columns"]
+        widths = [p.shape[1] for p in parts]
+        ends = np.cumsum(widths).tolist()
+        assert [columns[f] for f in fields] == [
+            [e - w, e] for w, e in zip(widths, ends, strict=True)
+        ]
+        return np.concatenate(parts, axis=1)
+    return np.stack(parts, axis=1)
+
+
+def _rows(
+    folder: Path, files: dict[str, str], init: dict[str, Any], keys: np.ndarray
+) -> np.ndarray:
+    dump_keys = np.load(folder / files["keys"])
+    dump_rows = np.load(folder / files["embeddings"])
     order = np.argsort(dump_keys)
     sorted_keys = dump_keys[order]
     flat = keys.reshape(-1)
@@ -146,5 +180,5 @@ def sparse_input(folder: Path, meta: dict[str, Any], keys: np.ndarray) -> np.nda
     hit = sorted_keys[pos] == flat
     rows = np.empty((len(flat), dump_rows.shape[1]), dtype=np.float32)
     rows[hit] = dump_rows[order][pos[hit]]
-    rows[~hit] = initial_rows(flat[~hit], meta["unseen_keys"])
+    rows[~hit] = initial_rows(flat[~hit], init)
     return rows.reshape(*keys.shape, -1)

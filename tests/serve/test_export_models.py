@@ -28,7 +28,7 @@ def test_builtin_model_exports_to_torchscript(
     model = build_model(name, num_dense=num_dense, num_fields=5, embedding_dim=6, **options)
     model.eval()  # as Servable.build_model hands it to the export
     width = model.sparse_dim(6)
-    traced = _trace(model, num_dense, 5, width)
+    traced = _trace(model, num_dense, (5, width))
     path = tmp_path / "model.pt"
     with _quiet_jit():
         torch.jit.save(traced, str(path))
@@ -50,8 +50,9 @@ def test_builtin_model_exports_to_torchscript(
 def test_builtin_model_with_unequal_widths_exports_to_torchscript(
     tmp_path: Path, name: str, num_dense: int
 ) -> None:
-    # The flat sparse input of fields of unequal widths, traced as _trace does: on one batch
-    # size, checked on another, compared with the eager model on a third after a save and load.
+    # The flat sparse input of fields of unequal widths, traced by the export's _trace (one
+    # batch size, checked on another), compared with the eager model on a third after a save
+    # and load.
     dims = (3, 6, 1, 6, 4)
     torch.manual_seed(0)
     model = build_model(
@@ -65,8 +66,8 @@ def test_builtin_model_with_unequal_widths_exports_to_torchscript(
         return torch.randn(b, num_dense, generator=gen), torch.randn(b, width, generator=gen)
 
     path = tmp_path / "model.pt"
+    traced = _trace(model, num_dense, (width,))
     with _quiet_jit():
-        traced = torch.jit.trace(model, example(8), check_inputs=[example(3)])
         torch.jit.save(traced, str(path))
         loaded = torch.jit.load(str(path))
     dense, sparse = example(5)
