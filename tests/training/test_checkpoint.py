@@ -200,9 +200,9 @@ def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
     c = _write(tmp_path / "new", 1)
     m = json.loads((c.path / ck.MANIFEST).read_text())
-    m["format"] = 2
+    m["format"] = ck.FORMAT + 1
     (c.path / ck.MANIFEST).write_text(json.dumps(m))
-    with pytest.raises(CheckpointError, match="format 2 is newer"):
+    with pytest.raises(CheckpointError, match=f"format {ck.FORMAT + 1} is newer"):
         load_checkpoint(c.path)
     assert isinstance(CheckpointError("x"), DaskHPSError)
 
