@@ -37,11 +37,13 @@ def stored_table(run_dir: str | Path) -> StoredTable | None:
     ckpt = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
     if ckpt is None:
         return None
-    rows = []
-    for rank, recorded in enumerate(ckpt.recorded_commits()):
-        if recorded is not None:  # what the checkpoint noted: the stores may be on workers' disks
-            rows.append(recorded.rows)
-            continue
-        manifests, _ = scan_manifests(ckpt.store_path(rank) / "commits")  # an older checkpoint
-        rows.append(max((m.rows for m in manifests if m.name == ckpt.commit), default=0))
+    rows = [0] * ckpt.num_workers
+    for table in ckpt.table_names:  # a rank's rows: those of its store of every table
+        for rank, recorded in enumerate(ckpt.recorded_commits(table)):
+            if recorded is not None:  # what the checkpoint noted: the stores may be elsewhere
+                rows[rank] += recorded.rows
+                continue
+            commits = ckpt.store_path(rank, table) / "commits"  # an older checkpoint
+            manifests, _ = scan_manifests(commits)
+            rows[rank] += max((m.rows for m in manifests if m.name == ckpt.commit), default=0)
     return StoredTable(ckpt.name, tuple(rows))

@@ -4,7 +4,7 @@
 
     driver: survey_workers(client, addresses, Survey(...))
       ─► every worker, pinned: survey_disk(survey)          (reads its own disk only)
-           store_dir writable?  ─► each <store_dir>/<table>/rank-<r> there:
+           store_dir writable?  ─► each <store_dir>/<table>/rank-<r> there (every table's):
              sound at the commit asked for (and the commit the checkpoint recorded)?
              its writer lock free (waiting up to lock_wait_s for a killed run's workers)?
       ◄─ DiskReport per worker: a few lines and numbers, never a row
@@ -50,9 +50,19 @@ class Survey:
     commit: str | None = None
     recorded: tuple[CommitId | None, ...] = ()
     lock_wait_s: float = 0.0
+    # several tables: each further table and its ranks' recorded commits; a rank is held
+    # soundly only where every table's store of it is
+    others: tuple[tuple[str, tuple[CommitId | None, ...]], ...] = ()
 
     def recorded_id(self, rank: int) -> CommitId | None:
         return self.recorded[rank] if rank < len(self.recorded) else None
+
+    def tables(self) -> list[Survey]:
+        """One survey per table (the first is this one, less ``others``)."""
+        first = Survey(self.stores_dir, self.table, self.commit, self.recorded, self.lock_wait_s)
+        return [first] + [
+            Survey(self.stores_dir, t, self.commit, rec, self.lock_wait_s) for t, rec in self.others
+        ]
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,15 @@ def survey_disk(survey: Survey) -> DiskReport:
         check_writable_dir(survey.stores_dir, "the table's stores", "")
     except UnwritablePathError as e:
         return DiskReport(address, host, unwritable=first_line(e).rstrip("; "))
+    deadline = time.monotonic() + survey.lock_wait_s
+    each = [_held(one, deadline) for one in survey.tables()]
+    held = each[0] if len(each) == 1 else _every_table(survey, each)
+    _, free = free_bytes(survey.stores_dir)
+    return DiskReport(address, host, stores=tuple(held), free_bytes=free)
+
+
+def _held(survey: Survey, deadline: float) -> list[HeldStore]:
+    """The rank stores of ``survey.table`` on this disk, each checked."""
     folder = Path(survey.stores_dir) / survey.table
     ranks = sorted(
         (int(m.group(1)), p)
@@ -112,7 +131,6 @@ def survey_disk(survey: Survey) -> DiskReport:
         if (m := _RANK.match(p.name)) is not None and p.is_dir()
     )
     checker = StoreChecker()
-    deadline = time.monotonic() + survey.lock_wait_s
     held = []
     for rank, path in ranks:
         damage = found = None
@@ -121,8 +139,30 @@ def survey_disk(survey: Survey) -> DiskReport:
             damage = check.damage[0] if check.damage else None
             found = None if check.found is None else str(check.found)
         held.append(HeldStore(rank, str(path), damage, _lock_holder(path, deadline), found))
-    _, free = free_bytes(survey.stores_dir)
-    return DiskReport(address, host, stores=tuple(held), free_bytes=free)
+    return held
+
+
+def _every_table(survey: Survey, each: list[list[HeldStore]]) -> list[HeldStore]:
+    """Per rank with a store of any table here, one :class:`HeldStore` for all the tables:
+    sound only when every table's store of it is here and sound (a rank is trained from all
+    of them), else the first table's problem, named; the first table's commit identity."""
+    names = [s.table for s in survey.tables()]
+    by_table = [{h.rank: h for h in held} for held in each]
+    out = []
+    for rank in sorted({r for found in by_table for r in found}):
+        damage = locked = None
+        for name, found in zip(names, by_table, strict=True):
+            h = found.get(rank)
+            if h is None:
+                missing = Path(survey.stores_dir) / name / f"rank-{rank}"
+                damage = damage or f"table {name}: no store at {missing}"
+                continue
+            if h.damage is not None:
+                damage = damage or f"table {name}: {h.damage}"
+            locked = locked or h.locked
+        first = next(found[rank] for found in by_table if rank in found)
+        out.append(HeldStore(rank, first.path, damage, locked, by_table[0].get(rank, first).found))
+    return out
 
 
 def _lock_holder(path: Path, deadline: float) -> str | None:

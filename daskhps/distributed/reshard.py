@@ -14,6 +14,8 @@ rank 0 held by new rank 1 and old rank 1 by new rank 2::
                each owner upserts what it got
       the same for the pending counts of keys not admitted yet (a key, its count and day)
       commit <out_dir>/<table>/rank-<j> as ckpt.commit, pending counts attached
+    (with several tables: all of the above for each table in turn, every rank in the same
+    order; a key's new owner is ShardMap(num_shards, W) of the full key, table bits included)
 
 A block is ``block_rows`` keys of one old store, in a random order (:func:`_spread` says
 why), grouped by new owner before their rows are read: the rows the store hands back are the
@@ -85,6 +87,9 @@ class RankReshard:
     cpu_seconds:
         CPU time its worker process used meanwhile (every thread: the task's, the process
         group's transfers, Dask's).
+    min_bytes:
+        The least it could have sent: each row sent to another rank, with its key (a row is
+        as wide as its table's).
     """
 
     rank: int
@@ -100,6 +105,7 @@ class RankReshard:
     rounds: int
     seconds: float
     cpu_seconds: float
+    min_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,8 @@ class ReshardReport:
     seconds:
         The whole call: checks, process group, re-shard.
     row_bytes:
-        Bytes of one row (the store's float32 columns: embedding, optimizer state, stats).
+        Bytes of one row (the store's float32 columns: embedding, optimizer state, stats);
+        with several tables, the widest table's.
     ranks:
         Each new rank's :class:`RankReshard`, in rank order.
     """
@@ -143,7 +150,7 @@ class ReshardReport:
     @property
     def min_bytes(self) -> int:
         """The least any re-shard sends: each row that changes worker, with its key."""
-        return self.rows_moved * (self.row_bytes + 8)
+        return sum(r.min_bytes for r in self.ranks)
 
     @property
     def cpu_seconds(self) -> float:
@@ -236,7 +243,7 @@ def reshard_on_workers(
         to_workers=len(addresses),
         rows=sum(r.rows_written for r in ranks),
         seconds=time.perf_counter() - t0,
-        row_bytes=ckpt.table_spec.row_bytes,
+        row_bytes=max(s.row_bytes for s in ckpt.table_specs),
         ranks=ranks,
     )
     log.info(
@@ -286,11 +293,12 @@ def _check_rank(held: list[int], ckpt: Checkpoint, out_dir: Path) -> str | None:
     from daskhps.training.rundir import published_commits  # the trainer's module: not at import
 
     for r in held:
-        if not ckpt.store_path(r).is_dir():
-            return (
-                f"the store of old rank {r} ({ckpt.store_path(r)}) is not on this worker's "
-                "disk; restore it from the checkpoint's copy first"
-            )
+        for path in ckpt.rank_stores(r):
+            if not path.is_dir():
+                return (
+                    f"the store of old rank {r} ({path}) is not on this worker's disk; "
+                    "restore it from the checkpoint's copy first"
+                )
     versions = published_commits(out_dir)
     if versions:  # the re-shard replaces the stores there: never a published version's
         return (
@@ -298,34 +306,74 @@ def _check_rank(held: list[int], ckpt: Checkpoint, out_dir: Path) -> str | None:
             f"resume on {ckpt.num_workers} workers instead"
         )
     deadline = time.monotonic() + _LOCK_WAIT_S
-    for old in sorted((out_dir / ckpt.table_spec.name).glob("rank-*")):  # an earlier attempt's
-        refused = WriterLock(old, f"re-sharded store {old.name}").wait_free(deadline)
-        if refused is not None:
-            return f"{refused} (still held after {_LOCK_WAIT_S:g} s)"
+    for table in ckpt.table_names:
+        for old in sorted((out_dir / table).glob("rank-*")):  # an earlier attempt's
+            refused = WriterLock(old, f"re-sharded store {table}/{old.name}").wait_free(deadline)
+            if refused is not None:
+                return f"{refused} (still held after {_LOCK_WAIT_S:g} s)"
     return None
 
 
 def _reshard_rank(
     host: RunHost, ckpt: Checkpoint, out_dir: Path, block_rows: int, held: list[int]
 ) -> RankReshard | None:
-    """New rank ``host.rank``'s part: send the rows of the old stores it holds to their new
-    owners, write those sent to it, commit. Every rank runs the same collectives, in the
-    same order; a rank that cannot open its stores raises, and the others return None."""
+    """New rank ``host.rank``'s part: for every table in turn, send the rows of the old stores
+    it holds to their new owners, write those sent to it, commit. Every rank runs the same
+    collectives, in the same order; a rank that cannot open its stores raises, and the others
+    return None."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     comm = host.require_comm()
+    done = []
+    for table in ckpt.table_names:
+        one = _reshard_table(comm, ckpt, table, out_dir, block_rows, held)
+        if one is None:
+            return None  # another rank could not open its stores: its task says why
+        done.append(one)
+    return RankReshard(
+        rank=comm.rank,
+        address=host.addresses[comm.rank],
+        old_ranks=tuple(held),
+        rows_read=sum(d.stream.rows_read for d in done),
+        rows_written=sum(d.rows_written for d in done),
+        rows_sent=sum(d.rows_sent for d in done),
+        pending_read=sum(d.pending_read for d in done),
+        pending_written=sum(d.stream.received for d in done),
+        bytes_sent=sum(d.stream.bytes_sent for d in done),
+        bytes_received=sum(d.stream.bytes_received for d in done),
+        rounds=sum(d.stream.rounds for d in done),
+        seconds=time.perf_counter() - t0,
+        cpu_seconds=time.process_time() - cpu0,
+        min_bytes=sum(d.rows_sent * (d.row_bytes + 8) for d in done),
+    )
+
+
+@dataclass(frozen=True)
+class _TableDone:
+    """One table's part of a rank's re-shard."""
+
+    stream: _Stream
+    rows_written: int
+    rows_sent: int
+    pending_read: int
+    row_bytes: int
+
+
+def _reshard_table(
+    comm: Comm, ckpt: Checkpoint, table: str, out_dir: Path, block_rows: int, held: list[int]
+) -> _TableDone | None:
+    """One table of :func:`_reshard_rank`: its rows, then its pending counts, then the commit
+    of the new rank store ``<out_dir>/<table>/rank-<j>``; None when another rank failed."""
     rank, world = comm.rank, comm.world_size
-    spec = ckpt.table_spec
+    spec = ckpt.spec_of(table)
     new_map = ShardMap(ckpt.num_shards, world)
     with ExitStack() as stack:
         failed: BaseException | None = None
         srcs: list[StoreReader] = []
         try:
             for r in held:
-                srcs.append(stack.enter_context(ckpt.open_store(r)))
+                srcs.append(stack.enter_context(ckpt.open_store(r, table=table)))
             dst = stack.enter_context(
-                open_shard_store(
-                    spec, out_dir / spec.name / f"rank-{rank}", mode="w", overwrite=True
-                )
+                open_shard_store(spec, out_dir / table / f"rank-{rank}", mode="w", overwrite=True)
             )
             pending = PendingCounts.merged(
                 [
@@ -347,7 +395,7 @@ def _reshard_rank(
         if failed is not None:
             raise failed
         if bool(agree[3].any()):
-            return None  # another rank could not open its stores: its task says why
+            return None
         stream = _Stream(comm, new_map)
         for src, ks in zip(srcs, keys, strict=True):
             for a in range(0, int(ks.shape[0]), block_rows):
@@ -373,21 +421,7 @@ def _reshard_rank(
         attach = PendingCounts.merged(parts).arrays() if bool(agree[2].any()) else None
         meta = {"checkpoint": ckpt.commit, "resharded_from": ckpt.num_workers}
         dst.commit(ckpt.commit, meta, attach)
-    return RankReshard(
-        rank=rank,
-        address=host.addresses[rank],
-        old_ranks=tuple(held),
-        rows_read=stream.rows_read,
-        rows_written=rows_written,
-        rows_sent=rows_sent,
-        pending_read=len(pending),
-        pending_written=stream.received,
-        bytes_sent=stream.bytes_sent,
-        bytes_received=stream.bytes_received,
-        rounds=stream.rounds,
-        seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - cpu0,
-    )
+    return _TableDone(stream, rows_written, rows_sent, len(pending), spec.row_bytes)
 
 
 def _spread(keys: torch.Tensor) -> torch.Tensor:

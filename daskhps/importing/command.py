@@ -75,10 +75,11 @@ def add_import_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from daskhps.importing.job import CHUNK_ROWS, import_table
+    from daskhps.importing.job import CHUNK_ROWS, import_table, refuse_several_tables
     from daskhps.importing.source import open_source
 
     config = load_config(args.config, args.overrides)
+    refuse_several_tables(config)  # before any input file is opened
     if args.workers is None and not config.cluster.local:
         raise ConfigError(
             f"{config.source}: cluster.address is set, so the worker count is the scheduler's; "

@@ -44,7 +44,13 @@ from tqdm import tqdm
 from daskhps._paths import check_writable_dir, tree_bytes
 from daskhps.capacity.disk import free_bytes
 from daskhps.config import RunConfig
-from daskhps.errors import CapacityError, DataError, RunExistsError, StoreLockedError
+from daskhps.errors import (
+    CapacityError,
+    ConfigError,
+    DataError,
+    RunExistsError,
+    StoreLockedError,
+)
 from daskhps.importing.checks import check_chunk, duplicate_error
 from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
@@ -274,6 +280,20 @@ def _place(staging: _Staging, config: RunConfig, earlier: rundir.EarlierRun | No
     return target
 
 
+def refuse_several_tables(config: RunConfig) -> None:
+    """:class:`ConfigError` naming ``tables`` when ``config`` has several embedding tables:
+    an import writes one table's rows, whose keys carry no table (and whose widths could be
+    any table's); the rows of a run with several tables come from training it."""
+    if config.several_tables:
+        names = ", ".join(t.name for t in config.embedding_tables())
+        raise ConfigError(
+            f"{config.source}: tables: daskhps import writes the rows of one table, and this "
+            f"config has {len(config.embedding_tables())} ({names}); import into a config "
+            "without a tables: section (one table of every field), or train the run with "
+            "several tables from its logs"
+        )
+
+
 def import_table(
     config: RunConfig,
     source: Source,
@@ -296,8 +316,11 @@ def import_table(
         versions (always refused).
     CapacityError
         The disk of the stores cannot hold the rows.
+    ConfigError
+        The config has several tables (:func:`refuse_several_tables`).
     """
     t0 = time.perf_counter()
+    refuse_several_tables(config)
     spec = config.table_spec()
     run_dir, store_dir = Path(config.run.dir), Path(config.table.tiers.store_dir)
     workers = workers or config.cluster.n_workers

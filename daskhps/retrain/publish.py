@@ -25,6 +25,7 @@ from typing import Any
 
 from daskhps.errors import CheckpointError
 from daskhps.retrain.stores import Disks, commit_version
+from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.check import CommitId
 from daskhps.training.checkpoint import (
     Checkpoint,
@@ -50,6 +51,18 @@ def _by_rank(shards: list[dict[str, Any]], ranks: int) -> list[dict[str, Any]]:
     """A checkpoint's shard records in rank order (a rank without one: only its number)."""
     known = {int(s["rank"]): s for s in shards if "rank" in s}
     return [known.get(r, {"rank": r}) for r in range(ranks)]
+
+
+def _version_shard(
+    shard: dict[str, Any], commits: dict[str, CommitInfo], *, several: bool, first: str
+) -> dict[str, Any]:
+    """A candidate's shard record with the version's commits: the first table's in the
+    record itself, every table's under ``tables`` (several tables)."""
+    ids = {t: CommitId(c.seq, c.time, c.rows).to_json() for t, c in commits.items()}
+    out = {**shard, **ids[first]}
+    if several:
+        out["tables"] = ids
+    return out
 
 
 def _copy_durably(src: Path, dst: Path) -> None:
@@ -87,7 +100,7 @@ def freeze_version(
         # <name>): a copied or moved retraining folder serves its own stores
         fields["stores_dir"] = recorded_stores_dir(ckpt.stores_dir, folder.parent.parent, folder)
         fields["shards"] = [  # the version's own commits, not the candidate's
-            {**s, **CommitId(c.seq, c.time, c.rows).to_json()}
+            _version_shard(s, c, several=bool(ckpt.tables), first=ckpt.table_names[0])
             for s, c in zip(_by_rank(ckpt.shards, ckpt.num_workers), commits, strict=True)
         ]
         return finish_checkpoint(folder, dict(ckpt.files), fields)

@@ -89,18 +89,24 @@ def _ranks_of(ckpt: Checkpoint) -> list[tuple[int]]:
 # -- publish ------------------------------------------------------------------------------
 
 
-def _commit_rank(rank: int, ckpt: Checkpoint, name: str, meta: dict[str, Any]) -> CommitInfo:
-    """On the holder of rank ``rank``'s store: commit it, opened at ``ckpt``'s commit, again
-    as ``name``."""
-    with ckpt.open_store(rank, mode="r+") as store:
-        return store.commit(name, meta)
+def _commit_rank(
+    rank: int, ckpt: Checkpoint, name: str, meta: dict[str, Any]
+) -> dict[str, CommitInfo]:
+    """On the holder of rank ``rank``'s stores: commit each table's, opened at ``ckpt``'s
+    commit, again as ``name``; each table's new commit, by table name."""
+    out = {}
+    for table in ckpt.table_names:
+        with ckpt.open_store(rank, mode="r+", table=table) as store:
+            out[table] = store.commit(name, meta)
+    return out
 
 
 def commit_version(
     disks: Disks, ckpt: Checkpoint, name: str, meta: dict[str, Any], version: str
-) -> list[CommitInfo]:
-    """Commit every rank store of ``ckpt`` (the candidate) as ``name``, each on the worker
-    that holds it; what identifies each rank's new commit, in rank order. A store on no
+) -> list[dict[str, CommitInfo]]:
+    """Commit every rank store of ``ckpt`` (the candidate; every table's) as ``name``, each on
+    the worker that holds it; what identifies each rank's new commits (by table), in rank
+    order. A store on no
     worker's disk comes back from the candidate's copy (``checkpoint.replicate_to``) onto a
     worker that holds none; without one, one line naming the rank and the version, and
     nothing is published."""
@@ -134,11 +140,15 @@ def commit_version(
 
 
 def _drop_rank(rank: int, ckpt: Checkpoint, commit: str) -> bool:
-    """On the holder of rank ``rank``'s store: drop ``commit`` (opened at the latest state, so
-    that the dropped commit's segments are not the live ones); whether it was there."""
-    with open_shard_store(ckpt.table_spec, ckpt.store_path(rank), mode="r+") as store:
-        assert isinstance(store, StoreWriter)
-        return bool(store.drop_named([commit]))
+    """On the holder of rank ``rank``'s stores: drop ``commit`` from every table's (opened at
+    the latest state, so that the dropped commit's segments are not the live ones); whether
+    it was in any."""
+    dropped = False
+    for spec in ckpt.table_specs:
+        with open_shard_store(spec, ckpt.store_path(rank, spec.name), mode="r+") as store:
+            assert isinstance(store, StoreWriter)
+            dropped |= bool(store.drop_named([commit]))
+    return dropped
 
 
 def drop_commit(disks: Disks, ckpt: Checkpoint, version: str) -> int:

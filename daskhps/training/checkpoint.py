@@ -9,11 +9,12 @@
         MANIFEST.json              written last (fsync, atomic rename): the checkpoint exists
       pass-000003/ ...
 
-The table's rows are not copied: every shard store ``<stores_dir>/<table>/rank-<r>`` holds a
-commit point named like the checkpoint (``commit``), and a store's commit costs only the rows
-written since its previous one. A folder without ``MANIFEST.json``, or whose files do not
-match the sizes and sha256 sums it records, is never loaded; :func:`scan_checkpoints` says
-which were skipped and why, and :func:`latest_checkpoint` logs each as a warning.
+The tables' rows are not copied: every shard store ``<stores_dir>/<table>/rank-<r>`` (one per
+table and rank) holds a commit point named like the checkpoint (``commit``), and a store's
+commit costs only the rows written since its previous one. A folder without
+``MANIFEST.json``, or whose files do not match the sizes and sha256 sums it records, is never
+loaded; :func:`scan_checkpoints` says which were skipped and why, and
+:func:`latest_checkpoint` logs each as a warning.
 """
 
 from __future__ import annotations
@@ -110,10 +111,28 @@ class Checkpoint(CheckpointManifest):
         fields["stores_dir"] = stores_of(Path(path), fields["stores_dir"], fields["run_config"])
         return cls(path=Path(path), **fields)
 
-    def recorded_commits(self) -> list[CommitId | None]:
-        """Per rank, the store commit this checkpoint was taken as (None where the manifest
-        predates such records)."""
-        by_rank = {int(s["rank"]): CommitId.from_json(s) for s in self.shards if "rank" in s}
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        """Every table's name, in index order (one: the run's table)."""
+        return tuple(str(t["table"]) for t in (self.tables or [self.table]))
+
+    def recorded_commits(self, table: str | None = None) -> list[CommitId | None]:
+        """Per rank, the commit of ``table``'s store (default: the first table's) this
+        checkpoint was taken as (None where the manifest predates such records)."""
+        name = table or self.table_names[0]
+        if name not in self.table_names:
+            raise CheckpointError(
+                f"checkpoint {self.path} has no table {name!r}; its tables: "
+                f"{', '.join(self.table_names)}"
+            )
+        by_rank = {}
+        for s in self.shards:
+            if "rank" not in s:
+                continue
+            # format 2 records every table's commit; the shard's own fields are the first's
+            first = name == self.table_names[0]
+            record = s.get("tables", {}).get(name) or (s if first else {})
+            by_rank[int(s["rank"])] = CommitId.from_json(record)
         return [by_rank.get(r) for r in range(self.num_workers)]
 
     @property
@@ -153,14 +172,32 @@ class Checkpoint(CheckpointManifest):
             )
         return specs
 
-    def store_path(self, rank: int, table: str | None = None) -> Path:
-        """The store of rank ``rank``'s shard of ``table`` (default: the run's table)."""
-        return self.stores_dir / (table or str(self.table["table"])) / f"rank-{rank}"
+    def spec_of(self, table: str | None = None) -> TableSpec:
+        """The spec of ``table`` (default: the first table), as its stores were written."""
+        name = table or self.table_names[0]
+        for spec in self.table_specs:
+            if spec.name == name:
+                return spec
+        raise CheckpointError(
+            f"checkpoint {self.path} has no table {name!r}; its tables: "
+            f"{', '.join(self.table_names)}"
+        )
 
-    def open_store(self, rank: int, mode: Literal["r", "r+"] = "r") -> StoreReader:
-        """Rank ``rank``'s store of the run's table, at this checkpoint's commit."""
+    def store_path(self, rank: int, table: str | None = None) -> Path:
+        """The store of rank ``rank``'s shard of ``table`` (default: the first table)."""
+        return self.stores_dir / (table or self.table_names[0]) / f"rank-{rank}"
+
+    def rank_stores(self, rank: int) -> list[Path]:
+        """Rank ``rank``'s store of every table, in table order."""
+        return [self.store_path(rank, t) for t in self.table_names]
+
+    def open_store(
+        self, rank: int, mode: Literal["r", "r+"] = "r", table: str | None = None
+    ) -> StoreReader:
+        """Rank ``rank``'s store of ``table`` (default: the first table), at this
+        checkpoint's commit."""
         return open_shard_store(
-            self.table_spec, self.store_path(rank), mode=mode, commit=self.commit
+            self.spec_of(table), self.store_path(rank, table), mode=mode, commit=self.commit
         )
 
     def state(self) -> dict[str, Any]:
@@ -375,13 +412,19 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 
 def store_damage(ckpt: Checkpoint, *, verify: bool = False) -> list[str]:
-    """Problems of the stores a checkpoint reads (every rank's commit ``ckpt.commit``), one
-    line each naming the rank and the file; empty when sound. Checks file sizes against the
-    stores' metadata (cheap: a ``stat`` per file); ``verify`` also recomputes the sha256
-    recorded for each chunk file (reads every byte). For callers about to open the stores
-    (a resume, a scoring job) that want to stop early with the checkpoint named."""
-    ranks = [ckpt.store_path(r) for r in range(ckpt.num_workers)]
-    return StoreChecker(verify=verify).rank_damage(ranks, ckpt.commit, ckpt.recorded_commits())
+    """Problems of the stores a checkpoint reads (every table's store of every rank, at the
+    commit ``ckpt.commit`` each recorded), one line each naming the table, rank and file;
+    empty when sound. Checks file sizes against the stores' metadata (cheap: a ``stat`` per
+    file); ``verify`` also recomputes the sha256 recorded for each chunk file (reads every
+    byte). For callers about to open the stores (a resume, a scoring job) that want to stop
+    early with the checkpoint named."""
+    checker = StoreChecker(verify=verify)
+    out = []
+    for table in ckpt.table_names:  # every table's stores: one damaged store fails the rank
+        ranks = [ckpt.store_path(r, table) for r in range(ckpt.num_workers)]
+        lines = checker.rank_damage(ranks, ckpt.commit, ckpt.recorded_commits(table))
+        out += [f"table {table}, {line}" if ckpt.tables else line for line in lines]
+    return out
 
 
 # -- writing (the trainer's side; crash-safe order: payload, store commits, manifest) ------

@@ -40,38 +40,89 @@ __all__ = ["describe", "describe_checkpoint", "render"]
 _DAMAGE = ("unreadable", "damaged")
 
 
-def _store_rows(ckpt: Checkpoint, rank: int) -> tuple[int | None, int | None]:
-    """Rows of rank ``rank``'s store at the checkpoint, and its keys waiting for admission
-    (None for a store without pending counts)."""
+def _store_rows(
+    ckpt: Checkpoint, rank: int, table: str
+) -> tuple[int | None, int | None, int | None]:
+    """Rows of rank ``rank``'s store of ``table`` at the checkpoint, its keys waiting for
+    admission (None for a store without pending counts) and its bytes on disk."""
     try:
-        with ckpt.open_store(rank) as store:
+        with ckpt.open_store(rank, table=table) as store:
             pending = store.attached(PendingCounts.KEYS)
-            return len(store), None if pending is None else len(pending)
+            on_disk = int(store.stats.extra.get("bytes_on_disk", 0))
+            return len(store), None if pending is None else len(pending), on_disk
     except (DaskHPSError, OSError):
-        return None, None  # moved, deleted or damaged: the manifest still says what was there
+        return None, None, None  # moved, deleted or damaged: the manifest still says what was there
+
+
+def _total(values: list[int | None]) -> int | None:
+    """The sum, or None when any part is unknown."""
+    return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
+
+def _rank_tables(
+    ckpt: Checkpoint, stores: Checkpoint, checks: dict[str, Any], rank: int
+) -> dict[str, dict[str, Any]]:
+    """Rank ``rank``'s store of every table: rows, pending keys, bytes, what checking found."""
+    out = {}
+    for table in ckpt.table_names:
+        found = checks[table][rank]
+        # A damaged store is not opened: the damage says more than the error would.
+        rows, pending, on_disk = (
+            _store_rows(stores, rank, table) if found.ok else (None, None, None)
+        )
+        out[table] = {
+            "store_rows": rows,
+            "pending_keys": pending,
+            "bytes_on_disk": on_disk,
+            "segments": found.segments,
+            "snapshots": found.snapshots,
+            "without_checksum": found.without_checksum,
+            "damage": found.damage,
+        }
+    return out
 
 
 def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -> dict[str, Any]:
     """One checkpoint as plain values (what ``inspect --json`` prints), with the damage
-    ``checker`` (default: sizes only) finds in the stores it reads."""
+    ``checker`` (default: sizes only) finds in the stores it reads (every table's)."""
     checker = checker or StoreChecker()
     reading = stores_here(ckpt, checker, avoid_damage=False)
     stores = reading.require()  # its own stores, or its copy's; else one line naming both
+    several = len(ckpt.table_names) > 1
     shards = []
     for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]:
         rank = int(s["rank"])
-        found = reading.checks[rank]
-        # A damaged store is not opened: the damage says more than the error would.
-        rows, pending = _store_rows(stores, rank) if found.ok else (None, None)
+        per = _rank_tables(ckpt, stores, reading.checks, rank)
+        pending = [t["pending_keys"] for t in per.values() if t["pending_keys"] is not None]
         shards.append(
             {
                 **s,
-                "store_rows": rows,
-                "pending_keys": pending,
-                "segments": found.segments,
-                "snapshots": found.snapshots,
-                "without_checksum": found.without_checksum,
-                "damage": found.damage,
+                "store_rows": _total([t["store_rows"] for t in per.values()]),
+                "pending_keys": sum(pending) if pending else None,
+                "segments": sum(t["segments"] for t in per.values()),
+                "snapshots": sum(t["snapshots"] for t in per.values()),
+                "without_checksum": sum(t["without_checksum"] for t in per.values()),
+                "damage": [
+                    f"table {name}: {d}" if several else d
+                    for name, t in per.items()
+                    for d in t["damage"]
+                ],
+                "store_tables": per,
+            }
+        )
+    tables = []
+    for layout in ckpt.tables or [ckpt.table]:
+        name = str(layout["table"])
+        parts = [sh["store_tables"][name] for sh in shards]
+        pending = [p["pending_keys"] for p in parts if p["pending_keys"] is not None]
+        tables.append(
+            {
+                "name": name,
+                "dim": layout["dim"],
+                "optimizer": layout.get("optimizer"),
+                "rows": _total([p["store_rows"] for p in parts]),
+                "pending_keys": sum(pending) if pending else None,
+                "bytes_on_disk": _total([p["bytes_on_disk"] for p in parts]),
             }
         )
     table = ckpt.table
@@ -109,6 +160,7 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
             "dim": table["dim"],
             "optimizer": table.get("optimizer"),
         },
+        "tables": tables,  # every table (one: the run's table): its rows and bytes
         "model": ckpt.run_config.get("model", {}).get("name"),
         "files": {k: v["size"] for k, v in ckpt.files.items()},
         "seconds": ckpt.seconds,
@@ -201,6 +253,15 @@ def _checked(c: dict[str, Any]) -> str:
     return text
 
 
+def _table_line(t: dict[str, Any]) -> str:
+    """One table of a checkpoint with several: its layout, rows and bytes."""
+    rows = "rows unknown" if t["rows"] is None else f"{t['rows']:,} rows"
+    if t.get("pending_keys") is not None:
+        rows += f" ({t['pending_keys']:,} more keys seen, not admitted yet)"
+    on_disk = "" if t["bytes_on_disk"] is None else f", {_size(t['bytes_on_disk'])} on disk"
+    return f"table {t['name']} dim {t['dim']} ({t['optimizer']}): {rows}{on_disk}"
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable lines of :func:`describe`'s result."""
     lines = []
@@ -218,8 +279,12 @@ def render(info: dict[str, Any]) -> str:
             f"{c['name']} ({c['kind']}, {c['created']}): after pass {c['passes_done']}{epoch}, "
             f"step {c['step']}, days {day_text}",
             f"  daskhps {c['daskhps_version']}, format {c['format']}; model {c['model']}, "
-            f"table {c['table']['name']} dim {c['table']['dim']} ({c['table']['optimizer']}), "
-            f"{c['num_shards']} shards on {c['num_workers']} workers",
+            + (
+                f"table {c['table']['name']} dim {c['table']['dim']} ({c['table']['optimizer']})"
+                if len(c.get("tables") or []) <= 1
+                else f"{len(c['tables'])} tables"
+            )
+            + f", {c['num_shards']} shards on {c['num_workers']} workers",
             f"  metrics: {metrics or '-'}; train loss {c['train_loss']}",
             "  files: "
             + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())
@@ -238,6 +303,8 @@ def render(info: dict[str, Any]) -> str:
         )
         if copy:
             lines.append(f"  stores: read from the copy at {copy['checkpoint']}: {copy['why']}")
+        if len(c.get("tables") or []) > 1:
+            lines += [f"  {_table_line(t)}" for t in c["tables"]]
         if c.get("lifecycle"):
             lines.append(
                 "  keys admitted / rows expired per day: "

@@ -100,7 +100,7 @@ def place_new_run(
     client: Any,
     addresses: Sequence[str],
     store_dir: str | Path,
-    table: str,
+    tables: Sequence[str],
     replica: Replica | None,
     source: str,
     store_bytes: int | None = None,
@@ -109,7 +109,9 @@ def place_new_run(
     ``store_dir`` and the copy, has room for its share of ``store_bytes`` (the estimate of all
     the stores) and holds no stores there; one line naming the worker and the key otherwise
     (nothing is written on any disk)."""
-    reports = _survey(client, addresses, Survey(str(store_dir), table), replica, source)
+    others = tuple((t, ()) for t in tables[1:])
+    survey = Survey(str(store_dir), tables[0], others=others)  # no table's stores may be there
+    reports = _survey(client, addresses, survey, replica, source)
     share = None if store_bytes is None else -(-store_bytes // len(addresses))
     for rep in reports:
         if share is not None and rep.free_bytes is not None and share > rep.free_bytes:
@@ -210,14 +212,16 @@ def place_resharded(
 
 
 def survey_of(ckpt: Checkpoint, lock_wait_s: float = 0.0) -> Survey:
-    """What to ask of the workers' disks about ``ckpt``'s stores: at its commit, with the
-    commit identities it recorded, waiting up to ``lock_wait_s`` for a lock."""
+    """What to ask of the workers' disks about ``ckpt``'s stores (every table's): at its
+    commit, with the commit identities it recorded, waiting up to ``lock_wait_s`` for a lock."""
+    first, *rest = ckpt.table_names  # a worker holds a rank when it holds every table's store
     return Survey(
         str(ckpt.stores_dir),
-        str(ckpt.table["table"]),
+        first,
         ckpt.commit,
-        tuple(ckpt.recorded_commits()),
+        tuple(ckpt.recorded_commits(first)),
         lock_wait_s,
+        tuple((t, tuple(ckpt.recorded_commits(t))) for t in rest),
     )
 
 

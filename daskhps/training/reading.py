@@ -47,7 +47,8 @@ class Reading:
         The checkpoint whose stores are read: :attr:`checkpoint` itself, or its copy; None
         when neither can be (:attr:`refusal` says why).
     checks:
-        Per rank, what checking the stores read found (their damage, segments, ...).
+        Per table (name), per rank, what checking the stores read found (their damage,
+        segments, ...).
     why:
         Why the checkpoint's own stores are not read, or are damaged; None when they are
         read and sound.
@@ -57,7 +58,7 @@ class Reading:
 
     checkpoint: Checkpoint
     stores: Checkpoint | None
-    checks: tuple[StoreCheck, ...]
+    checks: dict[str, tuple[StoreCheck, ...]]
     why: str | None = None
     refusal: str | None = None
 
@@ -90,12 +91,14 @@ def stores_here(
     predict, export and serve do); False keeps them, their damage reported (inspect).
     """
     checker = checker or StoreChecker()
-    recorded = ckpt.recorded_commits()
-    own = tuple(
-        checker.check(ckpt.store_path(r), ckpt.commit, recorded[r]) for r in range(ckpt.num_workers)
-    )
-    away = [(c, rec) for c, rec in zip(own, recorded, strict=True) if not _holds(c, rec)]
-    if not away and (all(c.ok for c in own) or not avoid_damage):
+    own = _check_all(ckpt, checker)
+    away = [
+        (c, rec)
+        for table, checks in own.items()
+        for c, rec in zip(checks, ckpt.recorded_commits(table), strict=True)
+        if not _holds(c, rec)
+    ]
+    if not away and (all(c.ok for cs in own.values() for c in cs) or not avoid_damage):
         return Reading(ckpt, ckpt, own)
     why = _away(ckpt, *away[0]) if away else f"its stores here are damaged ({_first_damage(own)})"
     trouble = None  # what is wrong with the copy; None: it is sound, or there is none
@@ -103,7 +106,7 @@ def stores_here(
         copy = _copy(ckpt, checker)
     except _Unusable as e:
         copy, trouble = None, str(e)
-    if copy is not None and any(not c.ok for c in copy[1]):
+    if copy is not None and any(not c.ok for cs in copy[1].values() for c in cs):
         trouble = f"its copy at {copy[0].path} is damaged too ({_first_damage(copy[1])})"
     if copy is not None and (trouble is None or (away and not avoid_damage)):
         return Reading(ckpt, copy[0], copy[1], why)
@@ -115,12 +118,31 @@ def stores_here(
     else:
         advice = f"{trouble}; {_ELSEWHERE}"
     refusal = f"checkpoint {ckpt.path} reads stores that are {why}; {advice}"
-    return Reading(ckpt, None, (), why, refusal)
+    return Reading(ckpt, None, {}, why, refusal)
 
 
-def _first_damage(checks: tuple[StoreCheck, ...]) -> str:
+def _check_all(ckpt: Checkpoint, checker: StoreChecker) -> dict[str, tuple[StoreCheck, ...]]:
+    """Every table's rank stores of ``ckpt`` checked at its commit, with the commit
+    identities it recorded."""
+    out = {}
+    for table in ckpt.table_names:
+        recorded = ckpt.recorded_commits(table)
+        out[table] = tuple(
+            checker.check(ckpt.store_path(r, table), ckpt.commit, recorded[r])
+            for r in range(ckpt.num_workers)
+        )
+    return out
+
+
+def _first_damage(checks: dict[str, tuple[StoreCheck, ...]]) -> str:
     """The first problem of ``checks``, and how many more there are."""
-    lines = [f"rank {r}: {d}" for r, c in enumerate(checks) for d in c.damage]
+    several = len(checks) > 1
+    lines = [
+        f"{f'table {t}, ' if several else ''}rank {r}: {d}"
+        for t, cs in checks.items()
+        for r, c in enumerate(cs)
+        for d in c.damage
+    ]
     more = f"; and {len(lines) - 1} more problem(s)" if len(lines) > 1 else ""
     return lines[0] + more if lines else "none"
 
@@ -153,7 +175,7 @@ class _Unusable(Exception):
 
 def _copy(
     ckpt: Checkpoint, checker: StoreChecker
-) -> tuple[Checkpoint, tuple[StoreCheck, ...]] | None:
+) -> tuple[Checkpoint, dict[str, tuple[StoreCheck, ...]]] | None:
     """The checkpoint's copy at ``checkpoint.replicate_to`` and its stores' checks; None when
     the run has no copy. Raises :class:`_Unusable` when it cannot be read."""
     url = ckpt.config.checkpoint.replicate_to
@@ -181,9 +203,4 @@ def _copy(
             f"the checkpoint {found.path} of its copy at {url} is another one (its files differ: "
             "another run copied there before)"
         )
-    recorded = found.recorded_commits()
-    checks = tuple(
-        checker.check(found.store_path(r), found.commit, recorded[r])
-        for r in range(found.num_workers)
-    )
-    return found, checks
+    return found, _check_all(found, checker)

@@ -7,8 +7,8 @@ holds a shard of it.
     <replicate_to>/
       checkpoints/pass-000004/     dense.pt, state.json, MANIFEST.json (its stores_dir is
                                    ../../stores/<name>: the copy loads where it lies)
-      stores/<name>/<table>/rank-<r>/   a mirror of each rank's shard store (<name>: the
-                                   folder name of the stores the checkpoint reads)
+      stores/<name>/<table>/rank-<r>/   a mirror of each rank's shard store of every table
+                                   (<name>: the folder name of the stores the checkpoint reads)
 
 After each local checkpoint is complete, every rank mirrors its store (store files never
 change once written, so only the files new since the last copy travel: a delta checkpoint
@@ -181,16 +181,42 @@ class Replica:
         return check_checkpoint(Path(self.checkpoint_path(name)))
 
     def restore_store(self, ckpt: Checkpoint, rank: int) -> Path:
-        """Put the copy of rank ``rank``'s store of ``ckpt`` in its local place; a damaged store
-        there is moved aside (``rank-<r>.damaged-<time>``), never deleted. Raises
-        :class:`CheckpointError` when the copy lacks it or is damaged too."""
-        table = str(ckpt.table["table"])
-        src = self.store_path(ckpt.stores_dir.name, table, rank)
-        dest = ckpt.store_path(rank)
-        if not self.has_checkpoint(ckpt.name) or not self.fs.exists(f"{src}/zarr.json"):
+        """Put the copy of rank ``rank``'s stores of ``ckpt`` (every table's) in their local
+        place; a store there that is not sound at the commit is moved aside
+        (``rank-<r>.damaged-<time>``), never deleted, and a sound one is kept. Returns the
+        first table's store. Raises :class:`CheckpointError` when the copy lacks one or it is
+        damaged too; nothing local is changed before every needed copy is fetched and sound."""
+        if not self.has_checkpoint(ckpt.name):
             raise CheckpointError(
                 f"rank {rank}'s store of {ckpt.name} is not in the copy at {self.url}"
             )
+        checker = StoreChecker()
+        fetched = []
+        try:
+            for table in ckpt.table_names:
+                dest = ckpt.store_path(rank, table)
+                if checker.check(dest, ckpt.commit, ckpt.recorded_commits(table)[rank]).ok:
+                    continue  # this table's store is sound here: only the others come back
+                fetched.append((dest, self._fetch(ckpt, rank, table, dest)))
+        except BaseException:
+            for _, tmp in fetched:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for dest, tmp in fetched:
+            if dest.exists():
+                aside = dest.with_name(f"{dest.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+                os.replace(dest, aside)
+                log.warning("moved the damaged store %s aside to %s", dest, aside)
+            os.replace(tmp, dest)
+        return ckpt.store_path(rank)
+
+    def _fetch(self, ckpt: Checkpoint, rank: int, table: str, dest: Path) -> Path:
+        """The copy of rank ``rank``'s store of ``table``, fetched beside ``dest`` and
+        checked at the checkpoint's commit; its folder."""
+        src = self.store_path(ckpt.stores_dir.name, table, rank)
+        which = f"rank {rank}'s store" + (f" of table {table}" if ckpt.tables else "")
+        if not self.fs.exists(f"{src}/zarr.json"):
+            raise CheckpointError(f"{which} of {ckpt.name} is not in the copy at {self.url}")
         tmp = dest.with_name(f".{dest.name}.restoring")
         shutil.rmtree(tmp, ignore_errors=True)  # an earlier restore cut short: ours alone
         tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -199,28 +225,29 @@ class Replica:
         if not check.ok:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
-                f"the copy at {self.url} of rank {rank}'s store of {ckpt.name} is damaged too: "
+                f"the copy at {self.url} of {which} of {ckpt.name} is damaged too: "
                 f"{check.damage[0]}"
             )
-        if dest.exists():
-            aside = dest.with_name(f"{dest.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
-            os.replace(dest, aside)
-            log.warning("moved the damaged store %s aside to %s", dest, aside)
-        os.replace(tmp, dest)
-        return dest
+        return tmp
 
 
 def restore_stores(ckpt: Checkpoint, replica: Replica) -> list[str]:
-    """Restore every rank store of ``ckpt`` that is missing or damaged at its commit from
-    ``replica``; a line for each restored one (a copy that cannot help is logged and left: the
-    caller's damage check then names the local problem)."""
+    """Restore every rank's stores of ``ckpt`` (every table's) that are missing or damaged at
+    its commit from ``replica``; a line for each restored rank (a copy that cannot help is
+    logged and left: the caller's damage check then names the local problem)."""
     checker = StoreChecker()
     done = []
     for rank in range(ckpt.num_workers):
-        check = checker.check(ckpt.store_path(rank), ckpt.commit)
-        if check.ok:
+        bad = []
+        for table in ckpt.table_names:
+            path = ckpt.store_path(rank, table)
+            check = checker.check(path, ckpt.commit, ckpt.recorded_commits(table)[rank])
+            if not check.ok:
+                bad.append((path, check))
+        if not bad:
             continue
-        was = "damaged" if ckpt.store_path(rank).exists() else "missing"
+        path, check = bad[0]
+        was = "damaged" if path.exists() else "missing"
         try:
             replica.restore_store(ckpt, rank)
         except (CheckpointError, OSError) as e:

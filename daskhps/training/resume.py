@@ -1,5 +1,5 @@
 """Resuming a run: which config changes a resume accepts, and re-sharding the table stores
-when the number of workers changed.
+(every table's) when the number of workers changed.
 
 A resume replays the rest of the plan from a checkpoint, so whatever decides the plan or the
 meaning of the stored rows must not change; what only decides speed or reporting may, and so
@@ -52,16 +52,15 @@ def check_resume(ckpt: Checkpoint, new: RunConfig) -> dict[str, tuple[Any, Any]]
 
 
 def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
-    """Write the rows of ``ckpt``'s stores into ``num_workers`` new rank stores under
-    ``out_dir``, each committed as ``ckpt.commit``; returns ``out_dir``.
+    """Write the rows of ``ckpt``'s stores, every table's, into ``num_workers`` new rank
+    stores per table under ``out_dir`` (``<out_dir>/<table>/rank-<j>``), each committed as
+    ``ckpt.commit``; returns ``out_dir``.
 
     Every old rank store is read read-only at the checkpoint's commit, in blocks of rows;
-    each row goes to the new owner of its virtual shard (``ShardMap(num_shards,
-    num_workers)``), and so does each pending count of a key not admitted yet (the arrays
-    the commit carries). The old stores are not touched.
+    each row goes to the new owner of its key (``ShardMap(num_shards, num_workers)`` of the
+    full key, table bits included, as in training), and so does each pending count of a key
+    not admitted yet (the arrays the commit carries). The old stores are not touched.
     """
-    spec = ckpt.table_spec
-    new_map = ShardMap(ckpt.num_shards, num_workers)
     versions = published_commits(out_dir)
     if versions:  # the re-shard below replaces the stores there: never a published version's
         raise ResumeError(
@@ -69,10 +68,23 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
             f"({', '.join(versions)}); resume on {ckpt.num_workers} workers instead"
         )
     deadline = time.monotonic() + 30.0
-    for old in sorted((out_dir / spec.name).glob("rank-*")):  # an earlier, killed re-shard's
-        _wait_unlocked(old, f"re-sharded store {old.name}", deadline, 30.0)
+    for table in ckpt.table_names:
+        for old in sorted((out_dir / table).glob("rank-*")):  # an earlier, killed re-shard's
+            _wait_unlocked(old, f"re-sharded store {table}/{old.name}", deadline, 30.0)
+    moved = sum(_reshard_table(ckpt, table, num_workers, out_dir) for table in ckpt.table_names)
+    log.info(
+        "re-sharded %d rows of %s from %d to %d workers into %s",
+        *(moved, ckpt.name, ckpt.num_workers, num_workers, out_dir),
+    )
+    return out_dir
+
+
+def _reshard_table(ckpt: Checkpoint, table: str, num_workers: int, out_dir: Path) -> int:
+    """:func:`reshard` of one table's stores; the rows moved."""
+    spec = ckpt.spec_of(table)
+    new_map = ShardMap(ckpt.num_shards, num_workers)
     dst = [
-        open_shard_store(spec, out_dir / spec.name / f"rank-{r}", mode="w", overwrite=True)
+        open_shard_store(spec, out_dir / table / f"rank-{r}", mode="w", overwrite=True)
         for r in range(num_workers)
     ]
     moved = 0
@@ -80,7 +92,7 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     carried = False
     try:
         for r in range(ckpt.num_workers):
-            with ckpt.open_store(r) as src:
+            with ckpt.open_store(r, table=table) as src:
                 carried |= bool(src.attached_names)
                 counts = PendingCounts.from_arrays(
                     src.attached(PendingCounts.KEYS), src.attached(PendingCounts.STATS)
@@ -106,11 +118,7 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     finally:
         for d in dst:
             d.close()
-    log.info(
-        "re-sharded %d rows of %s from %d to %d workers into %s",
-        *(moved, ckpt.name, ckpt.num_workers, num_workers, out_dir),
-    )
-    return out_dir
+    return moved
 
 
 # -- the trainer's resume steps ------------------------------------------------------------
@@ -173,16 +181,10 @@ def stores_to_train_in(
     (re-sharded on the workers: :func:`daskhps.training.placement.place_resharded`): the
     config's for a new run, the checkpoint's on resume, new ones beside the config's when the
     number of workers changed, or the config's when ``ckpt``'s stores belong to the run in
-    ``copy_from`` (never written here)."""
+    ``copy_from`` (never written here). Every table's stores are re-sharded or copied."""
     mine = Path(os.path.abspath(config.table.tiers.store_dir))
     if ckpt is None:
         return mine, False
-    if ckpt.tables and (copy_from is not None or ckpt.num_workers != num_workers):
-        raise ResumeError(
-            f"{ckpt.name} holds several tables ({', '.join(t['table'] for t in ckpt.tables)}), "
-            f"whose rows this daskhps cannot re-shard or copy yet: resume it on "
-            f"{ckpt.num_workers} workers, in the run folder that wrote it"
-        )
     if copy_from is not None:
         echo(
             f"copying the rows of {ckpt.name} from {ckpt.stores_dir} into {mine}: those "

@@ -263,10 +263,10 @@ class Trainer:
             placed = place_resharded(client, addresses, ckpt, replica, folder, cfg.source)
             return list(placed.addresses)
         if ckpt is None:
-            table = cfg.table_specs()[0].name  # a new run's stores are all made at once
+            tables = [s.name for s in cfg.table_specs()]  # none may hold stores yet
             assert self._start is not None
             placed = place_new_run(
-                *(client, addresses, folder, table, self.parts.replica(), cfg.source),
+                *(client, addresses, folder, tables, self.parts.replica(), cfg.source),
                 store_bytes=self._start.store_bytes if not cfg.cluster.local else None,
             )
             return list(placed.addresses)

@@ -91,8 +91,9 @@ def test_fewer_workers_than_lost_ranks_is_one_line_in_the_callers_words(
         num_workers=2,
         stores_dir=Path("/disk/s"),
         table={"table": "embeddings"},
+        table_names=("embeddings",),
         path=Path("/runs/a/checkpoints/pass-000002"),
-        recorded_commits=lambda: [None, None],
+        recorded_commits=lambda table=None: [None, None],
     )
     replica: Any = SimpleNamespace(url="/shared/copy", has_checkpoint=lambda name: True)
     held = _report("w1", HeldStore(0, "/disk/s/embeddings/rank-0"))
