@@ -185,3 +185,26 @@ def test_admitted_and_expired_rows_and_pending_keys_are_counted(tmp_path):
     assert f'daskhps_rows_expired_total{{table="clicks",worker="{ADDRESS}"}} 50.0' in text
     assert f'daskhps_pending_keys{{table="clicks",worker="{ADDRESS}"}} 0.0' in text
     h.teardown(w)
+
+
+def test_several_tables_have_series_of_their_own(tmp_path):
+    """A run of several tables: each table's figures are columns (and /metrics series) of
+    their own, fed by the calls that split keys by table."""
+    from daskhps.table import TableSpec
+
+    small = TableSpec("small", dim=2)
+    shards = WorkerShards(
+        [SPEC, small], tmp_path, TierSizing(device_rows=100, host_bytes=0), tagged=True
+    )
+    h, w = RunHost("t", [ADDRESS], shards), _worker()
+    h.setup(w)
+    assert h.monitor is not None
+    h.monitor.refresh_s = h.monitor.store_refresh_s = 0.0
+    shards.open()
+    keys = torch.cat([torch.arange(30), torch.arange(7) | (1 << 56)])
+    shards.stage(None, keys)
+    assert w.metrics[metric_name("clicks", "pinned_rows")](w) == 30
+    assert w.metrics[metric_name("small", "pinned_rows")](w) == 7
+    shards.unpin(None)
+    assert w.metrics[metric_name("small", "rows_staged")](w) == 7
+    h.teardown(w)
