@@ -18,14 +18,23 @@ __all__ = ["StoredTable", "stored_table"]
 
 @dataclass(frozen=True)
 class StoredTable:
-    """The table a resume would open: the checkpoint and each rank's stored rows."""
+    """The tables a resume would open: the checkpoint and each rank's stored rows (of all its
+    tables; ``tables``: each table's, when the checkpoint has several)."""
 
     checkpoint: str
     rows_per_rank: tuple[int, ...]
+    tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def busiest(self) -> int:
         return max(self.rows_per_rank, default=0)
+
+    def busiest_of(self, table: str) -> int:
+        """The most rows one rank's store of ``table`` holds (0 for a table the checkpoint
+        does not have)."""
+        if not self.tables:
+            return self.busiest
+        return max(dict(self.tables).get(table, ()), default=0)
 
 
 def stored_table(run_dir: str | Path) -> StoredTable | None:
@@ -37,6 +46,14 @@ def stored_table(run_dir: str | Path) -> StoredTable | None:
     ckpt = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
     if ckpt is None:
         return None
+    if ckpt.tables:  # several tables: each rank noted every table's commit
+        per_table: dict[str, list[int]] = {}
+        for rank in range(ckpt.num_workers):
+            shard = next((s for s in ckpt.shards if s.get("rank") == rank), {})
+            for name, record in shard.get("tables", {}).items():
+                per_table.setdefault(name, [0] * ckpt.num_workers)[rank] = int(record["rows"])
+        totals = tuple(sum(r[k] for r in per_table.values()) for k in range(ckpt.num_workers))
+        return StoredTable(ckpt.name, totals, tuple((n, tuple(r)) for n, r in per_table.items()))
     rows = []
     for rank, recorded in enumerate(ckpt.recorded_commits()):
         if recorded is not None:  # what the checkpoint noted: the stores may be on workers' disks
