@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.manifest import scan_manifests
+
+if TYPE_CHECKING:
+    from daskhps.training.checkpoint import Checkpoint
 
 __all__ = ["StoredTable", "stored_table"]
 
@@ -47,18 +52,33 @@ def stored_table(run_dir: str | Path) -> StoredTable | None:
     if ckpt is None:
         return None
     if ckpt.tables:  # several tables: each rank noted every table's commit
-        per_table: dict[str, list[int]] = {}
-        for rank in range(ckpt.num_workers):
-            shard = next((s for s in ckpt.shards if s.get("rank") == rank), {})
-            for name, record in shard.get("tables", {}).items():
-                per_table.setdefault(name, [0] * ckpt.num_workers)[rank] = int(record["rows"])
-        totals = tuple(sum(r[k] for r in per_table.values()) for k in range(ckpt.num_workers))
-        return StoredTable(ckpt.name, totals, tuple((n, tuple(r)) for n, r in per_table.items()))
-    rows = []
-    for rank, recorded in enumerate(ckpt.recorded_commits()):
-        if recorded is not None:  # what the checkpoint noted: the stores may be on workers' disks
-            rows.append(recorded.rows)
-            continue
-        manifests, _ = scan_manifests(ckpt.store_path(rank) / "commits")  # an older checkpoint
-        rows.append(max((m.rows for m in manifests if m.name == ckpt.commit), default=0))
-    return StoredTable(ckpt.name, tuple(rows))
+        names = [str(t["table"]) for t in ckpt.tables]
+        shards = {int(s["rank"]): s.get("tables", {}) for s in ckpt.shards if "rank" in s}
+        per_table = tuple(
+            (name, tuple(_rows(ckpt, r, name, shards.get(r, {})) for r in range(ckpt.num_workers)))
+            for name in names
+        )
+        totals = tuple(sum(rows[r] for _, rows in per_table) for r in range(ckpt.num_workers))
+        return StoredTable(ckpt.name, totals, per_table)
+    return StoredTable(
+        ckpt.name,
+        tuple(_rows(ckpt, r, None, {}, c) for r, c in enumerate(ckpt.recorded_commits())),
+    )
+
+
+def _rows(
+    ckpt: Checkpoint,
+    rank: int,
+    table: str | None,
+    records: dict[str, Any],
+    recorded: CommitId | None = None,
+) -> int:
+    """Rows of rank ``rank``'s store of ``table`` at the checkpoint's commit: as the
+    checkpoint noted it (the stores may be on workers' disks), else from the store's own
+    commit manifests (an older checkpoint)."""
+    if table is not None:
+        recorded = CommitId.from_json(records.get(table, {}))
+    if recorded is not None:
+        return recorded.rows
+    manifests, _ = scan_manifests(ckpt.store_path(rank, table) / "commits")
+    return max((m.rows for m in manifests if m.name == ckpt.commit), default=0)

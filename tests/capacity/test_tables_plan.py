@@ -14,13 +14,19 @@ import pytest
 
 from daskhps.capacity import check_fits, size_run
 from daskhps.capacity.command import render
+from daskhps.capacity.estimate import index_transient_bytes
 from daskhps.capacity.fit import SizingReport
+from daskhps.capacity.stored import stored_table
 from daskhps.config import RunConfig
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.data.readers import read_click_log
 from daskhps.errors import CapacityError
 from daskhps.sharding import ShardMap
+from daskhps.table import EmbeddingTable
 from daskhps.tiers.host import rows_for_bytes
+from daskhps.training.checkpoint import latest_checkpoint
+from daskhps.training.trainer import Trainer
+from tests._clusters import SharedClusters
 from tests._runs import set_keys
 
 TABLES = [
@@ -202,3 +208,30 @@ def test_one_table_is_sized_as_before(logs: Path, tmp_path: Path) -> None:
     text = render(plain)
     width = plain.memory.device.width if plain.memory else None
     assert "\ntables (" not in text and f"5,000 rows x {width} floats" in text
+
+
+def test_a_resume_sizes_each_tables_stores_by_the_rows_they_hold(
+    logs: Path, tmp_path: Path, shared_clusters: SharedClusters
+) -> None:
+    section = shared_clusters.section(workers=WORKERS, threads=2)
+    one_pass = {"passes.examples_per_pass": 3000, "checkpoint": {"every_passes": 1}}
+    cfg = _config(tmp_path, logs, cluster=section, **one_pass)
+    Trainer(cfg, progress=False).run()  # its early check sizes the tables (check_fits)
+    stored = stored_table(cfg.run.dir)
+    ckpt = latest_checkpoint(cfg.run.dir)
+    assert stored is not None and ckpt is not None
+    held = {}
+    for spec in cfg.table_specs():
+        held[spec.name] = []
+        for rank in range(WORKERS):
+            with EmbeddingTable.open(
+                spec, ckpt.store_path(rank, spec.name), device_rows=16, mode="r"
+            ) as t:
+                held[spec.name].append(len(t.store))
+    assert dict(stored.tables) == {name: tuple(rows) for name, rows in held.items()}
+    assert list(stored.rows_per_rank) == [sum(r[k] for r in held.values()) for k in (0, 1)]
+    report = size_run(cfg, workers=WORKERS, memory_limit=1 << 30)  # what --resume opens
+    assert report.memory is not None
+    for part in report.memory.tables:
+        assert stored.busiest_of(part.name) == max(held[part.name])
+        assert part.store_index >= index_transient_bytes(max(held[part.name]), 0)
