@@ -220,7 +220,7 @@ def test_a_resume_sizes_each_tables_stores_by_the_rows_they_hold(
     stored = stored_table(cfg.run.dir)
     ckpt = latest_checkpoint(cfg.run.dir)
     assert stored is not None and ckpt is not None
-    held = {}
+    held: dict[str, list[int]] = {}
     for spec in cfg.table_specs():
         held[spec.name] = []
         for rank in range(WORKERS):
