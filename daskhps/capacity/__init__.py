@@ -9,20 +9,30 @@
 * :mod:`~daskhps.capacity.stored` — the rows a resumed or imported run's stores already hold;
 * :mod:`~daskhps.capacity.disk` — the zarr stores, their history and checkpoints;
 * :mod:`~daskhps.capacity.fit` — the report ``daskhps plan`` prints, and the check that makes
-  ``train`` refuse a run that cannot fit.
+  ``train`` refuse a run that cannot fit; with several tables, each table's part of it.
 """
 
 from __future__ import annotations
 
 from daskhps.capacity.disk import DiskEstimate, store_disk
 from daskhps.capacity.estimate import TierBytes, dense_bytes, slot_cache_bytes
-from daskhps.capacity.fit import SizingReport, WorkerMemory, check_fits, size_run
-from daskhps.capacity.keystats import KeyStats, expected_key_stats, scan_key_stats
+from daskhps.capacity.fit import (
+    SizingReport,
+    TableMemory,
+    TablePlan,
+    WorkerMemory,
+    check_fits,
+    size_run,
+)
+from daskhps.capacity.keystats import KeyStats, TableKeys, expected_key_stats, scan_key_stats
 
 __all__ = [
     "DiskEstimate",
     "KeyStats",
     "SizingReport",
+    "TableKeys",
+    "TableMemory",
+    "TablePlan",
     "TierBytes",
     "WorkerMemory",
     "check_fits",

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from daskhps._scheduler import scheduler_workers
-from daskhps.capacity.fit import SizingReport, size_run
+from daskhps.capacity.fit import SizingReport, TablePlan, size_run
 from daskhps.capacity.keystats import KeyStats
 from daskhps.config.cluster import ClusterSecurity
 from daskhps.config.commands import add_config_arguments
@@ -100,9 +101,51 @@ def _keys_lines(k: KeyStats) -> list[str]:
     ]
 
 
+def _tables_lines(tables: Sequence[TablePlan]) -> list[str]:
+    """One line per table: what it holds, its keys, its tiers' rows and the memory and disk
+    they take (the busiest worker's share; the disk of all its stores)."""
+    head = (
+        "table", "dim", "floats", "fields", "distinct keys", "pass keys", "device rows",
+        "host rows", "memory", "disk",
+    )  # fmt: skip
+    body = []
+    for t in tables:
+        m, k = t.memory, t.keys
+        body.append(
+            (
+                t.name,
+                str(t.dim),
+                str(t.width),
+                str(len(t.fields)),
+                _count(k.distinct_keys),
+                _count(k.largest_pass_per_owner),
+                "unknown" if m is None else f"{m.device.rows:,}",
+                "unknown" if m is None else f"{m.host.rows if m.host else 0:,}",
+                _size(None if m is None else m.total),
+                _size(t.disk.stores),
+            )
+        )
+    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
+
+    def line(r: Sequence[str]) -> str:
+        cells = [
+            r[0].ljust(widths[0]),
+            *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)),
+        ]
+        return "  " + "  ".join(cells).rstrip()
+
+    return [
+        "tables (pass keys and memory: the busiest worker's; disk: all its stores):",
+        line(head),
+        *(line(r) for r in body),
+    ]
+
+
 def render(report: SizingReport) -> str:
     """The report as text, one figure per line."""
     lines = [f"plan for {report.source}", *_keys_lines(report.keys)]
+    if report.tables:
+        lines += _tables_lines(report.tables)
     if report.stored is not None:
         s = report.stored
         lines.append(
@@ -119,11 +162,17 @@ def render(report: SizingReport) -> str:
             if t is None:
                 rows.append((name, 0, "none"))
                 continue
+            # Several tables: each one's rows are in the tables' block.
+            shape = (
+                f"{t.rows:,} rows x {t.width} floats"
+                if len(m.tables) < 2
+                else f"{t.rows:,} rows of {len(m.tables)} tables"
+            )
             rows.append(
                 (
                     name,
                     t.total,
-                    f"{t.rows:,} rows x {t.width} floats: slab {_size(t.slab)}, metadata "
+                    f"{shape}: slab {_size(t.slab)}, metadata "
                     f"{_size(t.metadata)}, index {_size(t.index)}, scratch {_size(t.scratch)}",
                 )
             )

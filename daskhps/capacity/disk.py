@@ -10,17 +10,20 @@ in place (docs/table.md), so its size is::
     snapshots  16 bytes per key per full index snapshot kept
     headroom   compaction writes the live rows anew before deleting the old segments
 
-Checkpoints add the dense model's weights and optimizer state per kept checkpoint.
+Checkpoints add the dense model's weights and optimizer state per kept checkpoint. With several
+tables each table's stores are sized with its own row width and keys, and the run's disk is
+their sum (:func:`summed_disk`) plus the checkpoints, counted once.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DiskEstimate", "free_bytes", "store_disk"]
+__all__ = ["DiskEstimate", "checkpoints_dense_bytes", "free_bytes", "store_disk", "summed_disk"]
 
 _SNAPSHOT_BYTES_PER_KEY = 16  # key and location, int64 each
 
@@ -64,6 +67,33 @@ def free_bytes(path: str | Path) -> tuple[str, int]:
     return str(p), shutil.disk_usage(p).free
 
 
+def _enabled(checkpoint: Any) -> bool:
+    return checkpoint is not None and getattr(checkpoint, "every_passes", 0) > 0
+
+
+def checkpoints_dense_bytes(checkpoint: Any, dense_state_bytes: int) -> int:
+    """The dense weights and optimizer state of every kept checkpoint."""
+    return checkpoint.keep * dense_state_bytes if _enabled(checkpoint) else 0
+
+
+def summed_disk(parts: Sequence[DiskEstimate], checkpoints_dense: int) -> DiskEstimate:
+    """The stores of every table (``parts``, each sized without checkpoints) and the run's
+    dense checkpoints: a figure unknown for any table is unknown for the run."""
+
+    def total(values: Sequence[int | None]) -> int | None:
+        return None if None in values else sum(v or 0 for v in values)
+
+    return DiskEstimate(
+        live=total([p.live for p in parts]),
+        history=total([p.history for p in parts]),
+        snapshots=total([p.snapshots for p in parts]),
+        compaction_headroom=sum(p.compaction_headroom for p in parts),
+        checkpoints_dense=checkpoints_dense,
+        path=parts[0].path,
+        free=parts[0].free,
+    )
+
+
 def store_disk(
     *,
     width: int,
@@ -83,7 +113,7 @@ def store_disk(
     """
     row = 4 * width + 8
     live = None if distinct_keys is None else distinct_keys * row
-    enabled = checkpoint is not None and getattr(checkpoint, "every_passes", 0) > 0
+    enabled = _enabled(checkpoint)
     history: int | None = None
     if rows_written is not None and distinct_keys is not None:
         stale = max(rows_written - distinct_keys, 0)
@@ -102,6 +132,6 @@ def store_disk(
             kept = -(-checkpoint.keep // snapshot_every) + 1
         snapshots = kept * distinct_keys * _SNAPSHOT_BYTES_PER_KEY
     headroom = (live or 0) if enabled else 0
-    dense = checkpoint.keep * dense_state_bytes if enabled else 0
+    dense = checkpoints_dense_bytes(checkpoint, dense_state_bytes)
     where, free = free_bytes(store_dir)
     return DiskEstimate(live, history, snapshots, headroom, dense, where, free)

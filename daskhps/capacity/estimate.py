@@ -26,6 +26,7 @@ This module imports neither dask nor the tiers' backends beyond their sizing fun
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from daskhps.tiers._index import MIN_CAPACITY, MIN_SCRATCH, PROBE_CHUNK, KeyIndex
@@ -46,6 +47,7 @@ __all__ = [
     "slot_cache_bytes",
     "store_mapped_bytes",
     "store_memory_bytes",
+    "summed_tiers",
 ]
 
 # Reused lookup buffers of KeyIndex._find per key: home, tmp (8 + 8), the gathered bucket row
@@ -71,10 +73,11 @@ INSERT_BYTES_PER_KEY = 300
 
 @dataclass(frozen=True)
 class TierBytes:
-    """The memory of one slot-cache tier (device or host) of one table on one worker."""
+    """The memory of one slot-cache tier (device or host) of one table on one worker, or of
+    one tier of all its tables (:func:`summed_tiers`; ``width`` None when theirs differ)."""
 
     rows: int
-    width: int
+    width: int | None
     slab: int
     metadata: int
     index: int
@@ -88,6 +91,23 @@ class TierBytes:
     @property
     def total(self) -> int:
         return self.resident + self.scratch
+
+
+def summed_tiers(parts: Sequence[TierBytes | None]) -> TierBytes | None:
+    """One tier of every table of a worker: each table's tier is its own slot cache, so their
+    rows and bytes add up (None when no table has the tier)."""
+    have = [p for p in parts if p is not None]
+    if not have:
+        return None
+    widths = {p.width for p in have}
+    return TierBytes(
+        rows=sum(p.rows for p in have),
+        width=widths.pop() if len(widths) == 1 else None,
+        slab=sum(p.slab for p in have),
+        metadata=sum(p.metadata for p in have),
+        index=sum(p.index for p in have),
+        scratch=sum(p.scratch for p in have),
+    )
 
 
 def index_scratch_bytes(batch_keys: int) -> int:

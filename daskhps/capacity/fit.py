@@ -9,6 +9,12 @@ refusal (the same text ``plan`` prints) when the run cannot fit.
 A problem refuses the run only when it rests on exact arithmetic or on counted (``--scan``)
 or stated (``table.expected_keys``) key counts; the same problem from an upper bound is a
 warning.
+
+With several tables every table has its own tiers and stores on every worker, with its own row
+width, device rows and host bytes (as :class:`~daskhps.tier_sizing.TierSizing` resolves them
+on the workers), so each is sized with its own keys (:class:`TablePlan`) and the worker's
+memory and the disk are their sums; a pass pins each table's keys in that table's device tier,
+so each table's largest pass must fit its own rows.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daskhps.capacity.activations import StepBytes, step_bytes
-from daskhps.capacity.disk import DiskEstimate, store_disk
+from daskhps.capacity.disk import DiskEstimate, checkpoints_dense_bytes, store_disk, summed_disk
 from daskhps.capacity.estimate import (
     WORKER_PROCESS_BYTES,
     TierBytes,
@@ -28,15 +34,23 @@ from daskhps.capacity.estimate import (
     slot_cache_bytes,
     store_mapped_bytes,
     store_memory_bytes,
+    summed_tiers,
 )
-from daskhps.capacity.keystats import KeyStats, expected_key_stats, scan_key_stats
+from daskhps.capacity.keystats import KeyStats, TableKeys, expected_key_stats, scan_key_stats
 from daskhps.capacity.stored import StoredTable, stored_table
 from daskhps.config import RunConfig
 from daskhps.errors import CapacityError
-from daskhps.table.spec import TableSpec
 from daskhps.tier_sizing import MEMORY_BUDGET, PAUSE_FRACTION
 
-__all__ = ["SizingReport", "WorkerMemory", "check_cluster_fits", "check_fits", "size_run"]
+__all__ = [
+    "SizingReport",
+    "TableMemory",
+    "TablePlan",
+    "WorkerMemory",
+    "check_cluster_fits",
+    "check_fits",
+    "size_run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +63,49 @@ _ROW_LABEL, _DENSE, _KEY, _RANK = 4, 4, 8, 8
 _HOLDOUT_COPIES = 6
 
 
+def _tier(t: TierBytes | None) -> dict[str, int | None] | None:
+    if t is None:
+        return None
+    return {
+        "rows": t.rows,
+        "width": t.width,
+        "slab": t.slab,
+        "metadata": t.metadata,
+        "index": t.index,
+        "scratch": t.scratch,
+        "total": t.total,
+    }
+
+
+@dataclass(frozen=True)
+class TableMemory:
+    """One table's part of a worker's memory: its device and host tiers and its zarr store
+    (``store_index``: the moment its store's key index is opened or grown, a transient)."""
+
+    name: str
+    device: TierBytes
+    host: TierBytes | None
+    store: int
+    store_mapped: int
+    store_index: int
+
+    @property
+    def total(self) -> int:
+        """What the table keeps on the worker (its transient aside)."""
+        host = self.host.total if self.host else 0
+        return self.device.total + host + self.store + self.store_mapped
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": _tier(self.device),
+            "host": _tier(self.host),
+            "store": self.store,
+            "store_mapped": self.store_mapped,
+            "store_index": self.store_index,
+            "total": self.total,
+        }
+
+
 @dataclass(frozen=True)
 class WorkerMemory:
     """Bytes one worker holds for the run, by part (the busiest worker's share).
@@ -56,7 +113,8 @@ class WorkerMemory:
     ``total`` is the peak resident memory of the worker process: the process itself, what the
     run keeps (tiers, dense model, examples) and the largest of the transients, which never
     overlap: one training batch, one evaluation batch, and the store's key index being opened
-    or grown.
+    or grown. With several tables the tiers and the store are the sums of :attr:`tables`
+    (``store_index`` the largest table's: the stores are opened and grown one at a time).
     """
 
     memory_limit: int | None
@@ -71,6 +129,7 @@ class WorkerMemory:
     train_step: int
     eval_step: int
     store_index: int
+    tables: tuple[TableMemory, ...] = ()  # each table's part (one: the figures above)
 
     @property
     def tiers(self) -> int:
@@ -100,24 +159,11 @@ class WorkerMemory:
         return self.process + self.growth
 
     def to_dict(self) -> dict[str, Any]:
-        def tier(t: TierBytes | None) -> dict[str, int] | None:
-            if t is None:
-                return None
-            return {
-                "rows": t.rows,
-                "width": t.width,
-                "slab": t.slab,
-                "metadata": t.metadata,
-                "index": t.index,
-                "scratch": t.scratch,
-                "total": t.total,
-            }
-
         return {
             "memory_limit": self.memory_limit,
             "process": self.process,
-            "device": tier(self.device),
-            "host": tier(self.host),
+            "device": _tier(self.device),
+            "host": _tier(self.host),
             "store": self.store,
             "store_mapped": self.store_mapped,
             "dense_params": self.dense_params,
@@ -133,6 +179,31 @@ class WorkerMemory:
 
 
 @dataclass(frozen=True)
+class TablePlan:
+    """One table of a run with several: what it holds, its keys, its part of each worker's
+    memory (None where the memory is not sized) and its stores' disk."""
+
+    name: str
+    dim: int
+    width: int
+    fields: tuple[str, ...]
+    keys: TableKeys
+    memory: TableMemory | None
+    disk: DiskEstimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "width": self.width,
+            "fields": list(self.fields),
+            "keys": self.keys.to_dict(),
+            "memory_per_worker": None if self.memory is None else self.memory.to_dict(),
+            "disk": self.disk.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
 class SizingReport:
     """The sizing of one run: what ``daskhps plan`` prints."""
 
@@ -144,6 +215,7 @@ class SizingReport:
     stored: StoredTable | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    tables: tuple[TablePlan, ...] = ()  # with several tables, each one's part
 
     @property
     def fits(self) -> bool:
@@ -154,7 +226,7 @@ class SizingReport:
         return f"{self.source}: the run cannot fit: " + "; also ".join(self.problems)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "config": self.source,
             "workers": self.workers,
             "keys": self.keys.to_dict(),
@@ -172,6 +244,9 @@ class SizingReport:
             "problems": list(self.problems),
             "warnings": list(self.warnings),
         }
+        if self.tables:  # one table: its figures are the run's, as they always were
+            out["tables"] = [t.to_dict() for t in self.tables]
+        return out
 
 
 def local_memory_limit(cfg: RunConfig) -> int | None:
@@ -183,12 +258,6 @@ def local_memory_limit(cfg: RunConfig) -> int | None:
 
     limit = cfg.cluster.memory_limit if cfg.cluster.memory_limit is not None else "auto"
     return parse_memory_limit(limit, 1, cfg.cluster.n_workers, logger=log)
-
-
-def sizing_spec(cfg: RunConfig) -> TableSpec:
-    """The table the sizing prices every key at: the run's one table or, with several, the
-    one of the widest rows (the scan counts keys, not keys per table: an upper bound)."""
-    return max(cfg.table_specs(), key=lambda s: s.width)
 
 
 def dense_param_count(cfg: RunConfig) -> int:
@@ -211,21 +280,10 @@ def worker_memory(
     """The memory model of the busiest worker for ``keys`` and ``memory_limit``; ``stored``
     is the table a resume opens, ``steps`` the dense model's bytes per example (measured when
     not given)."""
-    spec = sizing_spec(cfg)
-    tiers = cfg.table.tiers
-    policy = tiers.policy
-    rows, host_budget = cfg.tier_sizing().resolve(
-        [spec], memory_limit, "cpu", policy, check_budget=False
-    )[spec.name]
+    tables = _table_memory(cfg, keys, memory_limit, stored)
+    device = summed_tiers([t.device for t in tables])
+    assert device is not None
     batch = keys.largest_pass_per_owner or 0
-    device = slot_cache_bytes(rows, spec.width, policy, batch_keys=batch)
-    host = host_tier_bytes(host_budget, spec.width, policy, batch_keys=batch)
-    opened = stored.busiest if stored else 0
-    # Keys of the store's index: those the logs bring, or what it already holds if more (a
-    # day's new keys on top of a large stored table are few; the larger count bounds them).
-    in_store = max(keys.keys_per_owner or 0, opened)
-    upper = device.rows + (host.rows if host else 0)
-    store = store_memory_bytes(in_store, spec.width, batch_keys=batch, opened=opened)
     params = dense_param_count(cfg)
     steps = steps or step_bytes(cfg)
     W = keys.workers
@@ -255,18 +313,56 @@ def worker_memory(
         memory_limit=memory_limit,
         process=WORKER_PROCESS_BYTES,
         device=device,
-        host=host,
-        store=store,
-        # Rows are read back from the store (through memory maps) only when the upper tiers
-        # cannot hold every key of the shard.
-        store_mapped=store_mapped_bytes(in_store, spec.width) if in_store > upper else 0,
+        host=summed_tiers([t.host for t in tables]),
+        store=sum(t.store for t in tables),
+        store_mapped=sum(t.store_mapped for t in tables),
         dense_params=params,
         dense=dense_bytes(params, cfg.dense_optimizer.kind),
         examples=examples,
         train_step=steps.train(-(-cfg.passes.plan.global_batch_size // W)),
         eval_step=steps.eval(eval_rows),
-        store_index=index_transient_bytes(in_store, opened),
+        store_index=max(t.store_index for t in tables),
+        tables=tables,
     )
+
+
+def _table_memory(
+    cfg: RunConfig, keys: KeyStats, memory_limit: int | None, stored: StoredTable | None
+) -> tuple[TableMemory, ...]:
+    """Each table's tiers and store on the busiest worker: its rows and host bytes as the
+    workers resolve them (:meth:`~daskhps.tier_sizing.TierSizing.resolve` over every table),
+    at its own width and policy, for its own keys."""
+    specs = cfg.table_specs()
+    sizing = cfg.tier_sizing()
+    policy = cfg.table.tiers.policy
+    policies = {name: b.policy for name, b in sizing.own if b.policy is not None}
+    budgets = sizing.resolve(specs, memory_limit, "cpu", policy, check_budget=False)
+    out = []
+    for spec, k in zip(specs, keys.by_table([s.name for s in specs]), strict=True):
+        rows, host_budget = budgets[spec.name]
+        pol = policies.get(spec.name, policy)
+        batch = k.largest_pass_per_owner or 0
+        device = slot_cache_bytes(rows, spec.width, pol, batch_keys=batch)
+        host = host_tier_bytes(host_budget, spec.width, pol, batch_keys=batch)
+        opened = stored.busiest_of(spec.name) if stored else 0
+        # Keys of the store's index: those the logs bring, or what it already holds if more
+        # (a day's new keys on top of a large stored table are few; the larger count bounds
+        # them).
+        in_store = max(k.keys_per_owner or 0, opened)
+        upper = device.rows + (host.rows if host else 0)
+        out.append(
+            TableMemory(
+                name=spec.name,
+                device=device,
+                host=host,
+                store=store_memory_bytes(in_store, spec.width, batch_keys=batch, opened=opened),
+                # Rows are read back from the store (through memory maps) only when the upper
+                # tiers cannot hold every key of the shard.
+                store_mapped=store_mapped_bytes(in_store, spec.width) if in_store > upper else 0,
+                store_index=index_transient_bytes(in_store, opened),
+            )
+        )
+    return tuple(out)
 
 
 def keys_holdout(cfg: RunConfig, keys: KeyStats) -> int:
@@ -319,7 +415,7 @@ def size_run(
         warnings.append(
             "distinct keys unknown: store disk not sized; pass --scan or set table.expected_keys"
         )
-    disk = _disk(cfg, keys)
+    disk, disks = _disk(cfg, keys)
     # A cluster's workers each hold their share on their own disk: they check it themselves
     # (daskhps.training.placement); the embedded cluster's all land on this machine's.
     here = cfg.cluster.local
@@ -330,7 +426,28 @@ def size_run(
             "fewer checkpoints"
         )
         (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))
-    return SizingReport(cfg.source, W, keys, memory, disk, stored, problems, warnings)
+    tables = _table_plans(cfg, keys, memory, disks)
+    return SizingReport(cfg.source, W, keys, memory, disk, stored, problems, warnings, tables)
+
+
+def _table_plans(
+    cfg: RunConfig,
+    keys: KeyStats,
+    memory: WorkerMemory | None,
+    disks: tuple[DiskEstimate, ...],
+) -> tuple[TablePlan, ...]:
+    """Each table's part of the report (none with one table: the report's figures are its)."""
+    if not disks:
+        return ()
+    entries = cfg.embedding_tables()
+    specs = cfg.table_specs()
+    parts = memory.tables if memory is not None else (None,) * len(specs)
+    return tuple(
+        TablePlan(e.name, e.dim, s.width, tuple(e.features), k, m, d)
+        for e, s, k, m, d in zip(
+            entries, specs, keys.by_table([s.name for s in specs]), parts, disks, strict=True
+        )
+    )
 
 
 def _check_memory(
@@ -340,8 +457,11 @@ def _check_memory(
     problems: list[str],
     warnings: list[str],
 ) -> None:
-    rows = memory.device.rows
-    need = keys.largest_pass_per_owner
+    if len(memory.tables) > 1:
+        _check_tables(cfg, keys, memory, problems, warnings)
+        need, rows = None, 0
+    else:
+        rows, need = memory.device.rows, keys.largest_pass_per_owner
     if need is not None and need > rows:
         msg = (
             f"the largest pass stages {need:,} keys on one worker but the device tier holds "
@@ -384,17 +504,72 @@ def _check_memory(
         (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))
 
 
+def _check_tables(
+    cfg: RunConfig,
+    keys: KeyStats,
+    memory: WorkerMemory,
+    problems: list[str],
+    warnings: list[str],
+) -> None:
+    """Each table's largest pass per worker against its own device rows (staging a pass pins
+    every table's keys in that table's device tier), and, where only the run's key count is
+    stated (``table.expected_keys``), the run's largest pass against all of them."""
+    names = [t.name for t in memory.tables]
+    per_table = keys.by_table(names)
+    for i, (part, k) in enumerate(zip(memory.tables, per_table, strict=True)):
+        rows, need = part.device.rows, k.largest_pass_per_owner
+        if need is None:
+            continue
+        if need > rows:
+            key, alt = _table_device_key(cfg, i)
+            msg = (
+                f"table {part.name!r}: the largest pass stages {need:,} of its keys on one "
+                f"worker but its device tier holds {rows:,} rows ({key}); a pass pins every "
+                f"table's keys in that table's device tier: raise {key.split()[0]}{alt}, add "
+                "workers, or lower passes.examples_per_pass (or set passes.max_working_set)"
+            )
+            if k.certain:
+                problems.append(msg)
+            else:
+                warnings.append(msg + " (from an upper bound of its keys; --scan counts them)")
+        elif 2 * need > rows:
+            warnings.append(
+                f"table {part.name!r}: two passes' working sets ({2 * need:,} of its keys) "
+                f"exceed its device tier ({rows:,} rows): each pass is staged after the "
+                "previous one instead of while it trains"
+            )
+    rows = sum(t.device.rows for t in memory.tables)
+    need = keys.largest_pass_per_owner
+    if keys.certain and not all(k.certain for k in per_table) and need is not None and need > rows:
+        problems.append(
+            f"the largest pass stages {need:,} keys on one worker but the device tiers of its "
+            f"{len(names)} tables ({', '.join(names)}) hold {rows:,} rows together; raise "
+            "table.tiers.device (or tables[].tiers.device), add workers, or lower "
+            "passes.examples_per_pass (or set passes.max_working_set)"
+        )
+
+
 def _largest_part(cfg: RunConfig, memory: WorkerMemory) -> tuple[str, int, str]:
     """The part of a worker's peak that is largest and can be changed, with the config key
     that changes it (the process itself cannot)."""
     host = memory.host.total if memory.host else 0
-    parts = [
+    tiers = [
         ("the device tier", memory.device.total, f"lower {_device_key(cfg)}"),
         (
             "the host tier",
             host,
             f"lower table.tiers.host.fraction (now {cfg.table.tiers.host.fraction})",
         ),
+    ]
+    if len(memory.tables) > 1:  # each table's tiers, with the key that sizes them
+        tiers = []
+        for i, t in enumerate(memory.tables):
+            device, _ = _table_device_key(cfg, i)
+            host_part = t.host.total if t.host else 0
+            tiers.append((f"table {t.name!r}'s device tier", t.device.total, f"lower {device}"))
+            tiers.append((f"table {t.name!r}'s host tier", host_part, f"lower {_host_key(cfg, i)}"))
+    parts = [
+        *tiers,
         (
             "the zarr store's key index",
             memory.store + memory.store_mapped + memory.store_index,
@@ -429,29 +604,60 @@ def _device_key(cfg: RunConfig) -> str:
     )
 
 
-def _disk(cfg: RunConfig, keys: KeyStats) -> DiskEstimate:
-    spec = sizing_spec(cfg)
+def _own_tiers(cfg: RunConfig, i: int) -> Any:
+    """The ``tiers`` of the ``i``-th table if it is a ``tables`` entry that has them."""
+    return cfg.tables[i].tiers if i < len(cfg.tables) else None
+
+
+def _table_device_key(cfg: RunConfig, i: int) -> tuple[str, str]:
+    """The key (with its value) that sizes the ``i``-th table's device tier, and, for a table
+    that shares ``table.tiers.device``, how to give it its own."""
+    own = _own_tiers(cfg, i)
+    if own is not None and own.device is not None:
+        d = own.device
+        what = f"rows {d.rows}" if d.rows else f"fraction {d.fraction}"
+        return f"tables[{i}].tiers.device.{what}", ""
+    alt = f" (or give the table its own, tables[{i}].tiers.device)" if i < len(cfg.tables) else ""
+    return _device_key(cfg), alt
+
+
+def _host_key(cfg: RunConfig, i: int) -> str:
+    own = _own_tiers(cfg, i)
+    if own is not None and own.host is not None:
+        return f"tables[{i}].tiers.host.fraction (now {own.host.fraction})"
+    return f"table.tiers.host.fraction (now {cfg.table.tiers.host.fraction})"
+
+
+def _disk(cfg: RunConfig, keys: KeyStats) -> tuple[DiskEstimate, tuple[DiskEstimate, ...]]:
+    """The run's disk, and each table's stores' (none with one table: the run's are its)."""
+    specs = cfg.table_specs()
     epochs = cfg.passes.epochs
     W = keys.workers
-    pass_rows = None if keys.largest_pass_per_owner is None else keys.largest_pass_per_owner * W
-    written = None
-    if keys.pass_keys_per_owner:
-        written = epochs * W * sum(keys.pass_keys_per_owner)
-    elif keys.passes is not None and pass_rows is not None:
-        written = epochs * keys.passes * pass_rows
     checkpoint = getattr(cfg, "checkpoint", None)
+    parts = []
+    for spec, k in zip(specs, keys.by_table([s.name for s in specs]), strict=True):
+        pass_rows = None if k.largest_pass_per_owner is None else k.largest_pass_per_owner * W
+        written = None
+        if k.pass_keys_per_owner:
+            written = epochs * W * sum(k.pass_keys_per_owner)
+        elif keys.passes is not None and pass_rows is not None:
+            written = epochs * keys.passes * pass_rows
+        parts.append(
+            store_disk(
+                width=spec.width,
+                distinct_keys=k.distinct_keys,
+                rows_written=written,
+                pass_rows=pass_rows,
+                checkpoint=checkpoint,
+                snapshot_every=cfg.table.tiers.snapshot_every,
+                dense_state_bytes=0,  # the run's, counted once below
+                store_dir=cfg.table.tiers.store_dir,
+            )
+        )
     params = dense_param_count(cfg)
     state = 4 * params * (1 + {"sgd": 0, "adagrad": 1, "adam": 2}[cfg.dense_optimizer.kind])
-    return store_disk(
-        width=spec.width,
-        distinct_keys=keys.distinct_keys,
-        rows_written=written,
-        pass_rows=pass_rows,
-        checkpoint=checkpoint,
-        snapshot_every=cfg.table.tiers.snapshot_every,
-        dense_state_bytes=state,
-        store_dir=cfg.table.tiers.store_dir,
-    )
+    total = summed_disk(parts, checkpoints_dense_bytes(checkpoint, state))
+    return total, tuple(parts) if len(parts) > 1 else ()
 
 
 def _gib(n: int) -> str:

@@ -10,22 +10,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.manifest import scan_manifests
+
+if TYPE_CHECKING:
+    from daskhps.training.checkpoint import Checkpoint
 
 __all__ = ["StoredTable", "stored_table"]
 
 
 @dataclass(frozen=True)
 class StoredTable:
-    """The table a resume would open: the checkpoint and each rank's stored rows."""
+    """The tables a resume would open: the checkpoint and each rank's stored rows (of all its
+    tables; ``tables``: each table's, when the checkpoint has several)."""
 
     checkpoint: str
     rows_per_rank: tuple[int, ...]
+    tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def busiest(self) -> int:
         return max(self.rows_per_rank, default=0)
+
+    def busiest_of(self, table: str) -> int:
+        """The most rows one rank's store of ``table`` holds (0 for a table the checkpoint
+        does not have)."""
+        if not self.tables:
+            return self.busiest
+        return max(dict(self.tables).get(table, ()), default=0)
 
 
 def stored_table(run_dir: str | Path) -> StoredTable | None:
@@ -37,13 +51,20 @@ def stored_table(run_dir: str | Path) -> StoredTable | None:
     ckpt = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
     if ckpt is None:
         return None
-    rows = [0] * ckpt.num_workers
-    for table in ckpt.table_names:  # a rank's rows: those of its store of every table
-        for rank, recorded in enumerate(ckpt.recorded_commits(table)):
-            if recorded is not None:  # what the checkpoint noted: the stores may be elsewhere
-                rows[rank] += recorded.rows
-                continue
-            commits = ckpt.store_path(rank, table) / "commits"  # an older checkpoint
-            manifests, _ = scan_manifests(commits)
-            rows[rank] += max((m.rows for m in manifests if m.name == ckpt.commit), default=0)
-    return StoredTable(ckpt.name, tuple(rows))
+    names = ckpt.table_names
+    per_table = tuple(
+        (name, tuple(_rows(ckpt, r, name, c) for r, c in enumerate(ckpt.recorded_commits(name))))
+        for name in names
+    )
+    totals = tuple(sum(rows[r] for _, rows in per_table) for r in range(ckpt.num_workers))
+    return StoredTable(ckpt.name, totals, per_table if len(names) > 1 else ())
+
+
+def _rows(ckpt: Checkpoint, rank: int, table: str, recorded: CommitId | None) -> int:
+    """Rows of rank ``rank``'s store of ``table`` at the checkpoint's commit: as the
+    checkpoint noted it (the stores may be on workers' disks), else from the store's own
+    commit manifests (an older checkpoint)."""
+    if recorded is not None:
+        return recorded.rows
+    manifests, _ = scan_manifests(ckpt.store_path(rank, table) / "commits")
+    return max((m.rows for m in manifests if m.name == ckpt.commit), default=0)
