@@ -326,13 +326,12 @@ def _imported(sources: Mapping[str, Source], specs: tuple[TableSpec, ...]) -> di
     """The checkpoint's note of what was imported: rows, files, whether the optimizer state
     was given; with several tables, also each table's (one given no rows: 0 rows)."""
     listed = list(sources.values())
-    given = {s.has_state for s in listed if s.rows}
+    given = {s.has_state for s in listed if s.rows}  # of the tables that get rows
+    state = "mixed" if len(given) > 1 else "given" if True in given else "initial"
     out: dict[str, Any] = {
         "rows": sum(s.rows for s in listed),
         "files": [f for s in listed for f in s.files()],
-        "optimizer_state": "mixed"
-        if len(given) > 1
-        else ("given" if given == {True} else "initial"),
+        "optimizer_state": state,
     }
     if len(specs) > 1:
         out["tables"] = {}
