@@ -1,16 +1,25 @@
 """The values of a chunk of imported rows: finite floats, a sound optimizer state, each key
-once. Vectorised over the chunk; the first problem found ends the import in one line naming
-the file and the row."""
+once and, with several tables, each key its table's. Vectorised over the chunk; the first
+problem found ends the import in one line naming the file and the row."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from daskhps.data.keyspace import TABLE_SHIFT, table_of
 from daskhps.errors import DataError
 from daskhps.importing.source import Chunk
 from daskhps.table.spec import TableSpec
 
-__all__ = ["check_chunk", "duplicate_error", "duplicate_pair", "first_non_finite"]
+__all__ = [
+    "check_chunk",
+    "check_table_keys",
+    "duplicate_error",
+    "duplicate_pair",
+    "first_non_finite",
+]
 
 _FIX = "fix or drop that row"
 _DROP_STATE = "fix the state, or leave it out (then every row starts with the initial state)"
@@ -116,3 +125,30 @@ def check_chunk(chunk: Chunk, spec: TableSpec) -> None:
     if pair is not None:
         a, b = pair
         raise duplicate_error(int(chunk.keys[a]), chunk.key_row(a), chunk.key_row(b))
+
+
+def check_table_keys(chunk: Chunk, index: int, names: Sequence[str]) -> None:
+    """:class:`DataError` for the first key of ``chunk`` (rows of table ``index`` of the
+    tables ``names``) that does not carry that index in bits 56..62, as every key of a run
+    with several tables does (:mod:`daskhps.data.keyspace`). Such a key would be stored in
+    this table and never read: the run looks it up in the table its bits name."""
+    tags = table_of(chunk.keys)
+    bad = np.flatnonzero(tags != index)
+    if not bad.size:
+        return
+    i = int(bad[0])
+    key, tag = int(chunk.keys[i]), int(tags[i])
+    if tag < 0:
+        what = "is negative, so it carries no table"
+    elif tag < len(names):
+        what = f"carries table {tag} ({names[tag]}) in bits {TABLE_SHIFT}..62"
+    else:
+        what = f"carries table {tag} in bits {TABLE_SHIFT}..62, and there are {len(names)}"
+    name = names[index]
+    raise DataError(
+        f"{chunk.key_row(i)}: key {key} {what}, but these are the rows of table {name!r} "
+        f"(table {index}); with several tables every key carries its table's index in bits "
+        f"{TABLE_SHIFT}..62: give table {name!r} its own keys (the keys-{name}.npy of an "
+        "export of a run with these tables), hashed and tagged as daskhps.data.keyspace makes "
+        "them"
+    )

@@ -2,9 +2,10 @@
 
 What it leaves is exactly what a run's first checkpoint would be, taken before any training::
 
-    <table.tiers.store_dir>/<table>/rank-<r>     one store per worker (cluster.n_workers), each
-                                                 key in its owner's (ShardMap, as in training),
-                                                 committed as pass-000000
+    <table.tiers.store_dir>/<table>/rank-<r>     one store per worker (cluster.n_workers) and
+                                                 table, each key in its owner's (ShardMap, as
+                                                 in training), committed as pass-000000; a
+                                                 table given no rows is an empty store
     <run.dir>/checkpoints/pass-000000/           a checkpoint after 0 passes: the dense model a
                                                  new run starts with, step 0, no plan yet
     <run.dir>/config.yaml
@@ -16,9 +17,9 @@ rows from the stores instead of initialising them. No new way for a run to start
 
 Order of work, so that a failure at any point leaves nothing behind::
 
-    check the input's metadata, the folders, the earlier run (refused without --overwrite)
+    check the inputs' metadata, the folders, the earlier run (refused without --overwrite)
     write the stores and the checkpoint in staging folders beside their final places,
-        checking each chunk's values and keys on the way
+        checking each chunk's values and keys on the way (table by table)
     move them into place (renames; with --overwrite, the earlier run is moved aside first
         and deleted only once everything is in place, put back otherwise)
 
@@ -34,6 +35,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,15 +48,15 @@ from daskhps.capacity.disk import free_bytes
 from daskhps.config import RunConfig
 from daskhps.errors import (
     CapacityError,
-    ConfigError,
     DataError,
     RunExistsError,
     StoreLockedError,
 )
-from daskhps.importing.checks import check_chunk, duplicate_error
+from daskhps.importing.checks import check_chunk, check_table_keys, duplicate_error
 from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
 from daskhps.sharding import ShardMap
+from daskhps.table.spec import TableSpec
 from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.durable import fsync_dir
@@ -68,7 +70,7 @@ from daskhps.training.checkpoint import (
 )
 from daskhps.training.locations import recorded_stores_dir
 
-__all__ = ["CHUNK_ROWS", "COMMIT", "ImportResult", "import_table"]
+__all__ = ["CHUNK_ROWS", "COMMIT", "ImportResult", "import_table", "import_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,12 @@ class ImportResult:
     checkpoint: Path
     rows: int
     workers: int
-    state: str  # "given" or "initial"
+    state: str  # "given" or "initial" (several tables: "mixed" when some tables were given it)
     seconds: float
     bytes: int
     shards: list[dict[str, Any]] = field(default_factory=list)
+    # several tables: per table (in order), its rows, files and optimizer state; empty with one
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def rows_per_second(self) -> float:
@@ -106,6 +110,7 @@ class ImportResult:
             "rows_per_second": round(self.rows_per_second, 1),
             "bytes": self.bytes,
             "shards": self.shards,
+            **({"tables": self.tables} if self.tables else {}),
         }
 
 
@@ -149,12 +154,16 @@ class _Staging:
                 p.rmdir()
 
 
-def _preflight(config: RunConfig, source: Source, overwrite: bool) -> rundir.EarlierRun | None:
-    """Every check that reads no row: the input's metadata, the folders, the earlier run, the
+def _preflight(
+    config: RunConfig, sources: Mapping[str, Source], overwrite: bool
+) -> rundir.EarlierRun | None:
+    """Every check that reads no row: the inputs' metadata, the folders, the earlier run, the
     disk. Returns the earlier run ``--overwrite`` replaces."""
-    source.check()
-    if source.rows == 0:
-        raise DataError(f"{', '.join(source.files())}: no rows; nothing to import")
+    for source in sources.values():
+        source.check()
+    if sum(s.rows for s in sources.values()) == 0:
+        files = [f for s in sources.values() for f in s.files()]
+        raise DataError(f"{', '.join(files)}: no rows; nothing to import")
     run_dir, store_dir = Path(config.run.dir), Path(config.table.tiers.store_dir)
     check_writable_dir(run_dir, "the run", "set run.dir to a writable folder")
     check_writable_dir(
@@ -171,11 +180,12 @@ def _preflight(config: RunConfig, source: Source, overwrite: bool) -> rundir.Ear
             "the import is complete, and kept if it fails), or set run.dir and "
             "table.tiers.store_dir to new folders"
         )
-    need = source.rows * (config.table_spec().row_bytes + 8 + _INDEX_BYTES_PER_KEY)
+    rows = sum(s.rows for s in sources.values())
+    need = sum(s.rows * (s.spec.row_bytes + 8 + _INDEX_BYTES_PER_KEY) for s in sources.values())
     where, free = free_bytes(store_dir)
     if need > free:
         raise CapacityError(
-            f"{config.source}: importing {source.rows:,} rows needs about {need >> 20} MiB in "
+            f"{config.source}: importing {rows:,} rows needs about {need >> 20} MiB in "
             f"table.tiers.store_dir ({store_dir}), and {where} has {free >> 20} MiB free; free "
             "disk space or set table.tiers.store_dir to a larger disk"
         )
@@ -216,6 +226,7 @@ def _write_checkpoint(
     files = write_payload(
         folder, model=model, optimizer=optimizer, rng=[], state={**state, "record": {}}
     )
+    specs = config.table_specs()
     finish_checkpoint(
         folder,
         files,
@@ -226,7 +237,9 @@ def _write_checkpoint(
             "stores_dir": recorded_stores_dir(stores_dir, Path(config.run.dir)),
             "num_workers": workers,
             "num_shards": config.passes.plan.num_shards,
-            "table": config.table_spec().layout(),
+            "table": specs[0].layout(),
+            # several tables: every table's layout, as training's checkpoints (format 2)
+            **({"tables": [s.layout() for s in specs]} if len(specs) > 1 else {}),
             "config": config.to_dict(),
             "metrics": {},
             "train_loss": None,
@@ -239,13 +252,42 @@ def _write_checkpoint(
     )
 
 
-def _shard_record(staged: dict[str, Any]) -> dict[str, Any]:
-    """A rank's record in the checkpoint, from what :meth:`StagedStores.finish` says of it:
-    its store's bytes and its commit's identity (nothing in the device or host tier)."""
+def _commit_of(staged: dict[str, Any]) -> dict[str, Any]:
     commit = CommitId.from_json(staged)
     assert commit is not None  # finish records it
+    return commit.to_json()
+
+
+def _shard_record(staged: dict[str, Any]) -> dict[str, Any]:
+    """A rank's record in the checkpoint, from what :meth:`StagedStores.finish` says of it
+    (several tables: :func:`_rank_records`): its stores' bytes and its commit's identity
+    (the first table's; with several, every table's in ``tables``), nothing in the device or
+    host tier."""
     record = {"rank": staged["rank"], "device_rows": 0, "host_rows": 0}
-    return {**record, "store_bytes": staged["store_bytes"], **commit.to_json()}
+    out = {**record, "store_bytes": staged["store_bytes"], **_commit_of(staged)}
+    if "tables" in staged:
+        out["tables"] = {name: _commit_of(t) for name, t in staged["tables"].items()}
+    return out
+
+
+def _rank_records(finished: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per rank, what :meth:`StagedStores.finish` said of each table's store (``finished``:
+    per table, in table order): the first table's commit, every table's rows and bytes
+    summed, and with several tables each table's record in ``tables``."""
+    per_table = list(finished.values())
+    if len(per_table) == 1:
+        return per_table[0]
+    out = []
+    for ranks in zip(*per_table, strict=True):
+        out.append(
+            {
+                **ranks[0],
+                "rows": sum(int(r["rows"]) for r in ranks),
+                "store_bytes": sum(int(r["store_bytes"]) for r in ranks),
+                "tables": dict(zip(finished, ranks, strict=True)),
+            }
+        )
+    return out
 
 
 def _place(staging: _Staging, config: RunConfig, earlier: rundir.EarlierRun | None) -> Path:
@@ -280,18 +322,49 @@ def _place(staging: _Staging, config: RunConfig, earlier: rundir.EarlierRun | No
     return target
 
 
-def refuse_several_tables(config: RunConfig) -> None:
-    """:class:`ConfigError` naming ``tables`` when ``config`` has several embedding tables:
-    an import writes one table's rows, whose keys carry no table (and whose widths could be
-    any table's); the rows of a run with several tables come from training it."""
-    if config.several_tables:
-        names = ", ".join(t.name for t in config.embedding_tables())
-        raise ConfigError(
-            f"{config.source}: tables: daskhps import writes the rows of one table, and this "
-            f"config has {len(config.embedding_tables())} ({names}); import into a config "
-            "without a tables: section (one table of every field), or train the run with "
-            "several tables from its logs"
-        )
+def _imported(sources: Mapping[str, Source], specs: tuple[TableSpec, ...]) -> dict[str, Any]:
+    """The checkpoint's note of what was imported: rows, files, whether the optimizer state
+    was given; with several tables, also each table's (one given no rows: 0 rows)."""
+    listed = list(sources.values())
+    given = {s.has_state for s in listed if s.rows}  # of the tables that get rows
+    state = "mixed" if len(given) > 1 else "given" if True in given else "initial"
+    out: dict[str, Any] = {
+        "rows": sum(s.rows for s in listed),
+        "files": [f for s in listed for f in s.files()],
+        "optimizer_state": state,
+    }
+    if len(specs) > 1:
+        out["tables"] = {}
+        for spec in specs:
+            s = sources.get(spec.name)
+            out["tables"][spec.name] = {
+                "rows": 0 if s is None else s.rows,
+                "files": [] if s is None else s.files(),
+                "optimizer_state": "given" if s is not None and s.has_state else "initial",
+            }
+    return out
+
+
+def _write_rows(
+    stores: StagedStores,
+    source: Source,
+    spec: TableSpec,
+    tagged: tuple[int, list[str]] | None,
+    chunk_rows: int,
+    bar: tqdm[Any],
+) -> None:
+    """Check and write every chunk of ``source`` into ``stores`` (one table's); ``tagged``:
+    the table's index and every table's name, when keys must carry their table."""
+    try:
+        for chunk in source.chunks(chunk_rows):
+            if tagged is not None:
+                check_table_keys(chunk, *tagged)
+            check_chunk(chunk, spec)
+            stores.write(chunk)
+            bar.update(len(chunk))
+    except RepeatedKey as e:
+        first = _earlier_row(source, e.key, chunk_rows)
+        raise duplicate_error(e.key, first, e.row) from None
 
 
 def import_table(
@@ -303,53 +376,86 @@ def import_table(
     chunk_rows: int = CHUNK_ROWS,
     progress: bool = True,
 ) -> ImportResult:
-    """Write ``source``'s rows as the starting state of ``config``'s run (module docstring),
-    in ``workers`` rank stores (default ``cluster.n_workers``).
+    """:func:`import_tables` of the one table of ``config`` (:class:`ConfigError` when it has
+    several)."""
+    return import_tables(
+        config,
+        {config.table_spec().name: source},
+        workers=workers,
+        overwrite=overwrite,
+        chunk_rows=chunk_rows,
+        progress=progress,
+    )
+
+
+def import_tables(
+    config: RunConfig,
+    sources: Mapping[str, Source],
+    *,
+    workers: int | None = None,
+    overwrite: bool = False,
+    chunk_rows: int = CHUNK_ROWS,
+    progress: bool = True,
+) -> ImportResult:
+    """Write ``sources``' rows (per table name; :func:`~daskhps.importing.tables.open_sources`)
+    as the starting state of ``config``'s run (module docstring), in ``workers`` rank stores
+    per table (default ``cluster.n_workers``). A table ``sources`` lacks starts empty.
 
     Raises
     ------
     DataError
         A bad input: a missing file, a wrong width, a NaN or infinity, a negative
-        accumulator, a key given twice; one line naming the file and the row.
+        accumulator, a key given twice, a key of another table; one line naming the file and
+        the row.
     RunExistsError
         run.dir or the stores hold a run and ``overwrite`` is false, or they hold published
         versions (always refused).
     CapacityError
         The disk of the stores cannot hold the rows.
-    ConfigError
-        The config has several tables (:func:`refuse_several_tables`).
     """
     t0 = time.perf_counter()
-    refuse_several_tables(config)
-    spec = config.table_spec()
+    specs = config.table_specs()
+    names = [s.name for s in specs]
+    unknown = sorted(set(sources) - set(names))
+    if unknown:
+        raise DataError(
+            f"{config.source} has no table {unknown[0]!r} (its tables: {', '.join(names)})"
+        )
     run_dir, store_dir = Path(config.run.dir), Path(config.table.tiers.store_dir)
     workers = workers or config.cluster.n_workers
     shard_map = ShardMap(config.passes.plan.num_shards, workers)
-    earlier = _preflight(config, source, overwrite)
+    earlier = _preflight(config, sources, overwrite)
     staging = _Staging.of(run_dir, store_dir)
     staging.clear_stale()
-    imported = {
-        "rows": source.rows,
-        "files": source.files(),
-        "optimizer_state": "given" if source.has_state else "initial",
-    }
+    imported = _imported(sources, specs)
+    rows = int(imported["rows"])
     try:
-        stores = StagedStores(spec, shard_map, staging.stores, chunk_rows)
+        staged: dict[str, StagedStores] = {}
         try:
+            for spec in specs:  # every table's stores, an empty one where no rows are given
+                staged[spec.name] = StagedStores(spec, shard_map, staging.stores, chunk_rows)
             with tqdm(
-                total=source.rows,
-                unit="row",
-                unit_scale=True,
-                desc="importing",
-                disable=not progress,
+                total=rows, unit="row", unit_scale=True, desc="importing", disable=not progress
             ) as bar:
-                for chunk in source.chunks(chunk_rows):
-                    check_chunk(chunk, spec)
-                    stores.write(chunk)
-                    bar.update(len(chunk))
-            shards = stores.finish(COMMIT, {"checkpoint": COMMIT, "imported": source.rows})
+                for index, spec in enumerate(specs):
+                    source = sources.get(spec.name)
+                    if source is not None:
+                        tagged = (index, names) if len(specs) > 1 else None
+                        _write_rows(staged[spec.name], source, spec, tagged, chunk_rows, bar)
+            finished = {
+                name: stores.finish(
+                    COMMIT,
+                    {
+                        "checkpoint": COMMIT,
+                        "imported": sources[name].rows if name in sources else 0,
+                    },
+                )
+                for name, stores in staged.items()
+            }
         finally:
-            stores.close()
+            for stores in staged.values():
+                stores.close()
+        shards = _rank_records(finished)
         _write_checkpoint(
             staging.checkpoints / COMMIT,
             config,
@@ -360,20 +466,18 @@ def import_table(
             time.perf_counter() - t0,
         )
         checkpoint = _place(staging, config, earlier)
-    except RepeatedKey as e:
-        first = _earlier_row(source, e.key, chunk_rows)
-        raise duplicate_error(e.key, first, e.row) from None
     finally:
         staging.remove()
-    log.info("imported %d rows into %s: %s", source.rows, store_dir, json.dumps(shards))
+    log.info("imported %d rows into %s: %s", rows, store_dir, json.dumps(shards))
     return ImportResult(
         run_dir=run_dir,
         stores_dir=store_dir,
         checkpoint=checkpoint,
-        rows=source.rows,
+        rows=rows,
         workers=workers,
         state=str(imported["optimizer_state"]),
         seconds=time.perf_counter() - t0,
-        bytes=tree_bytes(store_dir / spec.name),
+        bytes=sum(tree_bytes(store_dir / s.name) for s in specs),
         shards=shards,
+        tables=dict(imported.get("tables", {})),
     )

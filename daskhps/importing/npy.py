@@ -86,7 +86,7 @@ class NpySource(Source):
                 "to int64"
             )
         n = keys.shape[0]
-        self._check_floats(rows, self.rows_path, "embedding", spec.dim, "table.dim", n)
+        self._check_floats(rows, self.rows_path, "embedding", spec.dim, self.dim_key, n)
         self._keys, self._rows = keys, rows
         if self.state_path is not None:
             width = state_width(spec.optimizer, spec.dim)

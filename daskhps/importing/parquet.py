@@ -102,7 +102,7 @@ class ParquetSource(Source):
                 raise DataError(f"{f}: not a readable parquet file ({e})") from None
             schema = meta.schema_arrow
             self._check_key(f, schema)
-            emb = self._floats(f, schema, self.embedding_column, self.spec.dim, "table.dim")
+            emb = self._floats(f, schema, self.embedding_column, self.spec.dim, self.dim_key)
             assert emb is not None  # not optional: a missing embedding raised
             state = self._floats(
                 f, schema, self.state_column, width, state_layout(self.spec), optional=True

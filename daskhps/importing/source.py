@@ -70,6 +70,7 @@ class Source:
     """Rows to import, in chunks; see the module docstring for the formats."""
 
     spec: TableSpec
+    dim_key: str = "table.dim"  # the config key of the table's dim, for messages
 
     @property
     def rows(self) -> int:
@@ -127,37 +128,56 @@ def open_source(
     key_column: str = "key",
     embedding_column: str = "embedding",
     state_column: str = "state",
+    table: str | None = None,
+    dim_key: str = "table.dim",
 ) -> Source:
     """The source ``--rows`` (and ``--keys``, ``--state``) name: the npy pair when the rows
-    are one ``.npy`` file, parquet otherwise. Nothing is read yet (:meth:`Source.check`)."""
+    are one ``.npy`` file, parquet otherwise. Nothing is read yet (:meth:`Source.check`).
+
+    ``table``: the table these files are given for as ``TABLE=PATH`` (a config with several
+    tables; messages then show the flags that way); ``dim_key``: the config key of its dim."""
+    at = "" if table is None else f"{table}="
     npy = [r for r in rows if r.endswith(".npy")]
+    source: Source
     if npy:
         if len(rows) != 1:
+            shown = " ".join(at + r for r in rows)
             raise DataError(
-                f"--rows {' '.join(rows)}: give one .npy file of embeddings (with --keys), or "
-                "parquet files only"
+                f"--rows {shown}: give one .npy file of embeddings (with --keys), or parquet "
+                "files only"
             )
         if keys is None:
+            flag, export = (
+                ("--keys", "keys.npy")
+                if table is None
+                else (
+                    f"--keys {table}=KEYS.npy",
+                    f"keys-{table}.npy",
+                )
+            )
             raise DataError(
-                f"--rows {rows[0]} is a .npy file: give its keys with --keys (the keys.npy of "
-                "the same export)"
+                f"--rows {at}{rows[0]} is a .npy file: give its keys with {flag} (the {export} "
+                "of the same export)"
             )
         from daskhps.importing.npy import NpySource  # each format's module imports this one
 
-        return NpySource(spec, keys, rows[0], state)
-    for flag, value in (("--keys", keys), ("--state", state)):
-        if value is not None:
-            raise DataError(
-                f"{flag} {value}: with parquet --rows, the keys and the optimizer state are "
-                "columns of the parquet files (--key-column, --state-column); leave out "
-                f"{flag}"
-            )
-    from daskhps.importing.parquet import ParquetSource
+        source = NpySource(spec, keys, rows[0], state)
+    else:
+        for flag, value in (("--keys", keys), ("--state", state)):
+            if value is not None:
+                raise DataError(
+                    f"{flag} {at}{value}: with parquet --rows, the keys and the optimizer state "
+                    "are columns of the parquet files (--key-column, --state-column); leave out "
+                    f"{flag}"
+                )
+        from daskhps.importing.parquet import ParquetSource
 
-    return ParquetSource(
-        spec,
-        rows,
-        key_column=key_column,
-        embedding_column=embedding_column,
-        state_column=state_column,
-    )
+        source = ParquetSource(
+            spec,
+            rows,
+            key_column=key_column,
+            embedding_column=embedding_column,
+            state_column=state_column,
+        )
+    source.dim_key = dim_key
+    return source

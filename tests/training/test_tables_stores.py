@@ -1,8 +1,9 @@
 """Every table's stores, wherever a checkpoint's stores move or are read: re-sharding when the
 worker count changes (on the driver and on the workers), the copy at checkpoint.replicate_to
 (mirror and restore), ``inspect``, damage of any table's commit, publishing a retraining
-candidate, and ``daskhps import`` (one table only). One 3-table run on 2 workers is trained
-once for the module (config shape of test_tables_e2e.py); tests that change it copy it."""
+candidate, and ``daskhps import`` of every table (an export of the run, imported into a new
+run that trains on). One 3-table run on 2 workers is trained once for the module (config shape
+of test_tables_e2e.py); tests that change it copy it."""
 
 from __future__ import annotations
 
@@ -21,10 +22,18 @@ from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.data.source import SUCCESS
 from daskhps.distributed import reshard_on_workers, start_cluster
 from daskhps.retrain import ExitCode, Registry
+from daskhps.serve import Servable, load_servable
+from daskhps.serve.export import export_model
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
 from daskhps.table.admission import PendingCounts
-from daskhps.training.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, store_damage
+from daskhps.training.checkpoint import (
+    Checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    store_damage,
+)
 from daskhps.training.inspection import describe, render
 from daskhps.training.replica import Replica, restore_stores
 from daskhps.training.resume import reshard, resharded_dir
@@ -217,15 +226,151 @@ def test_a_damaged_commit_of_the_second_table_is_found(trained, tmp_path):
     assert "DAMAGED rank 0: table small" in render(info)
 
 
-def test_import_refuses_several_tables_in_one_line(trained, tmp_path, capsys):
-    path = tmp_path / "import.yaml"
-    path.write_text(yaml.safe_dump(trained.config.to_dict()))
-    rows = ["--rows", str(tmp_path / "rows.npy"), "--workers", "2"]
-    assert main(["import", str(path), *rows]) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "tables: daskhps import writes the rows of one table" in err
-    assert "ids, small, embeddings" in err and "without a tables: section" in err
+@pytest.fixture(scope="module")
+def exported(trained: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``daskhps export`` of the trained run: keys-<table>.npy, embeddings-<table>.npy."""
+    out = tmp_path_factory.mktemp("export") / "export"
+    export_model(Servable.from_checkpoint(trained), out)
+    return out
+
+
+def _import_config(trained: Checkpoint, folder: Path) -> Path:
+    """The trained run's config, for a new run in ``folder``."""
+    d = trained.config.to_dict()
+    run = folder / "run"
+    set_keys(d, {"run.dir": str(run), "table.tiers.store_dir": str(run / "stores")})
+    set_keys(d, {"checkpoint.replicate_to": None})
+    path = folder / "import.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _export_args(out: Path, names: list[str]) -> list[str]:
+    rows = [f"{n}={out / f'embeddings-{n}.npy'}" for n in names]
+    return ["--rows", *rows, "--keys", *[f"{n}={out / f'keys-{n}.npy'}" for n in names]]
+
+
+def test_an_export_of_every_table_imports_as_a_run_that_trains_on(
+    trained, exported, tmp_path, capsys, logs, shared_clusters
+):
+    """The export of the 3-table run imported into a new run on 3 rank stores: a format-2
+    checkpoint whose stores hold every table's exported rows, bit for bit, each at its owner;
+    inspect and serving read it; a resume on 2 workers re-shards it and trains on."""
+    config = _import_config(trained, tmp_path)
+    args = ["import", str(config), "--quiet", "--workers", "3", *_export_args(exported, NAMES)]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "rank store(s) per table" in out and "table small: " in out
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert ckpt is not None and ckpt.name == "pass-000000" and ckpt.format == 2
+    assert ckpt.table_names == tuple(NAMES) and ckpt.tables == trained.tables
+    assert ckpt.num_workers == 3 and store_damage(ckpt, verify=True) == []
+    got = _by_rank(ckpt, ckpt.stores_dir, 3)
+    was = _by_rank(trained, trained.stores_dir, 2)
+    owners = ShardMap(ckpt.num_shards, 3)
+    for index, spec in enumerate(ckpt.table_specs):
+        keys = np.load(exported / f"keys-{spec.name}.npy")
+        want = np.load(exported / f"embeddings-{spec.name}.npy")
+        rows: dict[int, np.ndarray] = {}
+        for r, (mine, pending) in enumerate(got[spec.name]):
+            ks = np.array(sorted(mine), dtype=np.int64)
+            assert (owners.worker(ks) == r).all() and (ks >> TABLE_SHIFT == index).all()
+            assert len(pending) == 0  # an import holds no admission counts
+            rows.update(mine)
+        assert sorted(rows) == sorted(keys.tolist()) and len(rows) > 0
+        stored = np.stack([rows[k] for k in keys.tolist()])
+        assert np.array_equal(stored[:, : spec.dim].view(np.int32), want.view(np.int32))
+        # the trained run's rows of the table, bit for bit
+        old = {k: v for mine, _ in was[spec.name] for k, v in mine.items()}
+        assert all(np.array_equal(rows[k][: spec.dim], old[k][: spec.dim]) for k in rows)
+        assert not stored[:, spec.dim :].any()  # initial adagrad state (0), never counted
+    info = describe(ckpt.path)["checkpoints"][0]
+    assert info["format"] == 2 and [t["name"] for t in info["tables"]] == NAMES
+    assert [t["rows"] for t in info["tables"]] == [
+        len(np.load(exported / f"keys-{n}.npy")) for n in NAMES
+    ]
+    assert [v.spec.name for v in load_servable(tmp_path / "run").tables] == NAMES
+
+    d = yaml.safe_load(config.read_text())
+    d["cluster"] = shared_clusters.section(workers=2, threads=2)
+    result = Trainer(RunConfig.from_dict(d, source="test"), progress=False).run(resume=True)
+    last = list_checkpoints(tmp_path / "run")[-1]
+    assert last.passes_done == 2 and last.num_workers == 2 and len(result.passes) == 2
+    assert last.table_names == tuple(NAMES) and store_damage(last) == []
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["staged_from"]["store"] > 0  # the imported rows, staged from the stores
+
+
+def test_a_table_given_no_rows_starts_empty(trained, exported, tmp_path, capsys):
+    config = _import_config(trained, tmp_path)
+    args = ["import", str(config), "--quiet", "--workers", "2", "--json"]
+    assert main([*args, *_export_args(exported, ["small"])]) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    n = len(np.load(exported / "keys-small.npy"))
+    assert res["rows"] == n and [t["rows"] for t in res["tables"].values()] == [0, n, 0]
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert ckpt is not None and store_damage(ckpt, verify=True) == []
+    info = describe(ckpt.path)["checkpoints"][0]
+    assert [t["rows"] for t in info["tables"]] == [0, n, 0]
+
+
+def _listing(folder: Path) -> dict[str, int | None]:
+    return {
+        str(p): p.stat().st_mtime_ns if p.is_file() else None for p in sorted(folder.rglob("*"))
+    }
+
+
+def test_bad_inputs_of_several_tables_fail_in_one_line(trained, exported, tmp_path, capsys):
+    config = _import_config(trained, tmp_path)
+    small_keys = np.load(exported / "keys-small.npy")
+    ids_key = int(np.load(exported / "keys-ids.npy")[0])
+    other = small_keys.copy()
+    other[3] = ids_key  # a key of table ids among small's
+    np.save(tmp_path / "other.npy", other)
+    untagged = small_keys.copy()
+    untagged[5] = (100 << TABLE_SHIFT) | 12345  # a table this config has not
+    np.save(tmp_path / "untagged.npy", untagged)
+    small = f"small={exported / 'embeddings-small.npy'}"
+    swapped = [
+        "--rows",
+        small.replace("small=", "ids="),
+        "--keys",
+        f"ids={exported / 'keys-small.npy'}",
+    ]
+    ids_rows = f"ids={exported / 'embeddings-ids.npy'}"
+    cases = [
+        (  # small's rows (2 floats) given as ids' (8)
+            swapped,
+            ["embeddings-small.npy row 0: 2 floats", "table 'ids' has 8 (tables[0].dim)"],
+        ),
+        (
+            ["--rows", small, "--keys", f"small={tmp_path / 'other.npy'}"],
+            [f"other.npy row 3: key {ids_key} carries table 0 (ids)", "table 'small' (table 1)"],
+        ),
+        (
+            ["--rows", small, "--keys", f"small={tmp_path / 'untagged.npy'}"],
+            ["untagged.npy row 5: key", "carries table 100", "keys-small.npy"],
+        ),
+        (["--rows", f"tiny={exported / 'embeddings-small.npy'}"], ["has no table 'tiny'"]),
+        (
+            ["--rows", str(exported / "embeddings-ids.npy")],
+            ["TABLE=PATH", "ids, small, embeddings"],
+        ),
+        (["--rows", ids_rows], ["--keys ids=KEYS.npy", "keys-ids.npy"]),
+        (
+            ["--rows", small, *_export_args(exported, ["small", "ids"])[3:]],
+            ["no --rows ids=", "leave out --keys ids="],
+        ),
+    ]
+    before = _listing(tmp_path)
+    for args, needles in cases:
+        rc = main(["import", str(config), "--quiet", "--workers", "2", *args])
+        err = capsys.readouterr().err.strip()
+        assert rc == 1 and len(err.splitlines()) == 1, err
+        assert err.startswith("daskhps import: error: "), err
+        for needle in needles:
+            assert needle in err, (needle, err)
+        assert _listing(tmp_path) == before  # nothing written, nothing left behind
 
 
 def _arrive(logs: Path, live: Path, day: str) -> None:
