@@ -3,7 +3,7 @@ one dim for every field, ``daskhps train`` end to end on the same day of logs.
 
     python scripts/bench_tables.py [--json] [--quick] [--rows 2000000] [--rounds 3]
                                    [--variants one-16,one-64,per-field,per-field-rowwise]
-                                   [--out DIR] [--results FILE]
+                                   [--out DIR] [--results FILE] [--tiers 0.07]
 
 The logs: the scale benchmarks' day (``scripts/bench_sizing.py``'s ``day`` case): two days of
 ``--rows`` generated Criteo-format rows at full vocabularies (``vocab_scale`` 1.0, seed 3, 8
@@ -14,7 +14,7 @@ generated with these settings; without it everything goes to a temporary folder.
 The variants, each DLRM (its default widths; fields narrower than the widest are projected
 to it, daskhps.models.dlrm) with Adagrad (lr 0.05) on the embeddings and Adam on the dense
 layers, batches of 4,096, one epoch, on the embedded LocalCluster of 2 workers (2 threads,
-3 GiB each, tiers of 0.07 of it, as ``configs/quickstart.yaml``)::
+3 GiB each, device and host tiers of ``--tiers`` of it, 0.07 as ``configs/quickstart.yaml``)::
 
     one-16             one table, dim 16 for every field (the quickstart's)
     one-64             one table, dim 64 for every field: the widest per-field dim, what one
@@ -43,6 +43,12 @@ Each variant's figures:
 * holdout AUC: ``summary.json``'s ``final_eval`` (the whole second day);
 * exchange bytes per example: the rows and gradients the ranks sent each other (the passes'
   ``network`` records, ``rows.sent + grads.sent``) over the examples trained.
+
+The JSON file also holds each variant's staged rows by the tier they came from
+(``staged_from``) and the busiest rank's seconds per step stage (``worker_seconds``), summed
+over the passes: a fractional tier budget is split between the tables so that each gets about
+the same number of rows (``daskhps.tier_sizing``), so tables of very different sizes read more
+from their stores than one table in the same memory does.
 
 Runs are fresh processes, interleaved (every variant, then again ``--rounds`` times); every
 figure is the median over the rounds, with the 1-minute load average before each run (the
@@ -83,6 +89,7 @@ TRAIN_DAY = "2024-01-01"
 BASELINE = "one-64"
 VARIANTS = ("one-16", "one-64", "per-field", "per-field-rowwise")
 MIN_DIM, MAX_DIM = 4, 64
+TIERS = 0.07  # device and host tier fractions of the worker's memory (the quickstart's)
 ROWWISE_FROM = 32  # tables of this dim and wider take row-wise Adagrad in per-field-rowwise
 
 # Distinct values of each categorical field, C1..C26, in Criteo's Kaggle display-advertising
@@ -131,7 +138,7 @@ def tables_section(
 # -- configs -----------------------------------------------------------------------------------
 
 
-def base_config(data: Path, run_dir: Path, pass_rows: int) -> dict[str, Any]:
+def base_config(data: Path, run_dir: Path, pass_rows: int, tiers: float) -> dict[str, Any]:
     return {
         "run": {"name": run_dir.name, "seed": 0, "dir": str(run_dir), "quiet": True},
         "data": {"train": {"paths": [str(data)]}, "holdout": {"day": "last"}},
@@ -143,7 +150,7 @@ def base_config(data: Path, run_dir: Path, pass_rows: int) -> dict[str, Any]:
         "table": {
             "dim": 16,
             "optimizer": {"kind": "adagrad", "lr": 0.05},
-            "tiers": {"device": {"fraction": 0.07}, "host": {"fraction": 0.07}},
+            "tiers": {"device": {"fraction": tiers}, "host": {"fraction": tiers}},
         },
         "model": {"name": "dlrm"},
         "dense_optimizer": {"kind": "adam", "lr": 1.0e-3},
@@ -158,10 +165,12 @@ def base_config(data: Path, run_dir: Path, pass_rows: int) -> dict[str, Any]:
     }
 
 
-def variant_config(name: str, data: Path, run_dir: Path, pass_rows: int) -> dict[str, Any]:
+def variant_config(
+    name: str, data: Path, run_dir: Path, pass_rows: int, tiers: float = TIERS
+) -> dict[str, Any]:
     from daskhps.data.synthetic import GeneratorConfig
 
-    cfg = base_config(data, run_dir, pass_rows)
+    cfg = base_config(data, run_dir, pass_rows, tiers)
     table = cfg["table"]
     if name.startswith("one-"):
         table["dim"] = int(name.removeprefix("one-"))
@@ -179,12 +188,15 @@ def variant_config(name: str, data: Path, run_dir: Path, pass_rows: int) -> dict
     return cfg
 
 
-def check_configs(out: Path, data: Path, variants: Sequence[str], pass_rows: int) -> None:
+def check_configs(
+    out: Path, data: Path, variants: Sequence[str], pass_rows: int, tiers: float
+) -> None:
     """Load every variant's config as ``daskhps train`` would, before any run."""
     from daskhps.config import RunConfig
 
     for v in variants:
-        RunConfig.from_dict(variant_config(v, data, out / "runs" / v, pass_rows), source=v)
+        d = variant_config(v, data, out / "runs" / v, pass_rows, tiers)
+        RunConfig.from_dict(d, source=v)
 
 
 # -- data and runs -----------------------------------------------------------------------------
@@ -240,13 +252,15 @@ def table_figures(run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def run_variant(name: str, data: Path, out: Path, pass_rows: int) -> dict[str, Any]:
+def run_variant(
+    name: str, data: Path, out: Path, pass_rows: int, tiers: float = TIERS
+) -> dict[str, Any]:
     run_dir = out / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     config = out / f"{name}.yaml"
     config.write_text(
-        yaml.safe_dump(variant_config(name, data, run_dir, pass_rows), sort_keys=False)
+        yaml.safe_dump(variant_config(name, data, run_dir, pass_rows, tiers), sort_keys=False)
     )
     log = out / f"{name}.log"
     load = os.getloadavg()[0]
@@ -274,6 +288,13 @@ def run_variant(name: str, data: Path, out: Path, pass_rows: int) -> dict[str, A
         int(p["network"]["rows"]["min"]) + int(p["network"]["grads"]["min"]) for p in passes
     )
     summary = json.loads((run_dir / "summary.json").read_text())
+    staged: dict[str, int] = {}
+    stages: dict[str, float] = {}
+    for p in passes:
+        for k, v in p.get("staged_from", {}).items():
+            staged[k] = staged.get(k, 0) + int(v)
+        for k, v in p.get("worker_seconds", {}).items():
+            stages[k] = stages.get(k, 0.0) + float(v)
     result = {
         "load": load,
         "wall_s": wall,
@@ -285,6 +306,8 @@ def run_variant(name: str, data: Path, out: Path, pass_rows: int) -> dict[str, A
         "exchange_bytes_per_example": exchanged / examples,
         "exchange_least_per_example": least / examples,
         "store_disk_bytes": disk_bytes(run_dir / "stores"),
+        "staged_from": staged,
+        "worker_seconds": stages,
         **table_figures(run_dir),
     }
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -323,6 +346,11 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "examples_per_s_runs": [round(r["examples_per_s"]) for r in rs],
             "wall_s": median(rs, "wall_s"),
             "exchange_least_per_example": median(rs, "exchange_least_per_example"),
+            "staged_from": rs[-1]["staged_from"],
+            "worker_seconds": {
+                k: statistics.median(r["worker_seconds"].get(k, 0.0) for r in rs)
+                for k in rs[-1]["worker_seconds"]
+            },
             "load": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)},
         }
         if base:
@@ -390,6 +418,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, in order")
     ap.add_argument("--out", default=None, help="working folder (default: a temporary one)")
     ap.add_argument("--results", default=None, help="where the figures go (JSON)")
+    ap.add_argument(
+        "--tiers", type=float, default=TIERS, help=f"device and host tier fractions ({TIERS})"
+    )
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -405,12 +436,12 @@ def main(argv: list[str] | None = None) -> None:
         results = Path("bench_tables.json")
     try:
         data = logs(out / f"rows-{rows}", rows, 2 if args.quick else 8)
-        check_configs(out, data, variants, pass_rows)
+        check_configs(out, data, variants, pass_rows, args.tiers)
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for r in range(rounds):
             for v in variants:
                 progress(f"round {r + 1}/{rounds}: {v} ...")
-                got = run_variant(v, data, out, pass_rows)
+                got = run_variant(v, data, out, pass_rows, args.tiers)
                 runs[v].append(got)
                 progress(
                     f"  {got['examples_per_s']:,.0f} examples/s, auc {got['auc']:.4f}, "
@@ -423,6 +454,7 @@ def main(argv: list[str] | None = None) -> None:
                     "rows_per_day": rows,
                     "train_day": TRAIN_DAY,
                     "pass_rows": pass_rows,
+                    "tiers": args.tiers,
                     "rounds": rounds,
                     "baseline": BASELINE,
                     "variants": summary,
