@@ -321,3 +321,24 @@ def test_peer_torch_learns_a_small_day(tmp_path: Path) -> None:
     assert out["batches"] == 40
     assert 0 < out["time_to_first_step_s"] < out["wall_s"]
     assert out["examples_per_s"] > 0 and out["first_step_at"] > 0
+
+
+@pytest.mark.slow
+def test_bench_tables_quick(tmp_path: Path) -> None:
+    """One dim for every field against a dim for each field by its vocabulary, a tiny day
+    through ``daskhps train`` on 2 workers: every figure reported against the one-dim run, the
+    narrower fields' rows in their own tables, fewer bytes of rows, and the figures written."""
+    recs = run_script(
+        "bench_tables.py", "--quick", "--variants", "one-64,per-field", "--out", str(tmp_path)
+    )
+    by_name = {r["name"]: r for r in recs}
+    assert len(recs) == 2 * 6 and all(r["baseline_name"] == "one-64" for r in recs)
+    table = by_name["table bytes (rows x row bytes), per-field"]
+    assert table["tables"] == {"dim4": 4, "dim8": 8, "dim16": 16, "dim32": 32, "embeddings": 64}
+    assert table["rows"] == by_name["table bytes (rows x row bytes), one-64"]["rows"] > 0
+    for figure in ("table bytes (rows x row bytes)", "exchange bytes per example (rows + grads)"):
+        assert 0 < by_name[f"{figure}, per-field"]["ratio"] < 1
+    assert 0 < by_name["holdout AUC, per-field"]["value"] < 1
+    saved = json.loads((tmp_path / "bench_tables.json").read_text())
+    assert set(saved["variants"]) == {"one-64", "per-field"}
+    assert not (tmp_path / "runs").exists()  # the runs are removed, the logs and figures kept
