@@ -57,14 +57,16 @@ log = logging.getLogger(__name__)
 class StageAhead:
     """One rank's answer to staging a pass ahead, while the current pass holds its pins: the
     report, or why the rows did not fit the device tier beside the pinned ones (an answer,
-    not a failure: the pass is staged again once the current one unpins)."""
+    not a failure: the pass is staged again once the current one unpins). With several
+    tables, those that fitted are staged even when another did not: ``report`` then tells
+    what they fetched."""
 
     report: StageReport | None
     refusal: str | None = None
 
     @property
     def fitted(self) -> bool:
-        return self.report is not None
+        return self.refusal is None
 
 
 @dataclass(frozen=True)
@@ -246,10 +248,13 @@ class WorkerShards:
 
     def try_stage(self, table: str | None, keys: Any) -> StageAhead:
         """:meth:`stage` where not fitting is an expected answer (staging ahead)."""
-        try:
-            return StageAhead(self.stage(table, keys))
-        except CapacityError as e:  # an answer, not a failure: Dask would log it as one
-            return StageAhead(None, str(e))
+        reports, refusal = [], None
+        for name, part in [(table, keys)] if table is not None else self.split(keys):
+            try:
+                reports.append(self.stage(name, part))
+            except CapacityError as e:  # an answer, not a failure: Dask would log it as one
+                refusal = refusal or str(e)
+        return StageAhead(_summed(reports) if reports else None, refusal)
 
     def admit(self, table: str | None, keys: Any) -> dict[str, int]:
         """Decide which keys of a staged pass's owner partition (columns ``key``, ``count``)

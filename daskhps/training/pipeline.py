@@ -76,6 +76,7 @@ class PreparedPass:
     staged: bool = False
     reports: list[StageReport] = field(default_factory=list)
     late: list[StageReport] = field(default_factory=list)
+    early: list[StageReport] = field(default_factory=list)  # tables staged ahead of a refusal
     seconds: dict[str, float] = field(default_factory=dict)
 
     def stage(self, ctx: PassContext) -> None:
@@ -137,7 +138,7 @@ class PreparedPass:
             "store": sum(r.from_store for r in self.reports),
             "init": sum(r.initialised for r in self.reports),
         }
-        for r in self.late:
+        for r in (*self.late, *self.early):
             out["host"] += r.from_host
             out["store"] += r.from_store
             out["init"] += r.initialised
@@ -191,6 +192,8 @@ def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPas
         # Both working sets do not fit the device tier together: the pass is staged once the
         # previous one unpins.
         log.debug("pass %d staged after the previous one: %s", spec.index, refused[0])
+        # the tables that did fit fetched their rows now: counted here, not when re-pinned
+        prepared.early = [a.report for a in ahead if a.report is not None]
     else:
         prepared.reports = [a.report for a in ahead if a.report is not None]
         prepared.staged = True

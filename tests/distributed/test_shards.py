@@ -257,3 +257,19 @@ def test_a_tables_own_policy_reaches_its_tiers(tmp_path):
     assert shards.tables["wide"].device_cache.policy == "lfu"
     assert shards.tables["small"].device_cache.policy == "lru"
     shards.close(uncommitted="drop")
+
+
+def test_staging_ahead_stages_the_tables_that_fit_and_says_which_did_not(tmp_path):
+    from daskhps.tier_sizing import OwnBudget
+
+    sizing = TierSizing(device_rows=64, host_bytes=0, own=(("wide", OwnBudget(device_rows=4)),))
+    shards = WorkerShards([SMALL, WIDE], tmp_path, sizing, tagged=True)
+    _host(shards, ["tcp://w:0"], "tcp://w:0")
+    shards.open()
+    keys = torch.cat([_tagged(0, [1, 2, 3]), _tagged(1, list(range(10)))])
+    ahead = shards.try_stage(None, keys)
+    assert not ahead.fitted and ahead.refusal and "device" in ahead.refusal
+    # small's rows were fetched (and are pinned): the report says so, not the refusal alone
+    assert ahead.report is not None and ahead.report.initialised == 3
+    assert shards.try_stage(None, _tagged(0, [4])).fitted
+    shards.close(uncommitted="drop")
