@@ -266,7 +266,10 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
     )
     if over and len(specs) > 1:
         names = ", ".join(s.name for s in specs)
-        over += f"; each of the {len(specs)} tables ({names}) has these tiers on every worker"
+        over += (
+            f"; each of the {len(specs)} tables ({names}) has tiers on every worker (fractions "
+            "are shared between them, device.rows is each table's)"
+        )
     if over:
         own = [i for i, t in enumerate(cfg.tables) if t.tiers is not None]
         raise ctx.error(f"tables[{own[0]}].tiers" if own else "table.tiers", over)
