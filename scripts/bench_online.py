@@ -63,6 +63,7 @@ from daskhps.training.checkpoint import list_checkpoints
 from daskhps.training.trainer import Trainer
 
 BATCHES = (1, 64, 1024, 16384)
+QUICK_BATCHES = (1, 64, 1024, 4096)  # the smoke run: the largest batch's path, not its size
 JSON, PROBS = "application/json", "probabilities"
 COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
@@ -302,10 +303,10 @@ def main() -> None:
         floor = FloorServer(out / "export")
         served = Served(out / "retrain", 1, day2, log)
         try:
-            for b in BATCHES:
+            for b in QUICK_BATCHES if args.quick else BATCHES:
                 batch = rows[:b]
                 body = json.dumps({"rows": batch}).encode()
-                n = count if b < 16384 else count // 8
+                n = count if b < 4096 else count // 8
                 lat, flat = _alternating(served.url, floor.url, body, n, seconds)
                 inproc = [_timed(best.score, body) for _ in range(max(5, min(len(lat), 50)))]
                 rep.emit(f"serve p50, batch {len(batch)}", statistics.median(lat) * 1e3, "ms",

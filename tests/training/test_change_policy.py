@@ -149,6 +149,7 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "tables[0].optimizer.row_wise": (False, False),
     "tables[0].seed": (False, False),
     "tables[0].shared_keys": (False, False),
+    "tables[0].tiers": (True, True),
 }
 
 
