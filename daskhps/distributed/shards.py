@@ -241,7 +241,19 @@ class WorkerShards:
 
     def _stage(self, table: str, keys: Any) -> StageReport:
         with stage_span("stage"), self.locked(table) as t:
-            report = t.stage(keys_of(keys))
+            try:
+                report = t.stage(keys_of(keys))
+            except CapacityError as e:
+                if len(self.order) == 1:
+                    raise
+                # The run's budget is split between the tables about evenly by rows, which
+                # rarely matches how their keys divide: say which lever moves one table's.
+                raise CapacityError(
+                    f"table {table!r}: {e}; the tables share table.tiers' budgets about "
+                    "equally by rows: give this table budgets of its own (its entry's "
+                    "tiers.device in tables:, listing its fields there if it is the default "
+                    "table) or raise table.tiers.device"
+                ) from e
         if self.monitor is not None:
             self.monitor.note_staged(table, report)
         return report

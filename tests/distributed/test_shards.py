@@ -268,7 +268,8 @@ def test_staging_ahead_stages_the_tables_that_fit_and_says_which_did_not(tmp_pat
     shards.open()
     keys = torch.cat([_tagged(0, [1, 2, 3]), _tagged(1, list(range(10)))])
     ahead = shards.try_stage(None, keys)
-    assert not ahead.fitted and ahead.refusal and "device" in ahead.refusal
+    assert not ahead.fitted and ahead.refusal and "budgets of its own" in ahead.refusal
+    assert ahead.refusal.startswith("table 'wide': ")
     # small's rows were fetched (and are pinned): the report says so, not the refusal alone
     assert ahead.report is not None and ahead.report.initialised == 3
     assert shards.try_stage(None, _tagged(0, [4])).fitted
