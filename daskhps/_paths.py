@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -99,9 +100,10 @@ def _try_writing(p: Path, last: bool) -> None:
         while not existing.exists() and existing != existing.parent:
             missing.append(existing)
             existing = existing.parent
-        if not existing.is_dir():
-            if not existing.exists():  # removed meanwhile by another check's cleanup
-                raise FileNotFoundError(existing)
+        # One look decides: is_dir() then exists() are two, and another check's cleanup and
+        # its next try could remove and make the folder again between them (a folder that
+        # looked like a file). Gone now: FileNotFoundError, tried again below.
+        if not stat.S_ISDIR(existing.stat().st_mode):
             step = f"{existing} is a file, not a folder"
             raise NotADirectoryError(step)
         for folder in reversed(missing):
