@@ -226,12 +226,24 @@ def move_aside(earlier: EarlierRun, needed_bytes: int | None, source: str) -> Mo
     moved = MovedAside(
         folder, [(p, _aside_path(folder, earlier.run_dir, p)) for p in earlier.paths]
     )
-    for _, aside in moved.moves:
-        if aside.exists():
-            _remove(aside)  # a stale copy of an earlier, settled overwrite
-    _write_record(moved)  # before the first rename: a kill part-way is settled next time
-    for original, aside in moved.moves:
-        os.replace(original, aside)
+    recorded = False
+    try:
+        for _, aside in moved.moves:
+            if aside.exists():
+                _remove(aside)  # a stale copy of an earlier, settled overwrite
+        _write_record(moved)  # before the first rename: a kill part-way is settled next time
+        recorded = True
+        for original, aside in moved.moves:
+            os.replace(original, aside)
+    except BaseException:
+        # Ctrl-C (or a failed rename) part-way: the caller never gets ``moved`` to restore,
+        # so put back here what was moved. Before the record nothing was moved: the folder
+        # (and a record written just before the interrupt) is all there is to remove.
+        if recorded:
+            moved.restore()
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return moved
 
 

@@ -128,15 +128,19 @@ class Trainer:
         # new run that fails before its first checkpoint leaves the folders as it found them.
         fresh = rundir.FreshRun.before(self.run_dir, cfg.table.tiers.store_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if start.replace and start.earlier is not None:
-            self._aside = rundir.move_aside(start.earlier, start.need, cfg.source)
         try:
+            if start.replace and start.earlier is not None:
+                self._aside = rundir.move_aside(start.earlier, start.need, cfg.source)
             result = self._run_on_cluster(start.logs)
             (self.run_dir / "summary.json").write_text(json.dumps(self._summary(result), indent=2))
         except BaseException:
             if self._aside is not None:
                 self._aside.restore()
-            elif self._ckpt is None and not list_checkpoints(self.run_dir):
+            elif start.replace:
+                # Ctrl-C as move_aside returned, before ``_aside`` held it: its record says
+                # what was moved (no record: move_aside undid itself)
+                rundir.settle_interrupted(self.run_dir)
+            if self._ckpt is None and not list_checkpoints(self.run_dir):
                 fresh.undo()
             raise
         self._first_checkpoint_done()  # checkpoints off: the finished run replaces the old

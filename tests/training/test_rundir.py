@@ -151,6 +151,37 @@ def test_an_interrupted_overwrite_is_settled_by_the_next_train(
         assert tree_digest(run) == before
 
 
+@pytest.mark.parametrize("after_replaces", [0, 1, 2, 3, 5])
+def test_ctrl_c_while_moving_aside_leaves_the_earlier_run_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after_replaces: int
+) -> None:
+    """Ctrl-C lands after ``after_replaces`` renames (the first writes the record): the
+    caller never gets the moved run to restore, so moving aside puts it back itself."""
+    run = tmp_path / "run"
+    stores = _earlier_run(run, complete=True)
+    before = tree_digest(run)
+    earlier = rundir.find_earlier_run(run, stores)
+    assert earlier is not None and len(earlier.paths) + 1 >= after_replaces
+    replace, done, fired = os.replace, [], []
+
+    def interrupted(src: object, dst: object) -> None:
+        if len(done) == after_replaces and not fired:  # once: the undo renames too
+            fired.append(True)
+            raise KeyboardInterrupt
+        replace(src, dst)  # type: ignore[arg-type]
+        done.append(dst)
+
+    monkeypatch.setattr(rundir.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rundir.move_aside(earlier, None, "cfg.yaml")
+    monkeypatch.undo()
+    assert fired  # the interrupt came where the case says
+    assert tree_digest(run) == before
+    assert not (run / rundir.ASIDE).exists()
+    rundir.settle_interrupted(run)  # and the next train finds nothing to settle
+    assert tree_digest(run) == before
+
+
 def test_not_enough_disk_for_both_runs_refuses_before_moving(tmp_path: Path) -> None:
     run = tmp_path / "run"
     stores = _earlier_run(run)
