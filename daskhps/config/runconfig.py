@@ -27,6 +27,7 @@ from daskhps.config.tables import TableEntry, default_table, parse_tables
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.keyspace import FieldKeys
 from daskhps.errors import ConfigError
+from daskhps.models.base import UnequalWidthsError, list_widths
 from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx
 from daskhps.storage import use_options
@@ -277,13 +278,9 @@ def _check(cfg: RunConfig, ctx: Ctx) -> None:
         try:
             cfg.build_model()
         except ConfigError as e:
-            key = "model.options.field_projection" if "field_projection" in str(e) else "model.name"
-            raise ctx.error(key, _in_tables(str(e), cfg)) from None
-
-
-def _in_tables(message: str, cfg: RunConfig) -> str:
-    """A model's error about its fields' widths in the config's words: without the
-    ``<file>: model:`` its spec put in front, and the tables for the field numbers."""
-    message = message.split(": model: ", 1)[-1]
-    tables = "; ".join(f"table {t.name!r}: dim {t.dim}" for t in cfg.embedding_tables())
-    return re.sub(r"\(\d+: fields? [^)]*\)", f"({tables})", message, count=1)
+            why = e.__cause__ if isinstance(e.__cause__, ConfigError) else e  # without the origin
+            if not isinstance(why, UnequalWidthsError):
+                raise ctx.error("model.name", str(why)) from None
+            tables = "; ".join(f"table {t.name!r}: dim {t.dim}" for t in cfg.embedding_tables())
+            widths = f"{list_widths(why.field_dims)} ({tables})"  # tables, not field numbers
+            raise ctx.error(f"model.{why.key}", why.saying(widths)) from None

@@ -41,20 +41,41 @@ from torch import nn
 
 from daskhps.errors import ConfigError, DataError
 
-__all__ = ["CTRModel", "check_field_dims", "describe_widths"]
+__all__ = ["CTRModel", "UnequalWidthsError", "check_field_dims", "describe_widths", "list_widths"]
+
+
+def list_widths(field_dims: Sequence[int]) -> str:
+    """``"widths 8 and 32"``: the distinct widths, smallest first."""
+    widths = sorted(set(field_dims))
+    listed = ", ".join(map(str, widths[:-1])) + " and " if len(widths) > 1 else ""
+    return f"width{'s' if len(widths) > 1 else ''} {listed}{widths[-1]}"
 
 
 def describe_widths(field_dims: Sequence[int], limit: int = 5) -> str:
     """``"widths 8 and 32 (8: fields 1, 4; 32: fields 0, 2, 3, ...)"``: which field has which."""
     widths = sorted(set(field_dims))
-    listed = ", ".join(map(str, widths[:-1])) + " and " if len(widths) > 1 else ""
-    listed += str(widths[-1])
     groups = []
     for w in widths:
         idx = [f for f, d in enumerate(field_dims) if d == w]
         shown = ", ".join(map(str, idx[:limit])) + (", ..." if len(idx) > limit else "")
         groups.append(f"{w}: field{'s' if len(idx) > 1 else ''} {shown}")
-    return f"width{'s' if len(widths) > 1 else ''} {listed} ({'; '.join(groups)})"
+    return f"{list_widths(field_dims)} ({'; '.join(groups)})"
+
+
+class UnequalWidthsError(ConfigError):
+    """A model that reads one width for every field was given unequal ones.
+
+    ``key`` is the config key whose change fixes it (relative to ``model``); a caller that
+    knows which table gives each field its width rewords the widths with :meth:`saying`.
+    """
+
+    def __init__(self, lead: str, field_dims: Sequence[int], fix: str, key: str) -> None:
+        self.lead, self.field_dims, self.fix, self.key = lead, tuple(field_dims), fix, key
+        super().__init__(self.saying(describe_widths(field_dims)))
+
+    def saying(self, widths: str) -> str:
+        """The message with ``widths`` for the per-field description of the widths."""
+        return f"{self.lead} the tables give the fields {widths}; {self.fix}"
 
 
 def check_field_dims(

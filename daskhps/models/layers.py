@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
-from daskhps.models.base import describe_widths
+from daskhps.models.base import UnequalWidthsError
 
 __all__ = [
     "ACTIVATIONS",
@@ -223,10 +223,11 @@ def make_field_projection(
     if all(d == width for d in field_dims):
         return None
     if not enabled:
-        raise ConfigError(
-            f"model {model!r}: {interaction} needs one width for every field, but the tables "
-            f"give the fields {describe_widths(field_dims)}; set model.options.field_projection "
-            f"to true (a learned linear map of each narrower field to {width}), or give every "
-            "table the same dim"
+        raise UnequalWidthsError(
+            f"model {model!r}: {interaction} needs one width for every field, but",
+            field_dims,
+            "set model.options.field_projection to true (a learned linear map of each narrower "
+            f"field to {width}), or give every table the same dim",
+            key="options.field_projection",
         )
     return FieldProjection(field_dims, width)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
-from daskhps.models.base import check_field_dims, describe_widths
+from daskhps.models.base import UnequalWidthsError, check_field_dims
 from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
@@ -152,10 +152,11 @@ def build_model(
         if len(set(dims)) == 1:
             dims = None  # the same model as without field_dims, for every model
         elif not takes_keyword(constructor_params(cls), WIDTHS_ARG):
-            raise ConfigError(
-                f"model {name!r} takes one embedding_dim for every field, but the tables give "
-                f"the fields {describe_widths(dims)}; give every table the same dim, or add a "
-                f"{WIDTHS_ARG} parameter to the model"
+            raise UnequalWidthsError(
+                f"model {name!r} takes one embedding_dim for every field, but",
+                dims,
+                f"give every table the same dim, or add a {WIDTHS_ARG} parameter to the model",
+                key="name",
             )
         else:
             layout[WIDTHS_ARG] = dims
