@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -99,7 +100,8 @@ def warm_up() -> None:
         saved = {k: os.environ.get(k) for k in pre_spawn}
         os.environ.update(pre_spawn)  # read by the server's libraries as they load
         try:
-            forkserver.ensure_running()
+            with _ctrl_c_ignored():
+                forkserver.ensure_running()
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -107,6 +109,23 @@ def warm_up() -> None:
                 else:
                     os.environ[k] = v
         _started = True
+
+
+@contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """SIGINT ignored while the server is started, so that it starts ignoring it (a process
+    inherits an ignored signal). A terminal's Ctrl-C reaches its whole process group, and the
+    server protects itself from it only after its preload: a Ctrl-C in those seconds killed it
+    mid-import, with a traceback below the driver's one-line message. Its forks, the workers,
+    ignore SIGINT anyway (daskhps.distributed._worker_setup)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler; the server is then as Python makes it
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def forks_workers(cluster: ClusterConfig) -> bool:

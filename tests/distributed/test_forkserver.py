@@ -108,3 +108,19 @@ def test_the_server_gets_dasks_pre_spawn_variables_before_distributed_is_importe
     )
     got = json.loads(out.stdout)
     assert got["OMP_NUM_THREADS"] == "1" and got["PYTHONHASHSEED"] == "6640", got
+
+
+def test_the_server_ignores_ctrl_c_from_its_start() -> None:
+    """Ctrl-C reaches the driver's whole process group: a server still importing its preload
+    would die of it with a traceback under the driver's message. It starts ignoring SIGINT
+    (the ignored-signals mask of /proc, read before its preload can have finished)."""
+    probe = (
+        "import os, sys; from multiprocessing import forkserver as mf; "
+        "from daskhps import _forkserver as f; f.warm_up(); "
+        "pid = mf._forkserver._forkserver_pid; "
+        "line = [x for x in open(f'/proc/{pid}/status') if x.startswith('SigIgn:')][0]; "
+        "print(int(line.split()[1], 16) >> 1 & 1, int(os.kill(pid, 9) is None))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1"], out.stdout  # SIGINT (bit 2-1) ignored

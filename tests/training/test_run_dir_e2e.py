@@ -167,7 +167,9 @@ def test_ctrl_c_before_the_new_runs_first_checkpoint_puts_the_earlier_run_back(
             proc.wait()
     assert proc.returncode == 130, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("daskhps train: interrupted before the new run's first checkpoint")
+    assert last.startswith("daskhps train: interrupted before the new run's first checkpoint"), (
+        stderr[-6000:]
+    )
     assert "is back as it was (last checkpoint pass-000002)" in last and "--overwrite" in last
     assert _digest(trained) == before and not aside.exists()
 
