@@ -19,6 +19,7 @@ loaded; :func:`scan_checkpoints` says which were skipped and why, and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -140,8 +141,10 @@ class Checkpoint(CheckpointManifest):
         """The manifest as ``MANIFEST.json`` holds it."""
         return self.to_json()
 
-    @property
+    @functools.cached_property
     def config(self) -> RunConfig:
+        """The run's config as the manifest records it (parsed once: with unequal widths the
+        check builds the model)."""
         from daskhps.config import RunConfig
 
         return RunConfig.from_dict(self.run_config, source=str(self.path / MANIFEST))

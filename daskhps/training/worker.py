@@ -231,18 +231,16 @@ class TrainSetup:
     grad_clip_norm: float | None
     threads: int | None = None
     # Several tables: their names by index (keys carry it) and each one's row width as the
-    # model reads it; empty for one table (``table``). Each field's embedding width.
+    # model reads it; empty for one table (``table``). Per field: its embedding width, and
+    # the floats of its row the model reads (RunConfig.sparse_widths).
     tables: tuple[str, ...] = ()
     table_widths: tuple[int, ...] = ()
     field_dims: tuple[int, ...] = ()
+    field_widths: tuple[int, ...] = ()
 
     @property
     def several_tables(self) -> bool:
         return len(self.tables) > 1
-
-    def field_widths(self) -> tuple[int, ...]:
-        """Floats per field the model reads (its table's row width, as the model reads it)."""
-        return tuple(self.model.sparse_dim(d) for d in self.field_dims)
 
     @classmethod
     def from_config(cls, config: RunConfig, run_id: str) -> TrainSetup:
@@ -265,6 +263,7 @@ class TrainSetup:
             tables=tuple(t.name for t in config.embedding_tables()) if several else (),
             table_widths=tuple(s.dim for s in config.table_specs()) if several else (),
             field_dims=config.field_dims(),
+            field_widths=config.sparse_widths(),
         )
 
 
@@ -307,7 +306,7 @@ class _Replica:
         self.exchange = Exchange(comm, ShardMap(setup.num_shards, comm.world_size), widths)
         self.shards: WorkerShards = host.require_shards()
         self.pooling = bag_pooling(setup.schema)
-        self.columns = field_columns(setup.field_widths()) if setup.several_tables else None
+        self.columns = field_columns(setup.field_widths) if setup.several_tables else None
         self.widest = max(setup.table_widths, default=0)
         self.step = 0
 
@@ -499,7 +498,7 @@ def _mean_row_bytes(setup: TrainSetup) -> int:
     on average (the figure prices unique keys, whatever their table)."""
     if not setup.several_tables:
         return setup.embedding_dim * 4
-    widths = setup.field_widths()
+    widths = setup.field_widths
     return round(4 * sum(widths) / len(widths))
 
 
