@@ -17,7 +17,7 @@ floats, metadata and share of the key index (:func:`~daskhps.tiers.host.rows_for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +26,15 @@ from daskhps.errors import ConfigError
 from daskhps.table.spec import TableSpec
 from daskhps.tiers.host import rows_for_bytes
 
-__all__ = ["MEMORY_BUDGET", "PAUSE_FRACTION", "OwnBudget", "TierSizing", "row_cost"]
+__all__ = [
+    "KEYED_SHARE",
+    "MEMORY_BUDGET",
+    "PAUSE_FRACTION",
+    "OwnBudget",
+    "TierSizing",
+    "row_cost",
+    "shares",
+]
 
 # Dask pauses a worker at 80% of its memory limit. Without a GPU the device and host tiers
 # share the worker's process memory, so together they may take at most MEMORY_BUDGET of it:
@@ -52,10 +60,11 @@ class TierSizing:
 
     Give the device tier either ``device_fraction`` or ``device_rows`` (rows per table), and
     the host tier ``host_fraction``, ``host_bytes`` (per table) or neither (no host tier).
-    A fractional budget is split between tables in proportion to the memory a row costs
-    (floats, metadata and index), so every table gets about the same number of rows. The
-    fractions' range is the config's to check (``table.tiers``); their sum is checked here,
-    against :data:`MEMORY_BUDGET`.
+    A fractional budget shared by several tables is split between them by :func:`shares`:
+    in proportion to each table's keys in a pass when they are known (the workers count the
+    first pass they stage, ``daskhps plan`` its largest), else into the same number of rows
+    for every table. The fractions' range is the config's to check (``table.tiers``); their
+    sum is checked here, against :data:`MEMORY_BUDGET`.
     """
 
     device_fraction: float | None = None
@@ -114,6 +123,14 @@ class TierSizing:
             return self._over(shared_host, memory_limit, on_gpu, policy, used, parts, device=False)
         return self._over(
             shared_device, memory_limit, on_gpu, policy, used, parts, host=bool(shared_host)
+        )
+
+    def splits(self, tables: Sequence[TableSpec]) -> bool:
+        """Whether several of ``tables`` share a fractional budget (split by :func:`shares`)."""
+        device = [t for t in tables if self._own(t.name, "device") is None]
+        host = [t for t in tables if self._own(t.name, "host") is None]
+        return (len(device) > 1 and self.device_fraction is not None) or (
+            len(host) > 1 and self.host_fraction is not None
         )
 
     def _own(self, table: str, tier: str) -> OwnBudget | None:
@@ -181,10 +198,13 @@ class TierSizing:
         policy: str = "lru",
         *,
         check_budget: bool = True,
+        keys: Mapping[str, int] | None = None,
     ) -> dict[str, tuple[int, int]]:
         """``{table: (device_rows, host_bytes)}`` for a worker with this memory limit;
         tiers over the memory budget are refused unless ``check_budget`` is off (``daskhps
-        plan`` sizes them anyway, to say by how much the whole run does not fit)."""
+        plan`` sizes them anyway, to say by how much the whole run does not fit). ``keys``:
+        each table's keys in a pass, by which a shared fractional budget is split
+        (:func:`shares`); None: the same rows for every table."""
         on_gpu = torch.device(device).type == "cuda"
         problem = self.over_budget(tables, memory_limit, on_gpu=on_gpu, policy=policy)
         if problem and check_budget:
@@ -206,17 +226,16 @@ class TierSizing:
             if on_gpu
             else memory_limit or 0
         )
-        # A budget shared by several tables is split in proportion to the memory a row costs
-        # in each, so that each gets about the same number of rows.
-        device_weights = {
-            t.name: row_cost(t.width, policy) for t in tables if self._own(t.name, "device") is None
-        }
-        host_weights = {
-            t.name: row_cost(t.width, policy) for t in tables if self._own(t.name, "host") is None
-        }
+        costs = {t.name: row_cost(t.width, policy) for t in tables}
+        device_split = shares(
+            {t.name: costs[t.name] for t in tables if self._own(t.name, "device") is None}, keys
+        )
+        host_split = shares(
+            {t.name: costs[t.name] for t in tables if self._own(t.name, "host") is None}, keys
+        )
 
-        def share(budget: float, weights: dict[str, float], name: str) -> int:
-            return int(budget * weights[name] / (sum(weights.values()) or 1.0))
+        def share(budget: float, split: dict[str, float], name: str) -> int:
+            return int(budget * split[name])
 
         out = {}
         for t in tables:
@@ -230,7 +249,7 @@ class TierSizing:
                 rows = self.device_rows
             else:
                 frac = self.device_fraction or 0.0
-                rows = rows_for_bytes(t.width, share(frac * pool, device_weights, t.name), policy)
+                rows = rows_for_bytes(t.width, share(frac * pool, device_split, t.name), policy)
             if rows < 1:
                 raise ConfigError(
                     f"tier sizing: table {t.name!r} gets no device rows from "
@@ -241,11 +260,41 @@ class TierSizing:
             elif self.host_bytes is not None:
                 host = self.host_bytes
             elif self.host_fraction is not None:
-                host = share(self.host_fraction * (memory_limit or 0), host_weights, t.name)
+                host = share(self.host_fraction * (memory_limit or 0), host_split, t.name)
             else:
                 host = 0
             out[t.name] = (rows, host)
         return out
+
+
+# Of a budget split by keys, the part split by them; the rest gives every table the same
+# rows, so that a table with few keys in the pass that sized the split still has rows for
+# passes that bring it more.
+KEYED_SHARE = 0.9
+
+
+def shares(costs: Mapping[str, float], keys: Mapping[str, int] | None) -> dict[str, float]:
+    """Each table's fraction of a budget the tables in ``costs`` (a row's bytes in each) share.
+
+    Without ``keys`` every table gets the same number of rows. With ``keys`` (each table's
+    keys in a pass), :data:`KEYED_SHARE` of the rows go to the tables in proportion to their
+    keys, the rest in equal rows: every table then has the same room over its keys, the
+    budget the tables' keys can fill best. The fractions add up to 1.
+    """
+    if not costs:
+        return {}
+    n = len(costs)
+    total = sum(max(int(keys.get(name, 0)), 0) for name in costs) if keys is not None else 0
+    if keys is None or total == 0:
+        rows = dict.fromkeys(costs, 1.0 / n)
+    else:
+        rows = {
+            name: KEYED_SHARE * max(int(keys.get(name, 0)), 0) / total + (1 - KEYED_SHARE) / n
+            for name in costs
+        }
+    weights = {name: rows[name] * costs[name] for name in costs}
+    whole = sum(weights.values()) or 1.0
+    return {name: w / whole for name, w in weights.items()}
 
 
 def row_cost(width: int, policy: str) -> float:

@@ -330,15 +330,21 @@ def _table_memory(
     cfg: RunConfig, keys: KeyStats, memory_limit: int | None, stored: StoredTable | None
 ) -> tuple[TableMemory, ...]:
     """Each table's tiers and store on the busiest worker: its rows and host bytes as the
-    workers resolve them (:meth:`~daskhps.tier_sizing.TierSizing.resolve` over every table),
-    at its own width and policy, for its own keys."""
+    workers resolve them (:meth:`~daskhps.tier_sizing.TierSizing.resolve` over every table,
+    a shared budget split by the tables' keys in a pass), at its own width and policy, for
+    its own keys."""
     specs = cfg.table_specs()
     sizing = cfg.tier_sizing()
     policy = cfg.table.tiers.policy
     policies = {name: b.policy for name, b in sizing.own if b.policy is not None}
-    budgets = sizing.resolve(specs, memory_limit, "cpu", policy, check_budget=False)
+    by_table = keys.by_table([s.name for s in specs])
+    # The workers split a shared budget by the keys of the first pass they stage: here the
+    # largest pass's stand in for them (known for every table, or the same rows for each).
+    pass_keys = {k.name: k.largest_pass_per_owner for k in by_table}
+    known = None if None in pass_keys.values() else {n: v or 0 for n, v in pass_keys.items()}
+    budgets = sizing.resolve(specs, memory_limit, "cpu", policy, check_budget=False, keys=known)
     out = []
-    for spec, k in zip(specs, keys.by_table([s.name for s in specs]), strict=True):
+    for spec, k in zip(specs, by_table, strict=True):
         rows, host_budget = budgets[spec.name]
         pol = policies.get(spec.name, policy)
         batch = k.largest_pass_per_owner or 0

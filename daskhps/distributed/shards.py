@@ -154,6 +154,9 @@ class WorkerShards:
         self.pending: dict[str, PendingCounts] = {}
         self._admitting: dict[str, _PassAdmission] = {}  # the pass admitted, until counted
         self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
+        # Tables sharing a fractional budget open with the same rows each; the first pass
+        # staged on every table at once resizes them by its keys (see split_by_keys)
+        self._sized_by_keys = not (tagged and sizing.splits(tables))
 
     def bind(self, rank: int | None, memory_limit: int | None) -> None:
         """Take the worker's rank (None: not one of the run's ranks) and memory limit."""
@@ -162,6 +165,7 @@ class WorkerShards:
         self.locks = {name: threading.Lock() for name in self.specs}
         self.tables = {}
         self.pending, self._admitting = {}, {}
+        self._sized_by_keys = not (self.tagged and self.sizing.splits(list(self.specs.values())))
 
     def store_path(self, table: str) -> Path:
         return Path(self.stores_dir) / table / f"rank-{self._rank()}"
@@ -236,8 +240,47 @@ class WorkerShards:
     def stage(self, table: str | None, keys: Any) -> StageReport:
         """Pin ``keys`` (a tensor or array of int64 keys, or a frame with a ``key`` column,
         such as a pass's owner partition) in the device tier (``table`` None: every table's
-        share, see :meth:`split`)."""
+        share, see :meth:`split`, the first such pass sizing the tables' shared budgets)."""
+        if table is None:
+            self.split_by_keys(keys)
         return _summed(self._each(table, keys, self._stage))
+
+    def split_by_keys(self, keys: Any) -> dict[str, tuple[int, int]] | None:
+        """Resize the tiers of tables that share a fractional budget by each one's count of
+        ``keys`` (tagged; a pass's owner partition), once, before any row is staged
+        (:func:`daskhps.tier_sizing.shares`): a table with most of the pass's keys gets most
+        of the rows. Returns the new ``{table: (device_rows, host_bytes)}``, or None when
+        there is nothing to resize (one table, own budgets, done already, or rows held)."""
+        if self._sized_by_keys:
+            return None
+        self._sized_by_keys = True
+        index = keys_of(keys) >> TABLE_SHIFT
+        counts = torch.bincount(index, minlength=len(self.order)).tolist()
+        specs = list(self.specs.values())
+        budgets = self.sizing.resolve(
+            specs,
+            self.memory_limit,
+            self.device,
+            self.policy,
+            keys=dict(zip(self.order, counts, strict=False)),
+        )
+        for name in self.order:
+            with self.locked(name) as t:
+                if len(t.device_cache) or (t.host is not None and len(t.host)):
+                    log.info("rank %s: tiers hold rows, not resized by keys", self.rank)
+                    return None
+        for name in self.order:
+            with self.locked(name) as t:
+                t.resize_caches(*budgets[name])
+        log.info(
+            "rank %s: tiers split by the first pass's keys: %s",
+            self.rank,
+            ", ".join(
+                f"{n} {c} keys -> {budgets[n][0]} device rows, {budgets[n][1] >> 20} MiB host"
+                for n, c in zip(self.order, counts, strict=False)
+            ),
+        )
+        return budgets
 
     def _stage(self, table: str, keys: Any) -> StageReport:
         with stage_span("stage"), self.locked(table) as t:
@@ -246,13 +289,13 @@ class WorkerShards:
             except CapacityError as e:
                 if len(self.order) == 1:
                     raise
-                # The run's budget is split between the tables about evenly by rows, which
-                # rarely matches how their keys divide: say which lever moves one table's.
+                # The run's budget is split between the tables by the first pass's keys,
+                # which a later pass may divide otherwise: say which lever moves one table's.
                 raise CapacityError(
-                    f"table {table!r}: {e}; the tables share table.tiers' budgets about "
-                    "equally by rows: give this table budgets of its own (its entry's "
-                    "tiers.device in tables:, listing its fields there if it is the default "
-                    "table) or raise table.tiers.device"
+                    f"table {table!r}: {e}; the tables share table.tiers' budgets as the "
+                    "first pass's keys divide between them: give this table budgets of its "
+                    "own (its entry's tiers.device in tables:, listing its fields there if it "
+                    "is the default table) or raise table.tiers.device"
                 ) from e
         if self.monitor is not None:
             self.monitor.note_staged(table, report)
@@ -261,6 +304,8 @@ class WorkerShards:
     def try_stage(self, table: str | None, keys: Any) -> StageAhead:
         """:meth:`stage` where not fitting is an expected answer (staging ahead)."""
         reports, refusal = [], None
+        if table is None:
+            self.split_by_keys(keys)
         for name, part in [(table, keys)] if table is not None else self.split(keys):
             try:
                 reports.append(self.stage(name, part))

@@ -43,9 +43,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from daskhps.errors import CapacityError
 from daskhps.table import persistence, residency, rows, updates
 from daskhps.table.residency import StageReport
-from daskhps.table.shard import Shard, open_shard_store, open_tiers
+from daskhps.table.shard import (
+    Shard,
+    check_device_rows,
+    open_caches,
+    open_shard_store,
+    open_tiers,
+)
 from daskhps.table.spec import TableSpec
 from daskhps.tiers.base import Cache, CommitInfo, PersistentStore
 from daskhps.tiers.store import StoreOptions
@@ -66,8 +73,10 @@ class EmbeddingTable:
         store: PersistentStore,
         device_cache: Cache,
         host: Cache | None,
+        policy: Literal["lru", "lfu"] = "lru",
     ) -> None:
         self.spec = spec
+        self.policy = policy  # the caches' eviction policy
         self.store = store
         self.device_cache = device_cache
         self.host = host
@@ -116,7 +125,7 @@ class EmbeddingTable:
             commit=commit,
             store=store,
         )
-        return cls(spec, opened, cache, host)
+        return cls(spec, opened, cache, host, policy)
 
     # -- lookups and staging (daskhps.table.residency) -------------------------------------
 
@@ -147,6 +156,35 @@ class EmbeddingTable:
     def unpin(self) -> None:
         """Release every pinned row (end of a pass)."""
         self.device_cache.unpin_all()
+
+    def resize_caches(self, device_rows: int, host_bytes: int) -> None:
+        """New device and host tiers of these sizes, while both hold no row (before the
+        first pass is staged: tables sharing a budget are sized by that pass's keys).
+
+        Raises
+        ------
+        CapacityError
+            ``device_rows`` < 1, or a tier holds rows (they would be lost).
+        """
+        held = len(self.device_cache) + (len(self.host) if self.host is not None else 0)
+        if held:
+            raise CapacityError(
+                f"table {self.spec.name!r}: its tiers hold {held} rows; they are resized only "
+                "while empty"
+            )
+        check_device_rows(self.spec, device_rows)
+        cache, host = open_caches(
+            self.spec,
+            device_rows=device_rows,
+            host_bytes=host_bytes,
+            device=self.device,
+            policy=self.policy,
+        )
+        self.device_cache.close()
+        if self.host is not None:
+            self.host.close()
+        self.device_cache, self.host = cache, host
+        self._shard = Shard.of(self.spec, self.store, cache, host)
 
     # -- admission (daskhps.table.admission; the work in daskhps.table.rows) ---------------
 

@@ -140,13 +140,19 @@ def test_each_tables_memory_and_disk_add_up_to_the_workers(
     ]
     assert [t.device.width for t in parts] == [s.width for s in specs]
     assert len({s.width for s in specs}) == 3 and memory.device.width is None
-    budgets = cfg.tier_sizing().resolve(specs, 1 << 30)
+    # The shared host budget is split as the workers split it: by each table's keys in a
+    # pass (the largest here), so the table with more keys gets more rows.
+    largest = {t.name: t.keys.largest_pass_per_owner for t in scanned.tables}
+    assert None not in largest.values()
+    pass_keys = {name: int(k or 0) for name, k in largest.items()}
+    assert len(set(pass_keys.values())) == 3
+    budgets = cfg.tier_sizing().resolve(specs, 1 << 30, keys=pass_keys)
     assert [(t.device.rows, t.host.rows if t.host else 0) for t in parts] == [
         (budgets[s.name][0], rows_for_bytes(s.width, budgets[s.name][1])) for s in specs
     ]
-    # The host tier is shared in proportion to a row's cost: about the same rows each.
     host_rows = [t.host.rows for t in parts if t.host is not None]
-    assert len(host_rows) == 3 and max(host_rows) - min(host_rows) < 1e-3 * min(host_rows)
+    by_keys = sorted(range(3), key=lambda i: pass_keys[specs[i].name])
+    assert len(host_rows) == 3 and sorted(range(3), key=lambda i: host_rows[i]) == by_keys
     assert sum(len(t.fields) for t in scanned.tables) == 26
     disks = [t.disk for t in scanned.tables]
     for name in ("live", "history", "snapshots", "compaction_headroom"):

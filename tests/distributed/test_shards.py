@@ -8,11 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daskhps.distributed import ClusterError, RunHost, TierSizing, WorkerShards
-from daskhps.errors import ConfigError
+from daskhps.errors import CapacityError, ConfigError
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
-from daskhps.tier_sizing import MEMORY_BUDGET, PAUSE_FRACTION, row_cost
+from daskhps.tier_sizing import KEYED_SHARE, MEMORY_BUDGET, PAUSE_FRACTION, row_cost, shares
 from daskhps.tiers.host import rows_for_bytes
 from daskhps.tiers.store import StoreOptions
 
@@ -274,3 +276,69 @@ def test_staging_ahead_stages_the_tables_that_fit_and_says_which_did_not(tmp_pat
     assert ahead.report is not None and ahead.report.initialised == 3
     assert shards.try_stage(None, _tagged(0, [4])).fitted
     shards.close(uncommitted="drop")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    costs=st.lists(st.floats(8, 4096), min_size=1, max_size=6),
+    keys=st.none() | st.lists(st.integers(0, 10**9), min_size=6, max_size=6),
+)
+def test_shares_give_every_table_rows_by_its_keys(costs, keys):
+    """The model: rows_t proportional to KEYED_SHARE * keys_t / keys + (1 - KEYED_SHARE) / n
+    (equal rows without keys, or when no table has a key); bytes = rows x a row's cost."""
+    names = [f"t{i}" for i in range(len(costs))]
+    cost = dict(zip(names, costs, strict=True))
+    counts = None if keys is None else dict(zip(names, keys, strict=False))
+    got = shares(cost, counts)
+    assert set(got) == set(names) and abs(sum(got.values()) - 1.0) < 1e-9
+    total = sum(counts.values()) if counts else 0
+    n = len(names)
+    want = {
+        t: KEYED_SHARE * counts[t] / total + (1 - KEYED_SHARE) / n if total else 1.0 / n
+        for t in names
+    }
+    rows = {t: got[t] / cost[t] for t in names}
+    for a in names:
+        assert got[a] > 0
+        for b in names:
+            assert rows[a] / rows[b] == pytest.approx(want[a] / want[b], rel=1e-9)
+
+
+def test_tables_sharing_a_fraction_are_resized_by_the_first_pass_keys(tmp_path):
+    """Equal rows would not hold the pass: small brings 9 keys in 10. Sized by the pass's
+    keys, each table has the same room over its keys, and the pass fits; later passes keep
+    the sizes (the tiers hold rows then)."""
+    limit = 8 << 20
+    sizing = TierSizing(0.05, 0.05)
+    shards = WorkerShards([SMALL, WIDE], tmp_path, sizing, tagged=True)
+    host = RunHost("t", ["tcp://w:0"], shards)
+    host.setup(_worker("tcp://w:0", limit))
+    opened = shards.open()
+    equal = opened["small"]["device_rows"]
+    assert abs(equal - opened["wide"]["device_rows"]) / equal < 0.01  # rows priced apiece
+    n_small = int(equal * 1.5)  # more than its equal share
+    n_wide = n_small // 9
+    keys = torch.cat([_tagged(0, list(range(n_small))), _tagged(1, list(range(n_wide)))])
+    assert shards.try_stage(None, keys).fitted
+    got = {n: (t.device_cache.capacity_rows, t.host) for n, t in shards.tables.items()}
+    assert got["small"][0] >= n_small and got["wide"][0] >= n_wide
+    room = [got["small"][0] / n_small, got["wide"][0] / n_wide]
+    assert room[0] < room[1]  # the floor of equal rows is wide's
+    want = sizing.resolve([SMALL, WIDE], limit, keys={"small": n_small, "wide": n_wide})
+    assert {n: g[0] for n, g in got.items()} == {n: w[0] for n, w in want.items()}
+    spent = sum(got[t.name][0] * row_cost(t.width, "lru") for t in (SMALL, WIDE))
+    assert 0.97 * 0.05 * limit <= spent <= 0.05 * limit  # the whole device budget, no more
+    assert shards.split_by_keys(keys) is None  # once
+    shards.unpin(None)
+    shards.close(uncommitted="drop")
+
+
+def test_tiers_that_hold_rows_are_not_resized(tmp_path):
+    with EmbeddingTable.open(SMALL, tmp_path / "s", device_rows=8) as t:
+        t.resize_caches(16, 0)  # empty: resized
+        assert t.device_cache.capacity_rows >= 16
+        t.lookup(torch.arange(3))
+        with pytest.raises(CapacityError, match="hold 3 rows; they are resized only while"):
+            t.resize_caches(32, 0)
+        assert len(t.device_cache) == 3
+        t.commit("c")
