@@ -299,15 +299,18 @@ def main() -> None:
         log = out / "serve.log"
         best = InProcess(Path(reg.get("v000001").checkpoint), out / "export")
 
-        # 1. latency against the floor
+        # One single-process server answers the latency runs, the one-process QPS runs and
+        # the refresh under load (a start costs seconds; the runs do not change what it
+        # serves until the refresh, which comes last).
         floor = FloorServer(out / "export")
-        served = Served(out / "retrain", 1, day2, log)
+        single = Served(out / "retrain", 1, day2, log)
         try:
+            # 1. latency against the floor
             for b in QUICK_BATCHES if args.quick else BATCHES:
                 batch = rows[:b]
                 body = json.dumps({"rows": batch}).encode()
                 n = count if b < 4096 else count // 8
-                lat, flat = _alternating(served.url, floor.url, body, n, seconds)
+                lat, flat = _alternating(single.url, floor.url, body, n, seconds)
                 inproc = [_timed(best.score, body) for _ in range(max(5, min(len(lat), 50)))]
                 rep.emit(f"serve p50, batch {len(batch)}", statistics.median(lat) * 1e3, "ms",
                          baseline=statistics.median(flat) * 1e3, baseline_name="floor p50",
@@ -316,45 +319,40 @@ def main() -> None:
                          in_process_ms=round(statistics.median(inproc) * 1e3, 3),
                          requests=len(lat))  # fmt: skip
             body = json.dumps({"rows": rows[:64]}).encode()
-            with ServeClient(served.url) as c, ServeClient(floor.url) as f:
+            with ServeClient(single.url) as c, ServeClient(floor.url) as f:
                 got = np.array(json.loads(c.request("POST", "/predict", body, JSON)[1])[PROBS])
                 want = np.array(json.loads(f.request("POST", "/predict", body, JSON)[1])[PROBS])
             rep.emit("floor vs serve: max |p difference|, batch 64", float(abs(got - want).max()),
                      "")  # fmt: skip
-            served_pids = served.pids()
-        finally:
-            served.close()
 
-        # 2. QPS against the floor with as many clients, alternating; PSS of each process
-        try:
-            for processes in (1, 2):
-                served = Served(out / "retrain", processes, day2, log)
-                try:
-                    for clients in (1, 2, 4):
-                        qps, fqps = _qps_alternating(
-                            served.url, floor.url, rows[:64], clients, seconds
-                        )
-                        name = f"QPS batch 64, {clients} clients, {processes} processes"
-                        floor_name = f"floor (one process), {clients} clients"
-                        rep.emit(name, qps, "req/s", baseline=fqps, baseline_name=floor_name)
-                    for pid in served.pids():
-                        pss, rss = _pss(pid)
-                        rep.emit(f"PSS of a server process ({processes} processes)",
-                                 pss / 2**20, "MiB", baseline=rss / 2**20,
-                                 baseline_name="its RSS")  # fmt: skip
-                finally:
-                    served.close()
-        finally:
-            floor.close()
-        del served_pids
+            # 2. QPS against the floor with as many clients, alternating; PSS of each process
+            try:
+                for processes in (1, 2):
+                    served = single if processes == 1 else Served(out / "retrain", 2, day2, log)
+                    try:
+                        for clients in (1, 2, 4):
+                            qps, fqps = _qps_alternating(
+                                served.url, floor.url, rows[:64], clients, seconds
+                            )
+                            name = f"QPS batch 64, {clients} clients, {processes} processes"
+                            floor_name = f"floor (one process), {clients} clients"
+                            rep.emit(name, qps, "req/s", baseline=fqps, baseline_name=floor_name)
+                        for pid in served.pids():
+                            pss, rss = _pss(pid)
+                            rep.emit(f"PSS of a server process ({processes} processes)",
+                                     pss / 2**20, "MiB", baseline=rss / 2**20,
+                                     baseline_name="its RSS")  # fmt: skip
+                    finally:
+                        if served is not single:
+                            served.close()
+            finally:
+                floor.close()
 
-        # 3. a refresh under load
-        served = Served(out / "retrain", 1, day2, log)
-        try:
-            before, during, failed = _refresh_under_load(served.url, rows[:64], reg, ckpts[1])
-            pause = _pause(served.url)
+            # 3. a refresh under load
+            before, during, failed = _refresh_under_load(single.url, rows[:64], reg, ckpts[1])
+            pause = _pause(single.url)
         finally:
-            served.close()
+            single.close()
         rep.emit("refresh under load: failed requests", float(failed), "requests")
         rep.emit("refresh under load: publish to first v000002 answer", during["seconds"], "s")
         rep.emit("refresh under load: requests held by the swap", pause * 1e3, "ms")
