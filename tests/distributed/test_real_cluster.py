@@ -139,7 +139,9 @@ def test_the_quickstart_on_dask_worker_processes_recovers_from_lost_workers(
         assert restored in caplog.text, caplog.text[-2000:]
         assert cluster.alive() == 2  # the run closed its shards, not the operator's workers
         killed["fewer"] = _kill_mid_pass(monkeypatch, cluster, tmp_path / "fewer", 0, replace=False)
-        assert main([*_small(tmp_path, "fewer"), *at]) == 0
+        # no worker comes back: the run waits restart_wait_s for one, then re-shards
+        no_wait = ["--set", "cluster.restart_wait_s=1"]
+        assert main([*_small(tmp_path, "fewer"), *at, *no_wait]) == 0
     capsys.readouterr()
     _same_model(tmp_path / "embedded", tmp_path / "replaced")
     _same_model(tmp_path / "embedded", tmp_path / "fewer", rtol=1e-3)
