@@ -115,8 +115,7 @@ class TierSizing:
             if b.host_fraction is not None:
                 used += b.host_fraction
                 parts.append(f"{t.name}'s host.fraction {b.host_fraction}")
-        shared_device = [t for t in tables if self._own(t.name, "device") is None]
-        shared_host = [t for t in tables if self._own(t.name, "host") is None]
+        shared_device, shared_host = self._sharing(tables, "device"), self._sharing(tables, "host")
         if not shared_device and not shared_host:
             return self._verdict(used, parts, on_gpu)
         if not shared_device:  # the run's device budget is nobody's
@@ -127,11 +126,14 @@ class TierSizing:
 
     def splits(self, tables: Sequence[TableSpec]) -> bool:
         """Whether several of ``tables`` share a fractional budget (split by :func:`shares`)."""
-        device = [t for t in tables if self._own(t.name, "device") is None]
-        host = [t for t in tables if self._own(t.name, "host") is None]
-        return (len(device) > 1 and self.device_fraction is not None) or (
-            len(host) > 1 and self.host_fraction is not None
+        return (len(self._sharing(tables, "device")) > 1 and self.device_fraction is not None) or (
+            len(self._sharing(tables, "host")) > 1 and self.host_fraction is not None
         )
+
+    def _sharing(self, tables: Sequence[TableSpec], tier: str) -> list[TableSpec]:
+        """The tables of ``tables`` without a budget of their own for ``tier``: they share
+        the run's."""
+        return [t for t in tables if self._own(t.name, tier) is None]
 
     def _own(self, table: str, tier: str) -> OwnBudget | None:
         """The table's own budget of ``tier`` ("device" or "host"), if it has one."""
@@ -226,12 +228,9 @@ class TierSizing:
             if on_gpu
             else memory_limit or 0
         )
-        costs = {t.name: row_cost(t.width, policy) for t in tables}
-        device_split = shares(
-            {t.name: costs[t.name] for t in tables if self._own(t.name, "device") is None}, keys
-        )
-        host_split = shares(
-            {t.name: costs[t.name] for t in tables if self._own(t.name, "host") is None}, keys
+        device_split, host_split = (
+            shares({t.name: row_cost(t.width, policy) for t in self._sharing(tables, tier)}, keys)
+            for tier in ("device", "host")
         )
 
         def share(budget: float, split: dict[str, float], name: str) -> int:
@@ -284,14 +283,12 @@ def shares(costs: Mapping[str, float], keys: Mapping[str, int] | None) -> dict[s
     if not costs:
         return {}
     n = len(costs)
-    total = sum(max(int(keys.get(name, 0)), 0) for name in costs) if keys is not None else 0
-    if keys is None or total == 0:
+    counts = {name: max(int(keys.get(name, 0)), 0) for name in costs} if keys is not None else {}
+    total = sum(counts.values())
+    if total == 0:
         rows = dict.fromkeys(costs, 1.0 / n)
     else:
-        rows = {
-            name: KEYED_SHARE * max(int(keys.get(name, 0)), 0) / total + (1 - KEYED_SHARE) / n
-            for name in costs
-        }
+        rows = {name: KEYED_SHARE * counts[name] / total + (1 - KEYED_SHARE) / n for name in costs}
     weights = {name: rows[name] * costs[name] for name in costs}
     whole = sum(weights.values()) or 1.0
     return {name: w / whole for name, w in weights.items()}

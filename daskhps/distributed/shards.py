@@ -156,7 +156,8 @@ class WorkerShards:
         self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
         # Tables sharing a fractional budget open with the same rows each; the first pass
         # staged on every table at once resizes them by its keys (see split_by_keys)
-        self._sized_by_keys = not (tagged and sizing.splits(tables))
+        self._splits_by_keys = tagged and sizing.splits(tables)
+        self._sized_by_keys = not self._splits_by_keys
 
     def bind(self, rank: int | None, memory_limit: int | None) -> None:
         """Take the worker's rank (None: not one of the run's ranks) and memory limit."""
@@ -165,7 +166,7 @@ class WorkerShards:
         self.locks = {name: threading.Lock() for name in self.specs}
         self.tables = {}
         self.pending, self._admitting = {}, {}
-        self._sized_by_keys = not (self.tagged and self.sizing.splits(list(self.specs.values())))
+        self._sized_by_keys = not self._splits_by_keys
 
     def store_path(self, table: str) -> Path:
         return Path(self.stores_dir) / table / f"rank-{self._rank()}"
@@ -254,21 +255,20 @@ class WorkerShards:
         if self._sized_by_keys:
             return None
         self._sized_by_keys = True
+        for name in self.order:
+            with self.locked(name) as t:
+                if t.cached_rows():
+                    log.info("rank %s: tiers hold rows, not resized by keys", self.rank)
+                    return None
         index = keys_of(keys) >> TABLE_SHIFT
         counts = torch.bincount(index, minlength=len(self.order)).tolist()
-        specs = list(self.specs.values())
         budgets = self.sizing.resolve(
-            specs,
+            list(self.specs.values()),
             self.memory_limit,
             self.device,
             self.policy,
             keys=dict(zip(self.order, counts, strict=False)),
         )
-        for name in self.order:
-            with self.locked(name) as t:
-                if len(t.device_cache) or (t.host is not None and len(t.host)):
-                    log.info("rank %s: tiers hold rows, not resized by keys", self.rank)
-                    return None
         for name in self.order:
             with self.locked(name) as t:
                 t.resize_caches(*budgets[name])

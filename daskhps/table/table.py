@@ -157,6 +157,10 @@ class EmbeddingTable:
         """Release every pinned row (end of a pass)."""
         self.device_cache.unpin_all()
 
+    def cached_rows(self) -> int:
+        """Rows held in the device and host tiers (the store's not counted)."""
+        return len(self.device_cache) + (len(self.host) if self.host is not None else 0)
+
     def resize_caches(self, device_rows: int, host_bytes: int) -> None:
         """New device and host tiers of these sizes, while both hold no row (before the
         first pass is staged: tables sharing a budget are sized by that pass's keys).
@@ -166,7 +170,7 @@ class EmbeddingTable:
         CapacityError
             ``device_rows`` < 1, or a tier holds rows (they would be lost).
         """
-        held = len(self.device_cache) + (len(self.host) if self.host is not None else 0)
+        held = self.cached_rows()
         if held:
             raise CapacityError(
                 f"table {self.spec.name!r}: its tiers hold {held} rows; they are resized only "
