@@ -82,49 +82,64 @@ def _rank_tables(
     return out
 
 
+def _shard_entry(shard: dict[str, Any], per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A shard's record in the checkpoint, with what its rank's stores of ``per`` hold (the
+    sums over tables) and each table's under ``store_tables``."""
+    several = len(per) > 1
+    pending = [t["pending_keys"] for t in per.values() if t["pending_keys"] is not None]
+    return {
+        **shard,
+        "store_rows": _total([t["store_rows"] for t in per.values()]),
+        "pending_keys": sum(pending) if pending else None,
+        "segments": sum(t["segments"] for t in per.values()),
+        "snapshots": sum(t["snapshots"] for t in per.values()),
+        "without_checksum": sum(t["without_checksum"] for t in per.values()),
+        "damage": [
+            f"table {name}: {d}" if several else d for name, t in per.items() for d in t["damage"]
+        ],
+        "store_tables": per,
+    }
+
+
+def _table_entry(layout: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table of the checkpoint (its ``layout``), summed over the ranks' stores."""
+    name = str(layout["table"])
+    parts = [sh["store_tables"][name] for sh in shards]
+    pending = [p["pending_keys"] for p in parts if p["pending_keys"] is not None]
+    return {
+        "name": name,
+        "dim": layout["dim"],
+        "optimizer": layout.get("optimizer"),
+        "rows": _total([p["store_rows"] for p in parts]),
+        "pending_keys": sum(pending) if pending else None,
+        "bytes_on_disk": _total([p["bytes_on_disk"] for p in parts]),
+    }
+
+
+def _totals(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the checkpoint's stores hold over every shard: rows, keys waiting, bytes, checks."""
+    pending = [s["pending_keys"] for s in shards]
+    return {
+        "rows": sum(s["store_rows"] or 0 for s in shards),
+        "pending_keys": None if all(p is None for p in pending) else sum(p or 0 for p in pending),
+        "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),
+        "segments": sum(s["segments"] for s in shards),
+        "snapshots": sum(s["snapshots"] for s in shards),
+        "without_checksum": sum(s["without_checksum"] for s in shards),
+        "damage": [f"rank {s['rank']}: {d}" for s in shards for d in s["damage"]],
+    }
+
+
 def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -> dict[str, Any]:
     """One checkpoint as plain values (what ``inspect --json`` prints), with the damage
     ``checker`` (default: sizes only) finds in the stores it reads (every table's)."""
     checker = checker or StoreChecker()
     reading = stores_here(ckpt, checker, avoid_damage=False)
     stores = reading.require()  # its own stores, or its copy's; else one line naming both
-    several = len(ckpt.table_names) > 1
-    shards = []
-    for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]:
-        rank = int(s["rank"])
-        per = _rank_tables(ckpt, stores, reading.checks, rank)
-        pending = [t["pending_keys"] for t in per.values() if t["pending_keys"] is not None]
-        shards.append(
-            {
-                **s,
-                "store_rows": _total([t["store_rows"] for t in per.values()]),
-                "pending_keys": sum(pending) if pending else None,
-                "segments": sum(t["segments"] for t in per.values()),
-                "snapshots": sum(t["snapshots"] for t in per.values()),
-                "without_checksum": sum(t["without_checksum"] for t in per.values()),
-                "damage": [
-                    f"table {name}: {d}" if several else d
-                    for name, t in per.items()
-                    for d in t["damage"]
-                ],
-                "store_tables": per,
-            }
-        )
-    tables = []
-    for layout in ckpt.tables or [ckpt.table]:
-        name = str(layout["table"])
-        parts = [sh["store_tables"][name] for sh in shards]
-        pending = [p["pending_keys"] for p in parts if p["pending_keys"] is not None]
-        tables.append(
-            {
-                "name": name,
-                "dim": layout["dim"],
-                "optimizer": layout.get("optimizer"),
-                "rows": _total([p["store_rows"] for p in parts]),
-                "pending_keys": sum(pending) if pending else None,
-                "bytes_on_disk": _total([p["bytes_on_disk"] for p in parts]),
-            }
-        )
+    shards = [
+        _shard_entry(s, _rank_tables(ckpt, stores, reading.checks, int(s["rank"])))
+        for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]
+    ]
     table = ckpt.table
     return {
         "path": str(ckpt.path),
@@ -160,24 +175,15 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
             "dim": table["dim"],
             "optimizer": table.get("optimizer"),
         },
-        "tables": tables,  # every table (one: the run's table): its rows and bytes
+        # every table (one: the run's table): its rows and bytes
+        "tables": [_table_entry(layout, shards) for layout in ckpt.tables or [table]],
         "model": ckpt.run_config.get("model", {}).get("name"),
         "files": {k: v["size"] for k, v in ckpt.files.items()},
         "seconds": ckpt.seconds,
         "shards": shards,
-        "rows": sum(s["store_rows"] or 0 for s in shards),
         "lifecycle": dict(ckpt.lifecycle),
-        "pending_keys": (
-            None
-            if all(s["pending_keys"] is None for s in shards)
-            else sum(s["pending_keys"] or 0 for s in shards)
-        ),
-        "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),
-        "segments": sum(s["segments"] for s in shards),
-        "snapshots": sum(s["snapshots"] for s in shards),
-        "without_checksum": sum(s["without_checksum"] for s in shards),
         "verified": checker.verify,
-        "damage": [f"rank {s['rank']}: {d}" for s in shards for d in s["damage"]],
+        **_totals(shards),  # damage last
     }
 
 
@@ -262,70 +268,73 @@ def _table_line(t: dict[str, Any]) -> str:
     return f"table {t['name']} dim {t['dim']} ({t['optimizer']}): {rows}{on_disk}"
 
 
-def render(info: dict[str, Any]) -> str:
-    """Human-readable lines of :func:`describe`'s result."""
-    lines = []
-    if info.get("run_dir"):
-        skipped = f", {len(info['skipped'])} never loaded" if info.get("skipped") else ""
-        lines.append(f"run {info['run_dir']}: {len(info['checkpoints'])} checkpoint(s){skipped}")
-    for c in info["checkpoints"]:
-        metrics = ", ".join(f"{k} {v:.4f}" for k, v in c["metrics"].items() if k != "examples")
-        days = c["days"]
-        day_text = f"{days[0]}..{days[-1]}" if len(days) > 1 else (days[0] if days else "-")
-        # pass-000004 is taken after pass 4 (passes count from 1 over the run, as in
-        # metrics.jsonl); checkpoints before pass_in_epoch was recorded counted epochs from 0
-        epoch = f" (epoch {c['epoch']})" if c.get("pass_in_epoch") is not None else ""
-        lines += [
-            f"{c['name']} ({c['kind']}, {c['created']}): after pass {c['passes_done']}{epoch}, "
-            f"step {c['step']}, days {day_text}",
-            f"  daskhps {c['daskhps_version']}, format {c['format']}; model {c['model']}, "
-            + (
-                f"table {c['table']['name']} dim {c['table']['dim']} ({c['table']['optimizer']})"
-                if len(c.get("tables") or []) <= 1
-                else f"{len(c['tables'])} tables"
-            )
-            + f", {c['num_shards']} shards on {c['num_workers']} workers",
-            f"  metrics: {metrics or '-'}; train loss {c['train_loss']}",
-            "  files: "
-            + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())
-            + (f"; written in {c['seconds']:.2f} s" if c.get("seconds") is not None else ""),
-        ]
-        added = c.get("store_bytes_added")
-        unread = any(s["store_rows"] is None for s in c["shards"])
-        rows = "rows unknown" if unread else f"{c['rows']:,} rows"
-        if c.get("pending_keys") is not None:
-            rows += f" ({c['pending_keys']:,} more keys seen, not admitted yet)"
-        copy = c.get("read_from_copy")
-        lines.append(
-            f"  stores {(copy or c)['stores_dir']} at commit {(copy or c)['commit']}: {rows}, "
-            f"{_size(c['store_bytes'])} on disk"
-            + (f" ({_size(added)} added)" if added is not None else "")
+def _header_lines(c: dict[str, Any]) -> list[str]:
+    """A checkpoint's position, versions, layout, metrics and files."""
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in c["metrics"].items() if k != "examples")
+    days = c["days"]
+    day_text = f"{days[0]}..{days[-1]}" if len(days) > 1 else (days[0] if days else "-")
+    # pass-000004 is taken after pass 4 (passes count from 1 over the run, as in
+    # metrics.jsonl); checkpoints before pass_in_epoch was recorded counted epochs from 0
+    epoch = f" (epoch {c['epoch']})" if c.get("pass_in_epoch") is not None else ""
+    return [
+        f"{c['name']} ({c['kind']}, {c['created']}): after pass {c['passes_done']}{epoch}, "
+        f"step {c['step']}, days {day_text}",
+        f"  daskhps {c['daskhps_version']}, format {c['format']}; model {c['model']}, "
+        + (
+            f"table {c['table']['name']} dim {c['table']['dim']} ({c['table']['optimizer']})"
+            if len(c.get("tables") or []) <= 1
+            else f"{len(c['tables'])} tables"
         )
-        if copy:
-            lines.append(f"  stores: read from the copy at {copy['checkpoint']}: {copy['why']}")
-        if len(c.get("tables") or []) > 1:
-            lines += [f"  {_table_line(t)}" for t in c["tables"]]
-        if c.get("lifecycle"):
-            lines.append(
-                "  keys admitted / rows expired per day: "
-                + ", ".join(
-                    f"{day} +{v['admitted']:,} / -{v['expired']:,}"
-                    for day, v in sorted(c["lifecycle"].items())
-                )
+        + f", {c['num_shards']} shards on {c['num_workers']} workers",
+        f"  metrics: {metrics or '-'}; train loss {c['train_loss']}",
+        "  files: "
+        + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())
+        + (f"; written in {c['seconds']:.2f} s" if c.get("seconds") is not None else ""),
+    ]
+
+
+def _store_lines(c: dict[str, Any]) -> list[str]:
+    """A checkpoint's stores: rows and bytes, in all, per table, per day and per rank."""
+    added = c.get("store_bytes_added")
+    unread = any(s["store_rows"] is None for s in c["shards"])
+    rows = "rows unknown" if unread else f"{c['rows']:,} rows"
+    if c.get("pending_keys") is not None:
+        rows += f" ({c['pending_keys']:,} more keys seen, not admitted yet)"
+    copy = c.get("read_from_copy")
+    lines = [
+        f"  stores {(copy or c)['stores_dir']} at commit {(copy or c)['commit']}: {rows}, "
+        f"{_size(c['store_bytes'])} on disk"
+        + (f" ({_size(added)} added)" if added is not None else "")
+    ]
+    if copy:
+        lines.append(f"  stores: read from the copy at {copy['checkpoint']}: {copy['why']}")
+    if len(c.get("tables") or []) > 1:
+        lines += [f"  {_table_line(t)}" for t in c["tables"]]
+    if c.get("lifecycle"):
+        lines.append(
+            "  keys admitted / rows expired per day: "
+            + ", ".join(
+                f"{day} +{v['admitted']:,} / -{v['expired']:,}"
+                for day, v in sorted(c["lifecycle"].items())
             )
-        for s in c["shards"]:
-            if s["store_rows"] is not None:
-                store = f"{s['store_rows']:,} rows"
-            else:
-                store = "damaged" if s["damage"] else "unreadable"
-            lines.append(
-                f"    rank {s['rank']}: store {store}, device {s.get('device_rows', '?')}"
-                f", host {s.get('host_rows', '?')} rows resident when taken"
-            )
-        lines.append(_checked(c))
-        lines += [f"  DAMAGED {d}" for d in c["damage"]]
-    for s in info.get("skipped", []):
-        lines.append(f"{s['name']}: {s['kind']}, never loaded: {s['reason']}")
+        )
+    for s in c["shards"]:
+        if s["store_rows"] is not None:
+            store = f"{s['store_rows']:,} rows"
+        else:
+            store = "damaged" if s["damage"] else "unreadable"
+        lines.append(
+            f"    rank {s['rank']}: store {store}, device {s.get('device_rows', '?')}"
+            f", host {s.get('host_rows', '?')} rows resident when taken"
+        )
+    return lines
+
+
+def _damage_lines(info: dict[str, Any]) -> list[str]:
+    """The folders never loaded, and what to do about the damaged ones."""
+    lines = [
+        f"{s['name']}: {s['kind']}, never loaded: {s['reason']}" for s in info.get("skipped", [])
+    ]
     files = [s["name"] for s in info.get("skipped", []) if s["kind"] in _DAMAGE]
     stores = [c["name"] for c in info["checkpoints"] if c["damage"]]
     if files:
@@ -338,4 +347,17 @@ def render(info: dict[str, Any]) -> str:
             f"damaged stores: {', '.join(stores)}: resuming or scoring from these fails; pick "
             "an intact checkpoint (--checkpoint NAME) or restore the stores from a backup"
         )
+    return lines
+
+
+def render(info: dict[str, Any]) -> str:
+    """Human-readable lines of :func:`describe`'s result."""
+    lines = []
+    if info.get("run_dir"):
+        skipped = f", {len(info['skipped'])} never loaded" if info.get("skipped") else ""
+        lines.append(f"run {info['run_dir']}: {len(info['checkpoints'])} checkpoint(s){skipped}")
+    for c in info["checkpoints"]:
+        lines += _header_lines(c) + _store_lines(c) + [_checked(c)]
+        lines += [f"  DAMAGED {d}" for d in c["damage"]]
+    lines += _damage_lines(info)
     return "\n".join(lines)
