@@ -9,9 +9,9 @@ already up; the runs of a session then pay the start once per cluster shape. Tes
 embedded cluster itself (a run starting and stopping its own, Ctrl-C, a killed driver whose
 workers must exit) keep starting their own.
 
-The clusters are worker processes with 1 GiB each, like the tests' embedded ones, and no
-Client of their own: a default Client left behind would send every other test's ``compute()``
-to them.
+The clusters are worker processes of :data:`WORKER_MEMORY` each, like the tests' embedded ones,
+and no Client of their own: a default Client left behind would send every other test's
+``compute()`` to them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distributed import LocalCluster
 
-__all__ = ["SharedClusters"]
+__all__ = ["WORKER_MEMORY", "SharedClusters"]
+
+# Each test worker's memory limit. A warm worker (torch, pandas, zarr and daskhps imported, a
+# run trained) sits at about 0.5 GiB with the CPU build of torch and 0.85 GiB with the CUDA
+# build, whose libraries alone add a third of a GiB: at 1 GiB the CUDA build put every worker
+# past Dask's pause line (80%), and a paused worker's tasks wait for ever. 2 GiB leaves either
+# build a margin (tests/distributed/test_worker_margin.py measures it).
+WORKER_MEMORY = "2GiB"
 
 
 class SharedClusters:
@@ -46,7 +53,7 @@ class SharedClusters:
             self._clusters[key] = LocalCluster(
                 n_workers=workers,
                 threads_per_worker=threads,
-                memory_limit="1GiB",
+                memory_limit=WORKER_MEMORY,
                 processes=True,
                 dashboard_address="127.0.0.1:0",
                 scheduler_kwargs={"dashboard": False},

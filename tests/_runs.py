@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from daskhps.training.killpoints import ENV
+from tests._clusters import WORKER_MEMORY
 
 _TINY: dict[str, Any] = {
     "run": {"seed": 1, "quiet": True},
@@ -30,7 +31,7 @@ _TINY: dict[str, Any] = {
     "cluster": {
         "n_workers": 1,
         "threads_per_worker": 2,  # pass k+1 staged while pass k trains
-        "memory_limit": "1GiB",
+        "memory_limit": WORKER_MEMORY,
         "gpu": False,
         "dashboard_address": None,
     },

@@ -47,6 +47,7 @@ import yaml
 from daskhps.cli import build_parser
 from daskhps.config.runconfig import load_config
 from daskhps.errors import DaskHPSError
+from tests._clusters import WORKER_MEMORY
 from tests._signals import default_dispositions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ SHRINK: dict[str, Any] = {
     "passes": {"examples_per_pass": 500, "global_batch_size": 100, "num_shards": 4},
     "table": {"dim": 4},  # its tiers: the same fractions, of a smaller worker
     "model": {"options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-    "cluster": {"n_workers": 1, "memory_limit": "1GiB", "dashboard_address": None},
+    "cluster": {"n_workers": 1, "memory_limit": WORKER_MEMORY, "dashboard_address": None},
 }
 BLOCK_TIMEOUT_S = 300
 # Programs a block may call that a minimal machine lacks: such a block is reported, not run.

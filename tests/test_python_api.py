@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._clusters import WORKER_MEMORY
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "python-api.md"
 
@@ -26,7 +28,7 @@ TINY = {
     "table": {"dim": 4, "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}}},
     "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
     # worker processes, started by spawn: what the guard is for
-    "cluster": {"n_workers": 1, "threads_per_worker": 2, "memory_limit": "1GiB",
+    "cluster": {"n_workers": 1, "threads_per_worker": 2, "memory_limit": WORKER_MEMORY,
                 "processes": True, "gpu": False},
 }  # fmt: skip
 

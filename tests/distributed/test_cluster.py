@@ -21,6 +21,7 @@ from daskhps.distributed import (
 from daskhps.passes.owners import worker_addresses
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
+from tests._clusters import WORKER_MEMORY
 from tests.distributed import _tasks
 
 SPEC = TableSpec(_tasks.TABLE, dim=4, optimizer=OptimizerSpec(kind="sgd", lr=1.0), seed=1)
@@ -29,7 +30,10 @@ SPEC = TableSpec(_tasks.TABLE, dim=4, optimizer=OptimizerSpec(kind="sgd", lr=1.0
 @pytest.fixture(scope="module")
 def cluster():
     with start_cluster(
-        n_workers=2, threads_per_worker=2, memory_limit="1GiB", dashboard_address="127.0.0.1:0"
+        n_workers=2,
+        threads_per_worker=2,
+        memory_limit=WORKER_MEMORY,
+        dashboard_address="127.0.0.1:0",
     ) as handle:
         yield handle
 
@@ -132,7 +136,7 @@ def test_rank_that_cannot_join_fails_within_timeout():
 @pytest.mark.slow
 def test_worker_killed_fails_the_run_with_a_clear_error():
     with start_cluster(
-        n_workers=2, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None
+        n_workers=2, threads_per_worker=1, memory_limit=WORKER_MEMORY, dashboard_address=None
     ) as handle:
         # Mid-collective: rank 0's all-reduce fails as soon as rank 1's process is gone.
         group = RunGroup.start(handle.client, timeout_s=5)

@@ -28,6 +28,7 @@ from daskhps.monitor import announce_pass, metric_name
 from daskhps.passes import PassConfig, build_plan, place_on_workers, plan_owner_keys
 from daskhps.sharding import ShardMap
 from daskhps.table import OptimizerSpec, TableSpec
+from tests._clusters import WORKER_MEMORY
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,7 +54,7 @@ def staged(tmp_path_factory: pytest.TempPathFactory, busy_port: int) -> Iterator
     handle = start_cluster(
         n_workers=2,
         threads_per_worker=1,
-        memory_limit="1GiB",
+        memory_limit=WORKER_MEMORY,
         processes=True,
         dashboard_address=f"127.0.0.1:{busy_port}",
     )

@@ -16,6 +16,7 @@ import pytest
 from daskhps.monitor.report import PLOTS, load_run
 from daskhps.training.checkpoint import list_checkpoints
 from daskhps.training.inspection import describe, render
+from tests._clusters import WORKER_MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +55,12 @@ def test_terminal_metrics_report_plots_and_checkpoints_agree(tmp_path: Path) -> 
         "passes": {"epochs": 2, "examples_per_pass": 400, "global_batch_size": 100},
         "table": {"dim": 4, "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}}},
         "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "cluster": {"n_workers": 1, "threads_per_worker": 2, "memory_limit": "1GiB", "gpu": False},
+        "cluster": {
+            "n_workers": 1,
+            "threads_per_worker": 2,
+            "memory_limit": WORKER_MEMORY,
+            "gpu": False,
+        },
         "checkpoint": {"every_passes": 1, "keep": 10},
     }
     path = tmp_path / "numbers.yaml"

@@ -18,6 +18,7 @@ from matplotlib.image import imread
 from daskhps.cli import main
 from daskhps.errors import DataError
 from daskhps.monitor.report import PLOTS, load_run, write_report
+from tests._clusters import WORKER_MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -166,7 +167,7 @@ def test_quiet_training_writes_the_report_and_only_warnings(tmp_path):
         "passes": {"epochs": 1, "examples_per_pass": 500, "global_batch_size": 100},
         "table": {"dim": 4, "tiers": {"device": {"rows": 50_000}, "host": {"fraction": 0.05}}},
         "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 4], "top_mlp": [8]}},
-        "cluster": {"n_workers": 1, "threads_per_worker": 2, "memory_limit": "1GiB"},
+        "cluster": {"n_workers": 1, "threads_per_worker": 2, "memory_limit": WORKER_MEMORY},
     }
     path = tmp_path / "quiet.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML

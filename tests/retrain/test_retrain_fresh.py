@@ -16,6 +16,7 @@ import pytest
 
 from daskhps.cli import main
 from daskhps.retrain import ExitCode, Registry
+from tests._clusters import WORKER_MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -25,7 +26,7 @@ SMALL = [
     "passes.examples_per_pass=1000",
     "passes.global_batch_size=250",
     "cluster.n_workers=1",
-    "cluster.memory_limit=1GiB",
+    f"cluster.memory_limit={WORKER_MEMORY}",
     "retrain.max_auc_drop=0.05",  # a few thousand rows: the guard is not the point here
     "retrain.max_logloss_rise=0.05",
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._clusters import WORKER_MEMORY
 from tests._scripts import SCRIPTS, run_script
 
 
@@ -162,7 +163,7 @@ def test_bench_scale_quick(tmp_path: Path) -> None:
         "--workers",
         "1",
         "--memory-limit",
-        "1GiB",
+        WORKER_MEMORY,
         timeout=600,
     )
     by_name = {r["name"].split(",")[0]: r for r in recs}

@@ -22,7 +22,7 @@ from daskhps.serve.export import META
 from daskhps.serve.predict import SUMMARY
 from daskhps.training.checkpoint import DENSE, MANIFEST, latest_checkpoint, scan_checkpoints
 from daskhps.training.trainer import Trainer
-from tests._clusters import SharedClusters
+from tests._clusters import WORKER_MEMORY, SharedClusters
 from tests._logs import generated_logs
 from tests._runs import tiny_config
 
@@ -226,7 +226,7 @@ def test_resume_onto_damaged_stores_stops_before_any_worker(
     d["table"]["tiers"]["store_dir"] = str(run / "stores")
     # the embedded cluster, whose workers share this disk: the driver checks the stores
     # before any worker starts (a cluster's workers check their own, once it is reached)
-    d["cluster"] = {**d["cluster"], "address": None, "n_workers": 1, "memory_limit": "1GiB"}
+    d["cluster"] = {**d["cluster"], "address": None, "n_workers": 1, "memory_limit": WORKER_MEMORY}
     path = run.parent / "resume.yaml"
     path.write_text(yaml.safe_dump(d))
     assert main(["train", str(path), "--resume"]) == 1
