@@ -29,11 +29,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from daskhps.tiers._index import MIN_CAPACITY, MIN_SCRATCH, PROBE_CHUNK, KeyIndex
 from daskhps.tiers.host import rows_for_bytes
 from daskhps.tiers.store.options import StoreOptions
 
 __all__ = [
+    "CUDA_BUILD_BYTES",
     "INDEX_SCRATCH_PER_KEY",
     "INSERT_BYTES_PER_KEY",
     "OPEN_BYTES_PER_ROW",
@@ -60,7 +63,11 @@ DENSE_STATE = {"sgd": 0, "adagrad": 1, "adam": 2}
 # A CPU Dask worker's resident memory once it has trained (imports, allocator arenas, Dask's
 # own bookkeeping), measured beside the model's parts by scripts/bench_sizing.py: the peak of
 # a run less everything else the plan counts. A GPU worker adds its CUDA context.
-WORKER_PROCESS_BYTES = 560 << 20
+# The CUDA build of torch maps its CUDA libraries into every process that imports it, with a
+# GPU or without one: a warm worker then sits about 375 MiB higher than with the CPU build (880
+# against 505 MiB for the same tiny run, measured on one machine with each build).
+CUDA_BUILD_BYTES = (375 << 20) if torch.version.cuda else 0
+WORKER_PROCESS_BYTES = (560 << 20) + CUDA_BUILD_BYTES
 # Opening a store whose commit has an index snapshot reads its keys and row locations whole
 # (int64 each) before the index takes them; segments replayed after it are read one at a time.
 # Growing an index reads its items out the same way.
