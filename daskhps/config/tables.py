@@ -38,7 +38,7 @@ from daskhps.config.table import (
 from daskhps.data.keyspace import MAX_TABLES
 from daskhps.data.schema import _expand
 from daskhps.models.spec import ModelSpec
-from daskhps.options import Ctx, Int, Options, Problem, Seq, shown, validate
+from daskhps.options import Ctx, Int, Options, Problem, Seq, closest, shown, validate
 from daskhps.table.admission import AdmissionRule
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.table.spec import TableSpec
@@ -93,27 +93,40 @@ def _feature_names(written: Any, dim: Any) -> Any:
     if not isinstance(written, list | tuple):
         return written  # the field says what it expects
     for i, item in enumerate(written):
-        if not isinstance(item, Mapping):
-            continue
-        for k in item:
-            if k not in _FEATURE_KEYS:
-                raise Problem(
-                    f"features[{i}].{k}",
-                    f"unknown key; a feature is a field name or a mapping with keys "
-                    f"{', '.join(_FEATURE_KEYS)}",
-                )
-        fdim = item.get("dim")
-        if fdim is None or not isinstance(dim, int):
-            continue
-        if isinstance(fdim, bool) or not isinstance(fdim, int | float):
-            raise Problem(f"features[{i}].dim", f"expected int, got {type(fdim).__name__} {fdim!r}")
-        if fdim != dim:
-            raise Problem(
-                f"features[{i}].dim",
-                f"{fdim!r} differs from the table's dim {dim}; the features of a table share "
-                f"its dim: list {item.get('name')!r} in a table of dim {fdim!r}, or drop its dim",
-            )
+        if isinstance(item, Mapping):
+            _check_feature(item, f"features[{i}]", dim)
     return [name for _, name in feature_items(written)]
+
+
+def _check_feature(item: Mapping[Any, Any], key: str, dim: Any) -> None:
+    """A feature written as a mapping: its keys, its name, then its dim (each checked before
+    the next reads it: a ``dim`` is compared only once it is a dim, of a named feature)."""
+    for k in item:
+        if k not in _FEATURE_KEYS:
+            hint = closest(str(k), _FEATURE_KEYS)
+            did = f"did you mean {hint!r}? " if hint else ""
+            raise Problem(
+                f"{key}.{k}",
+                f"unknown key; {did}a feature is a field name or a mapping with keys "
+                f"{', '.join(_FEATURE_KEYS)}",
+            )
+    if not isinstance(item.get("name"), str):  # said before a dim that may differ
+        raise Problem(key, f"expected a field name or a mapping with keys name, dim; got {item!r}")
+    fdim = item.get("dim")
+    if fdim is None:
+        return
+    if isinstance(fdim, float) and fdim.is_integer():
+        fdim = int(fdim)  # YAML's 1e1 (as Int reads a table's dim)
+    if isinstance(fdim, bool) or not isinstance(fdim, int):
+        raise Problem(f"{key}.dim", f"expected int, got {type(fdim).__name__} {fdim!r}")
+    if fdim < 1:  # a dim no table can have: not one to go and list the feature under
+        raise Problem(f"{key}.dim", f"must be >= 1, got {fdim!r}")
+    if isinstance(dim, int) and fdim != dim:
+        raise Problem(
+            f"{key}.dim",
+            f"{fdim!r} differs from the table's dim {dim}; the features of a table share "
+            f"its dim: list {item['name']!r} in a table of dim {fdim!r}, or drop its dim",
+        )
 
 
 class TableTiersConfig(Options):

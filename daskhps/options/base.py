@@ -125,7 +125,8 @@ _BOUNDS = {
 
 
 def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: str) -> ConfigError:
-    err = e.errors(include_url=False)[0]
+    errors = e.errors(include_url=False)
+    err, missing = _first(errors)
     key, node, field, declared = _walk(model, err["loc"], prefix)
     kind, value = err["type"], err.get("input")
     info = err.get("ctx") or {}
@@ -135,7 +136,7 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
     if kind == "extra_forbidden":
         allowed = node.key_names()
         name = str(err["loc"][-1])
-        hint = closest(name, list(allowed))
+        hint = closest(name, missing) or closest(name, list(allowed))
         did = f"did you mean {join(_parent(key), hint)!r}? " if hint else ""
         return ctx.error(key, f"unknown key; {did}allowed keys: {', '.join(allowed)}")
     if kind == "missing":
@@ -162,6 +163,22 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
     if field is not None:  # a type error: say what the declaration allows
         return ctx.error(key, f"expected {type_name(field)}, got {type(value).__name__} {value!r}")
     return ctx.error(key, err["msg"])
+
+
+def _first(errors: list[Any]) -> tuple[Any, list[str]]:
+    """The error to report, and the required keys missing from its mapping. pydantic lists
+    a missing key before an unknown one, but a required key misspelled (``featurs:``) is
+    both, and only the unknown key has a line and a key to suggest (the missing ones first):
+    an unknown key of the mapping of the first missing one is reported instead."""
+    first = errors[0]
+    if first["type"] != "missing":
+        return first, []
+    at = first["loc"][:-1]
+    missing = [str(x["loc"][-1]) for x in errors if x["type"] == "missing" and x["loc"][:-1] == at]
+    for x in errors:
+        if x["type"] == "extra_forbidden" and x["loc"][:-1] == at:
+            return x, missing
+    return first, []
 
 
 def _length(kind: str, info: Mapping[str, Any]) -> str:

@@ -33,12 +33,22 @@ def _parent(key: str) -> str:
     return key.rpartition(".")[0]
 
 
+def _ancestors(key: str) -> Iterator[str]:
+    """``key``, then each key above it (``a.b[0].c``, ``a.b[0]``, ``a.b``, ``a``)."""
+    while key:
+        yield key
+        key = _parent(key)
+
+
 def closest(name: str, candidates: Sequence[str]) -> str | None:
     """The candidate most like ``name`` (typos, a missing section prefix), or None."""
     found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     if not found:  # "dim" for "table.dim": match on the last component too
         tail = name.rpartition(".")[2]
         found = [c for c in candidates if c.rpartition(".")[2] == tail][:1]
+    if not found:  # "ttl" for "ttl_days": too short for difflib; the one key it begins
+        found = [c for c in candidates if c.startswith(name + "_")]
+        found = found if len(found) == 1 else []
     return found[0] if found else None
 
 
@@ -52,14 +62,17 @@ class Ctx:
     overridden: frozenset[str] = frozenset()
 
     def where(self, key: str) -> str:
-        """``file:line`` of ``key`` or of its nearest ancestor that the file names."""
-        k = key
-        while k:
+        """``file (--set k)`` when ``key`` or a key above it was set by ``--set k``, else
+        ``file:line`` of ``key`` or of its nearest ancestor that the file names."""
+        # A --set value replaces all of the file's value below its key: a key inside it is
+        # the override's even where the file wrote the same key (``--set tables=[...]`` over
+        # a file's ``tables``), so the overrides are looked at before any line.
+        for k in _ancestors(key):
             if k in self.overridden:
                 return f"{self.source} (--set {k})"
+        for k in _ancestors(key):
             if k in self.lines:
                 return f"{self.source}:{self.lines[k]}"
-            k = _parent(k)
         return self.source
 
     def error(self, key: str, message: str) -> ConfigError:

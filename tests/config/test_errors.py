@@ -68,6 +68,9 @@ CASES = [
     (MINIMAL + "table:\n  expiry:\n    ttl_days: -1\n", "table.expiry.ttl_days", 5, ">= 1"),
     (MINIMAL + "table:\n  expiry:\n    max_rows: 0\n", "table.expiry.max_rows", 5, ">= 1"),
     (MINIMAL + "table:\n  expiry:\n    score: fifo\n", "table.expiry.score", 5, "'lru'"),
+    # too short for a close match, but the one key it begins
+    (MINIMAL + "table:\n  expiry:\n    ttl: 3\n", "table.expiry.ttl", 5,
+     "did you mean 'table.expiry.ttl_days'?"),
     (MINIMAL + "table:\n  tiers:\n    device: {fraction: 0.5}\n    host: {fraction: 0.3}\n",
      "table.tiers", 4, "Dask pauses a worker at 80%"),
     (MINIMAL + "cluster: {memory_limit: 1GiB}\n"

@@ -247,6 +247,34 @@ CASES = [
      "tables[0].features[0].size", "{name: C4", "mapping with keys name, dim"),
     (MINIMAL + "tables:\n  - name: t\n    features: [7]\n", "tables[0].features[0]", "features:",
      "expected a field name"),
+    # a required key misspelled: the misspelling's line and the key it should be, not the
+    # entry's first line saying the key is missing
+    (TWO + "  - name: small\n    dim: 8\n    featurs: [C5]\n", "tables[1].featurs", "featurs",
+     "unknown key; did you mean 'tables[1].features'?"),
+    (MINIMAL + "tables:\n  - features: [C1]\n    nmae: t\n", "tables[0].nmae", "nmae",
+     "did you mean 'tables[0].name'?"),
+    # a feature's own dim is checked as a dim before it is compared with the table's
+    (MINIMAL + "tables:\n  - name: t\n    dim: 8\n    features:\n      - {name: C12, dim: 0}\n",
+     "tables[0].features[0].dim", "{name: C12", "must be >= 1, got 0"),
+    (MINIMAL + "tables:\n  - name: t\n    features:\n      - {name: C12, dim: -4}\n",
+     "tables[0].features[0].dim", "{name: C12", "must be >= 1, got -4"),
+    (MINIMAL + "tables:\n  - name: t\n    dim: 8\n    features:\n      - {name: C12, dim: 8.5}\n",
+     "tables[0].features[0].dim", "{name: C12", "expected int, got float 8.5"),
+    (MINIMAL + "tables:\n  - name: t\n    features:\n      - C3\n      - {dim: 8}\n",
+     "tables[0].features[1]", "{dim: 8}", "expected a field name or a mapping with keys name"),
+    (MINIMAL + "tables:\n  - name: t\n    features:\n      - {name: C4, dimm: 16}\n",
+     "tables[0].features[0].dimm", "{name: C4", "unknown key; did you mean 'dim'?"),
+    # a key of an entry's sub-mappings misspelled
+    (TWO + "    expiry:\n      ttl: 2\n", "tables[0].expiry.ttl", "ttl:",
+     "did you mean 'tables[0].expiry.ttl_days'?"),
+    (TWO + "    tiers:\n      devise: {rows: 10}\n", "tables[0].tiers.devise", "devise",
+     "did you mean 'tables[0].tiers.device'?"),
+    (TWO + "    tiers: {device: {rowz: 10}}\n", "tables[0].tiers.device.rowz", "tiers:",
+     "did you mean 'tables[0].tiers.device.rows'?"),
+    (TWO + "    optimizer:\n      kindd: adam\n", "tables[0].optimizer.kindd", "kindd",
+     "did you mean 'tables[0].optimizer.kind'?"),
+    (TWO + "    admission: {min_cnt: 2}\n", "tables[0].admission.min_cnt", "admission:",
+     "did you mean 'tables[0].admission.min_count'?"),
     # a model that needs one width, given two
     (TWO + "model:\n  name: dlrm\n  options:\n    field_projection: false\n",
      "model.options.field_projection", "field_projection: false",
@@ -298,6 +326,26 @@ def test_set_takes_the_list_whole(tmp_path: Path) -> None:
     assert cfg.field_dims()[2:4] == (32, 32)
     msg = error(tmp_path, MINIMAL, "tables.dim=8")
     assert "tables is a list; set it whole" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "words"),
+    [
+        ("[{name: a, features: [C99]}]", "tables[0].features[0]", "'C99' is not a field"),
+        ("[{name: a, dim: -3, features: [C1]}]", "tables[0].dim", "must be >= 1, got -3"),
+        ("[{name: a, featurs: [C1]}]", "tables[0].featurs", "did you mean 'tables[0].features'"),
+        ("[{name: a, features: [C1]}, {name: a, features: [C2]}]", "tables[1].name",
+         "'a' is the name of tables[0] too"),
+    ],
+)  # fmt: skip
+def test_an_error_inside_a_set_list_names_the_set(
+    tmp_path: Path, value: str, key: str, words: str
+) -> None:
+    # the file's own tables (whose lines the file has) are replaced by the --set value
+    msg = error(tmp_path, TWO + "  - name: b\n    dim: 8\n    features: [C1, C2]\n",
+                f"tables={value}")  # fmt: skip
+    assert located(msg, Path(f"{tmp_path / 'run.yaml'} (--set tables)"), key), msg
+    assert words in msg and "\n" not in msg, msg
 
 
 def test_the_example_of_the_document_is_the_one_tested() -> None:
