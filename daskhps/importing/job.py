@@ -261,12 +261,15 @@ def _commit_of(staged: dict[str, Any]) -> dict[str, Any]:
 def _shard_record(staged: dict[str, Any]) -> dict[str, Any]:
     """A rank's record in the checkpoint, from what :meth:`StagedStores.finish` says of it
     (several tables: :func:`_rank_records`): its stores' bytes and its commit's identity
-    (the first table's; with several, every table's in ``tables``), nothing in the device or
-    host tier."""
+    (the first table's; with several, every table's commit and bytes in ``tables``), nothing
+    in the device or host tier."""
     record = {"rank": staged["rank"], "device_rows": 0, "host_rows": 0}
     out = {**record, "store_bytes": staged["store_bytes"], **_commit_of(staged)}
     if "tables" in staged:
-        out["tables"] = {name: _commit_of(t) for name, t in staged["tables"].items()}
+        out["tables"] = {  # each table's bytes too: inspect's table lines add up
+            name: {**_commit_of(t), "store_bytes": t["store_bytes"]}
+            for name, t in staged["tables"].items()
+        }
     return out
 
 

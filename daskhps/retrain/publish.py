@@ -60,8 +60,9 @@ def _version_shard(
     record itself, every table's under ``tables`` (several tables)."""
     ids = {t: CommitId(c.seq, c.time, c.rows).to_json() for t, c in commits.items()}
     out = {**shard, **ids[first]}
-    if several:
-        out["tables"] = ids
+    if several:  # each table's bytes stay: the version's stores are the candidate's
+        tables = shard.get("tables", {})
+        out["tables"] = {t: {**tables.get(t, {}), **ids[t]} for t in ids}
     return out
 
 

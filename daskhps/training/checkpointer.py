@@ -213,8 +213,14 @@ class Checkpointer:
                 # which commit of that name: a later one (another run) is damage
                 **commit_record(c[first]),
             }
-            if len(specs) > 1:
-                shard["tables"] = {spec.name: commit_record(c[spec.name]) for spec in specs}
+            if len(specs) > 1:  # each table's bytes too: inspect's table lines add up
+                shard["tables"] = {
+                    spec.name: {
+                        **commit_record(c[spec.name]),
+                        "store_bytes": int(t["store"].get("bytes_on_disk", 0)),
+                    }
+                    for spec, t in zip(specs, ts, strict=True)
+                }
             shards.append(shard)
         return {
             "kind": kind,

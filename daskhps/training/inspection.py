@@ -40,18 +40,29 @@ __all__ = ["describe", "describe_checkpoint", "render"]
 _DAMAGE = ("unreadable", "damaged")
 
 
-def _store_rows(
-    ckpt: Checkpoint, rank: int, table: str
-) -> tuple[int | None, int | None, int | None]:
-    """Rows of rank ``rank``'s store of ``table`` at the checkpoint, its keys waiting for
-    admission (None for a store without pending counts) and its bytes on disk."""
+def _store_rows(ckpt: Checkpoint, rank: int, table: str) -> tuple[int | None, int | None]:
+    """Rows of rank ``rank``'s store of ``table`` at the checkpoint and its keys waiting for
+    admission (None for a store without pending counts)."""
     try:
         with ckpt.open_store(rank, table=table) as store:
             pending = store.attached(PendingCounts.KEYS)
-            on_disk = int(store.stats.extra.get("bytes_on_disk", 0))
-            return len(store), None if pending is None else len(pending), on_disk
+            return len(store), None if pending is None else len(pending)
     except (DaskHPSError, OSError):
-        return None, None, None  # moved, deleted or damaged: the manifest still says what was there
+        return None, None  # moved, deleted or damaged: the manifest still says what was there
+
+
+def _bytes_when_taken(ckpt: Checkpoint, shard: dict[str, Any], table: str) -> int | None:
+    """The bytes on disk of the shard's store of ``table`` when the checkpoint was taken, as
+    its manifest records them; None where it does not (a shard record without its bytes, or
+    a table of several in a checkpoint made before each table's were recorded).
+
+    Not measured now: a store's folder keeps growing with the commits after this one, so
+    its size today is the same for every checkpoint of the run and adds up to none of them.
+    """
+    if len(ckpt.table_names) > 1:
+        shard = shard.get("tables", {}).get(table, {})
+    value = shard.get("store_bytes")
+    return None if value is None else int(value)
 
 
 def _total(values: list[int | None]) -> int | None:
@@ -60,20 +71,20 @@ def _total(values: list[int | None]) -> int | None:
 
 
 def _rank_tables(
-    ckpt: Checkpoint, stores: Checkpoint, checks: dict[str, Any], rank: int
+    ckpt: Checkpoint, stores: Checkpoint, checks: dict[str, Any], shard: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """Rank ``rank``'s store of every table: rows, pending keys, bytes, what checking found."""
+    """The shard's rank's store of every table: rows, pending keys, bytes, what checking
+    found."""
+    rank = int(shard["rank"])
     out = {}
     for table in ckpt.table_names:
         found = checks[table][rank]
         # A damaged store is not opened: the damage says more than the error would.
-        rows, pending, on_disk = (
-            _store_rows(stores, rank, table) if found.ok else (None, None, None)
-        )
+        rows, pending = _store_rows(stores, rank, table) if found.ok else (None, None)
         out[table] = {
             "store_rows": rows,
             "pending_keys": pending,
-            "bytes_on_disk": on_disk,
+            "store_bytes": _bytes_when_taken(ckpt, shard, table),
             "segments": found.segments,
             "snapshots": found.snapshots,
             "without_checksum": found.without_checksum,
@@ -112,7 +123,8 @@ def _table_entry(layout: dict[str, Any], shards: list[dict[str, Any]]) -> dict[s
         "optimizer": layout.get("optimizer"),
         "rows": _total([p["store_rows"] for p in parts]),
         "pending_keys": sum(pending) if pending else None,
-        "bytes_on_disk": _total([p["bytes_on_disk"] for p in parts]),
+        # its share of the checkpoint's store_bytes: its stores' bytes when it was taken
+        "store_bytes": _total([p["store_bytes"] for p in parts]),
     }
 
 
@@ -122,7 +134,9 @@ def _totals(shards: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "rows": sum(s["store_rows"] or 0 for s in shards),
         "pending_keys": None if all(p is None for p in pending) else sum(p or 0 for p in pending),
-        "store_bytes": sum(int(s.get("store_bytes", 0)) for s in shards),
+        # the stores' folders when the checkpoint was taken: the segments of the earlier
+        # commits they still held included, each segment once; what its tables' add up to
+        "store_bytes": _total([s.get("store_bytes") for s in shards]),
         "segments": sum(s["segments"] for s in shards),
         "snapshots": sum(s["snapshots"] for s in shards),
         "without_checksum": sum(s["without_checksum"] for s in shards),
@@ -137,7 +151,7 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
     reading = stores_here(ckpt, checker, avoid_damage=False)
     stores = reading.require()  # its own stores, or its copy's; else one line naming both
     shards = [
-        _shard_entry(s, _rank_tables(ckpt, stores, reading.checks, int(s["rank"])))
+        _shard_entry(s, _rank_tables(ckpt, stores, reading.checks, s))
         for s in ckpt.shards or [{"rank": r} for r in range(ckpt.num_workers)]
     ]
     table = ckpt.table
@@ -175,7 +189,7 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
             "dim": table["dim"],
             "optimizer": table.get("optimizer"),
         },
-        # every table (one: the run's table): its rows and bytes
+        # every table (one: the run's table): its rows and bytes when taken
         "tables": [_table_entry(layout, shards) for layout in ckpt.tables or [table]],
         "model": ckpt.run_config.get("model", {}).get("name"),
         "files": {k: v["size"] for k, v in ckpt.files.items()},
@@ -211,10 +225,12 @@ def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str,
         if not found and not skipped:
             raise CheckpointError(f"{folder} holds no checkpoint")
         described = [describe_checkpoint(c, checker) for c in found]
-        prev = 0
-        for d in described:  # how much each checkpoint added to the stores
-            d["store_bytes_added"] = d["store_bytes"] - prev
-            prev = d["store_bytes"]
+        prev = None
+        for d in described:  # how much the stores grew since the checkpoint before
+            known = prev is not None and None not in (d["store_bytes"], prev["store_bytes"])
+            d["store_bytes_added"] = d["store_bytes"] - prev["store_bytes"] if known else None
+            d["store_bytes_since"] = prev["name"] if known else None
+            prev = d
         run_dir: str | None = str(p)
     else:
         # One checkpoint folder: a damaged or incomplete one is described, not refused.
@@ -264,8 +280,9 @@ def _table_line(t: dict[str, Any]) -> str:
     rows = "rows unknown" if t["rows"] is None else f"{t['rows']:,} rows"
     if t.get("pending_keys") is not None:
         rows += f" ({t['pending_keys']:,} more keys seen, not admitted yet)"
-    on_disk = "" if t["bytes_on_disk"] is None else f", {_size(t['bytes_on_disk'])} on disk"
-    return f"table {t['name']} dim {t['dim']} ({t['optimizer']}): {rows}{on_disk}"
+    if t["store_bytes"] is not None:  # its part of the checkpoint's bytes on disk
+        rows += f", {_size(t['store_bytes'])} on disk when taken"
+    return f"table {t['name']} dim {t['dim']} ({t['optimizer']}): {rows}"
 
 
 def _header_lines(c: dict[str, Any]) -> list[str]:
@@ -293,19 +310,28 @@ def _header_lines(c: dict[str, Any]) -> list[str]:
     ]
 
 
+def _store_bytes(c: dict[str, Any]) -> str:
+    """The stores' bytes when the checkpoint was taken (what its tables' lines add up to),
+    and how much more or less than at the checkpoint before."""
+    if c["store_bytes"] is None:
+        return ""  # not recorded by the daskhps that took it
+    text = f", {_size(c['store_bytes'])} on disk when taken"
+    added = c.get("store_bytes_added")
+    if added is not None:
+        text += f" ({_size(abs(added))} {'more' if added >= 0 else 'less'} than "
+        text += f"{c['store_bytes_since']})"
+    return text
+
+
 def _store_lines(c: dict[str, Any]) -> list[str]:
     """A checkpoint's stores: rows and bytes, in all, per table, per day and per rank."""
-    added = c.get("store_bytes_added")
     unread = any(s["store_rows"] is None for s in c["shards"])
     rows = "rows unknown" if unread else f"{c['rows']:,} rows"
     if c.get("pending_keys") is not None:
         rows += f" ({c['pending_keys']:,} more keys seen, not admitted yet)"
     copy = c.get("read_from_copy")
-    lines = [
-        f"  stores {(copy or c)['stores_dir']} at commit {(copy or c)['commit']}: {rows}, "
-        f"{_size(c['store_bytes'])} on disk"
-        + (f" ({_size(added)} added)" if added is not None else "")
-    ]
+    lines = [f"  stores {(copy or c)['stores_dir']} at commit {(copy or c)['commit']}: {rows}"]
+    lines[0] += _store_bytes(c)
     if copy:
         lines.append(f"  stores: read from the copy at {copy['checkpoint']}: {copy['why']}")
     if len(c.get("tables") or []) > 1:

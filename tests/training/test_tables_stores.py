@@ -196,7 +196,9 @@ def test_inspect_shows_every_table(trained):
     }
     assert {t["name"]: t["rows"] for t in c["tables"]} == counts
     assert c["rows"] == sum(counts.values())
-    assert all(t["bytes_on_disk"] > 0 for t in c["tables"])
+    # each table's bytes when taken, recorded by the checkpoint: they add up to its total
+    assert all(t["store_bytes"] > 0 for t in c["tables"])
+    assert sum(t["store_bytes"] for t in c["tables"]) == c["store_bytes"]
     assert c["tables"][0]["pending_keys"] > 0  # ids admits at 2 sightings
     text = render(info)
     for t in c["tables"]:
@@ -289,6 +291,7 @@ def test_an_export_of_every_table_imports_as_a_run_that_trains_on(
     assert [t["rows"] for t in info["tables"]] == [
         len(np.load(exported / f"keys-{n}.npy")) for n in NAMES
     ]
+    assert sum(t["store_bytes"] for t in info["tables"]) == info["store_bytes"] > 0
     assert [v.spec.name for v in load_servable(tmp_path / "run").tables] == NAMES
 
     d = yaml.safe_load(config.read_text())
@@ -403,3 +406,6 @@ def test_retraining_a_run_of_several_tables_warm_starts_from_the_published_versi
         for name in NAMES:
             with ckpt.open_store(0, table=name) as store:
                 assert len(store) > 0
+        # each table's bytes, as the candidate recorded them, are the version's too
+        info = describe(ckpt.path)["checkpoints"][0]
+        assert sum(t["store_bytes"] for t in info["tables"]) == info["store_bytes"] > 0
