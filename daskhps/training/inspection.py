@@ -285,6 +285,12 @@ def _table_line(t: dict[str, Any]) -> str:
     return f"table {t['name']} dim {t['dim']} ({t['optimizer']}): {rows}"
 
 
+def _loss(loss: float | None) -> str:
+    """Five significant digits: what tells two checkpoints' losses apart (a float's last
+    digits are noise; ``--json`` keeps them all)."""
+    return "-" if loss is None else f"{loss:.5g}"
+
+
 def _header_lines(c: dict[str, Any]) -> list[str]:
     """A checkpoint's position, versions, layout, metrics and files."""
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in c["metrics"].items() if k != "examples")
@@ -303,7 +309,7 @@ def _header_lines(c: dict[str, Any]) -> list[str]:
             else f"{len(c['tables'])} tables"
         )
         + f", {c['num_shards']} shards on {c['num_workers']} workers",
-        f"  metrics: {metrics or '-'}; train loss {c['train_loss']}",
+        f"  metrics: {metrics or '-'}; train loss {_loss(c['train_loss'])}",
         "  files: "
         + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())
         + (f"; written in {c['seconds']:.2f} s" if c.get("seconds") is not None else ""),

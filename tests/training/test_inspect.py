@@ -1,6 +1,7 @@
 """``daskhps inspect``'s figures: what the stores' bytes count (each table's part of the
-checkpoint's total, as recorded when it was taken, never the folders' size today). No
-cluster: checkpoints of two tables written by hand over stores committed here."""
+checkpoint's total, as recorded when it was taken, never the folders' size today) and the
+train loss, rounded in text and exact in ``--json``. No cluster: checkpoints of two tables
+written by hand over stores committed here."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from daskhps.cli import main
 from daskhps.config import RunConfig
 from daskhps.table import open_shard_store
 from daskhps.tiers.store.check import CommitId
@@ -120,3 +122,12 @@ def test_bytes_not_recorded_are_not_shown(run_dir: Path) -> None:
     assert [t["store_bytes"] for t in c["tables"]] == [None, None]
     lines = render(describe(manifest.parent)).splitlines()
     assert sum(" on disk" in line for line in lines) == 1  # the total only
+
+
+def test_the_train_loss_is_rounded_in_text_and_exact_in_json(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = render(describe(run_dir))
+    assert "train loss 0.54627" in text and str(LOSS) not in text
+    assert main(["inspect", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"][0]["train_loss"] == LOSS
