@@ -19,6 +19,11 @@ _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
 
+# A field range (C{1..3}, data.schema's and tables' features) in a flow list or mapping: there
+# YAML reads its brace as the start of a mapping, and the error it gives says nothing of ranges.
+_RANGE = re.compile(r"[^\s\[\]{},:'\"]*\{\d+\.\.\d+\}[^\s\[\]{},:'\"]*")
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader without timestamps (``day: 2024-01-02`` stays a string) and with 1e-3 floats."""
 
@@ -58,7 +63,8 @@ def load_yaml_with_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, in
         mark = getattr(e, "problem_mark", None)
         at = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"{at}: not valid YAML ({problem})") from e
+        hint = _range_hint(text, e)
+        raise ConfigError(f"{at}: not valid YAML ({problem}){': ' + hint if hint else ''}") from e
     if data is None:
         return {}, {}
     if not isinstance(data, dict):
@@ -69,11 +75,36 @@ def load_yaml_with_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, in
     return data, lines
 
 
+def _range_hint(text: str, e: yaml.YAMLError) -> str | None:
+    """What to do when the YAML error ``e`` in ``text`` is at an unquoted range's brace."""
+    mark = getattr(e, "problem_mark", None)
+    lines = text.splitlines()
+    if mark is None or mark.line >= len(lines):
+        return None
+    for m in _RANGE.finditer(lines[mark.line]):
+        if m.start() <= mark.column < m.end():
+            r = m.group()
+            return (
+                f'inside [...] or {{...}} YAML reads the brace of {r} as a mapping; quote it: "{r}"'
+            )
+    return None
+
+
 def parse_scalar(text: str) -> Any:
-    """A ``--set`` value: a YAML scalar or flow list/mapping (``4``, ``1e-3``, ``[a, b]``)."""
+    """A ``--set`` value: a YAML scalar or flow list/mapping (``4``, ``1e-3``, ``[a, b]``).
+
+    Raises
+    ------
+    ConfigError
+        For a range left unquoted in a flow list (``[C{1..3}]``): the string typed would be
+        refused as a value saying nothing of the quotes it lacks.
+    """
     try:
         return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        hint = _range_hint(text, e)
+        if hint is not None:
+            raise ConfigError(f"not valid YAML: {hint}") from None
         return text  # not YAML: take it as the string the user typed
 
 

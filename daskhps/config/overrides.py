@@ -14,13 +14,17 @@ from daskhps.options import closest
 __all__ = ["apply_overrides", "parse_override"]
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """``"table.dim=32"`` -> ``("table.dim", 32)``; the value is a YAML scalar or flow list."""
+def parse_override(text: str, source: str = "<dict>") -> tuple[str, Any]:
+    """``"table.dim=32"`` -> ``("table.dim", 32)``; the value is a YAML scalar or flow list.
+    An error names ``source`` (the config file the override applies to)."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--set {text!r}: expected key=value, e.g. --set table.dim=32")
-    return key, parse_scalar(value.strip())
+    try:
+        return key, parse_scalar(value.strip())
+    except ConfigError as e:  # a value YAML cannot read, and what to write instead
+        raise ConfigError(f"{source} (--set {key}): {key}: {e}") from None
 
 
 def apply_overrides(
@@ -34,7 +38,7 @@ def apply_overrides(
     known = all_keys()
     done: set[str] = set()
     for text in overrides:
-        key, value = parse_override(text)
+        key, value = parse_override(text, source)
         if key not in known and not free_form(key):
             hint = closest(key, known)
             did = f"; did you mean {hint}?" if hint else ""

@@ -163,7 +163,8 @@ class TableEntry(Options):
     features: Annotated[Seq[str], WithJsonSchema(_FEATURES_JSON)] = Field(
         json_schema_extra=shown("list of field names (or `{name, dim}`)")
     )
-    """Categorical fields of the schema the table holds; `C{1..3}` is C1, C2, C3."""
+    """Categorical fields of the schema the table holds; `C{1..3}` is C1, C2, C3 (quoted in
+    `[...]`: `"C{1..3}"`)."""
     shared_keys: bool = False
     """Features hash into one key space: a value in two of them is one row."""
     optimizer: OptimizerSpec = OptimizerSpec()

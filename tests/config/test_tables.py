@@ -348,6 +348,23 @@ def test_an_error_inside_a_set_list_names_the_set(
     assert words in msg and "\n" not in msg, msg
 
 
+@pytest.mark.parametrize("features", ["[C{1..3}, C4]", "[C4, C{1..3}]", "[C4, {name: C{1..3}}]"])
+def test_an_unquoted_range_in_a_flow_list_says_to_quote_it(tmp_path: Path, features: str) -> None:
+    # YAML reads the brace as a mapping's start: the file does not load, and says why
+    head = MINIMAL + "tables:\n  - name: t\n"
+    msg = error(tmp_path, head + f"    features: {features}\n")
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}:5: not valid YAML ("), msg
+    assert msg.endswith('YAML reads the brace of C{1..3} as a mapping; quote it: "C{1..3}"'), msg
+    assert "\n" not in msg
+    quoted = features.replace("C{1..3}", '"C{1..3}"')
+    assert load(tmp_path, head + f"    features: {quoted}\n").tables[0].features == (
+        ("C1", "C2", "C3", "C4") if features.startswith("[C{") else ("C4", "C1", "C2", "C3")
+    )
+    msg = error(tmp_path, MINIMAL, f"tables=[{{name: t, features: {features}}}]")
+    assert msg.startswith(f"{tmp_path / 'run.yaml'} (--set tables): tables: not valid YAML"), msg
+    assert msg.endswith('quote it: "C{1..3}"'), msg
+
+
 def test_the_example_of_the_document_is_the_one_tested() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     block = doc.partition("## Several tables")[2].partition("```yaml\n")[2].partition("```")[0]
