@@ -17,8 +17,8 @@ The cache lives in ``$DASKHPS_CACHE_DIR`` (default ``$XDG_CACHE_HOME/daskhps``, 
 or a size such as ``50GiB``): after a fetch, the least recently used copies go first, then the
 checkpoints and stores of this copy that the checkpoint being read does not use. A checkpoint
 larger than the limit is refused in one line before anything is fetched. Every fetch is
-logged with what it moved and what the cache holds (a warning, shown on the terminal, when it
-moved more than the checkpoint's manifest).
+logged at INFO (``-v``) with what it moved and what the cache holds; on a terminal, a fetch of
+more than the checkpoint's manifest shows a progress bar of its bytes.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import posixpath
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
 
 from daskhps import storage
 from daskhps.errors import CheckpointError, StorageError
@@ -83,6 +86,23 @@ def _tree_bytes(folder: Path) -> int:
             with contextlib.suppress(OSError):  # removed meanwhile
                 total += (Path(dirpath) / n).stat().st_size
     return total
+
+
+def _cached(local: Path, size: int) -> bool:
+    """Whether the cache holds the file whole (files never change once written)."""
+    return local.is_file() and local.stat().st_size == size
+
+
+def _fetch(fs: Any, path: str, local: Path) -> None:
+    """Fetch ``path`` of ``fs`` to ``local``: whole, or not at all."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    part = local.with_name(f".{local.name}.{os.getpid()}.part")
+    try:
+        fs.get_file(path, str(part))
+    except Exception as e:
+        part.unlink(missing_ok=True)
+        raise storage.failure(fs.unstrip_protocol(path), e) from None
+    os.replace(part, local)
 
 
 @dataclass(frozen=True)
@@ -150,28 +170,32 @@ class CopyCache:
         here = self.folder(url)
         here.mkdir(parents=True, exist_ok=True)
         (here / _USED).touch()
-        moved = moved_bytes = 0
         manifest_key = f"{remote}/{MANIFEST}"
+        todo = [
+            p
+            for p in files
+            if p == manifest_key or not _cached(here / posixpath.relpath(p, root), files[p])
+        ]
         # The manifest last: a checkpoint whose fetch was cut short has none and is not loaded.
-        for path in sorted(files, key=lambda p: p == manifest_key):
-            local = here / posixpath.relpath(path, root)
-            if local.is_file() and local.stat().st_size == files[path] and path != manifest_key:
-                continue
-            local.parent.mkdir(parents=True, exist_ok=True)
-            part = local.with_name(f".{local.name}.{os.getpid()}.part")
-            try:
-                fs.get_file(path, str(part))
-            except Exception as e:
-                part.unlink(missing_ok=True)
-                raise storage.failure(fs.unstrip_protocol(path), e) from None
-            os.replace(part, local)
-            moved += 1
-            moved_bytes += files[path]
+        todo.sort(key=lambda p: p == manifest_key)
+        moved, moved_bytes = len(todo), sum(files[p] for p in todo)
+        with tqdm(
+            total=moved_bytes,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"fetching {name}",
+            # A bar on a terminal only (none in a log file), and only when it fetches more
+            # than the manifest, which every read fetches again (a few KiB).
+            disable=None if moved > 1 else True,
+        ) as bar:
+            for path in todo:
+                _fetch(fs, path, here / posixpath.relpath(path, root))
+                bar.update(files[path])
         local_ckpt = here / "checkpoints" / name
         held = self._trim(here, local_ckpt, here / posixpath.relpath(stores_remote, root))
-        # Said on the terminal when it moved rows (more than the manifest, fetched every time).
-        log.log(
-            logging.WARNING if moved > 1 else logging.INFO,
+        # Information, not a problem: the bar shows a long fetch on a terminal; -v shows this.
+        log.info(
             "read %s/checkpoints/%s through the local cache %s: fetched %d file(s), %s; "
             "the cache holds %s of %s",
             storage.shown(url.rstrip("/")),

@@ -2,12 +2,16 @@
 copies in fsspec's in-memory filesystem, fetched in a random order into a cache with a random
 limit. After every fetch the checkpoint read is whole in the cache, the cache holds at most
 its limit, and what was evicted is what least recent use says; a checkpoint larger than the
-limit is refused before anything is fetched."""
+limit is refused before anything is fetched. A fetch is logged at INFO, with a bar on a
+terminal."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -72,3 +76,37 @@ def test_the_cache_against_its_model(
         present = {j for j in range(len(urls)) if cache.folder(urls[j]).exists()}
         assert present == set(used)
     fs.rm(f"/cache-{tag}", recursive=True)
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_fetch_is_information_and_shows_a_bar_on_a_terminal_only(
+    terminal: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fetch's line is INFO (progress, not a problem: the command line shows warnings by
+    default); what shows a long fetch instead is a bar, on a terminal, none in a log file, and
+    none for a read that fetches the manifest alone."""
+    fs = fsspec.filesystem("memory")
+    root = f"/cache-{os.urandom(4).hex()}/copy"
+    _copy(fs, root, [2000, 3000])
+    cache = CopyCache(tmp_path, 1 << 20)
+    caplog.set_level(logging.INFO, logger="daskhps.training.copycache")
+    for n in (3 + 1, 1):  # whole, then the manifest alone: the rest is in the cache
+        stderr = _Terminal() if terminal else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", stderr)
+        caplog.clear()
+        assert cache.checkpoint(f"memory://{root}", "pass-000001").files == n
+        (record,) = [r for r in caplog.records if "through the local cache" in r.message]
+        assert record.levelno == logging.INFO
+        bar = "fetching pass-000001" in stderr.getvalue()
+        assert bar == (terminal and n > 1), stderr.getvalue()
+    fs.rm(root.rsplit("/", 1)[0], recursive=True)
