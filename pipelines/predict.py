@@ -12,6 +12,7 @@ import json
 import logging
 from pathlib import Path
 
+from daskhps._text import counted
 from daskhps.serve import load_servable
 from daskhps.serve.predict import PredictResult, predict
 from daskhps.serve.score import CacheSizes
@@ -58,7 +59,7 @@ def run(
     skipped = sum(result.skipped.values())
     unlabelled = len(result.unlabelled)
     print(
-        f"scored {result.rows:,} rows of {len(result.files)} files"
+        f"scored {counted(result.rows, 'row')} of {counted(len(result.files), 'file')}"
         + (f" ({unlabelled} without a label column)" if unlabelled else "")
         + f" with {result.model} (commit {result.commit}) in {result.seconds:.1f} s"
         + (f"; skipped (bad input): {_counts(result.skipped)}" if skipped else "")

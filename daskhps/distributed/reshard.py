@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from daskhps._text import counted
 from daskhps.distributed._pinned import run_pinned
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.host import RunGroup, RunHost
@@ -277,7 +278,8 @@ def _held_ranks(
     extra = sorted(set(holders) - set(range(ckpt.num_workers)))
     if extra:
         raise ResumeError(
-            f"cannot re-shard {ckpt.name}: it has {ckpt.num_workers} ranks, but holders names "
+            f"cannot re-shard {ckpt.name}: it has {counted(ckpt.num_workers, 'rank')}, but "
+            "holders names "
             f"rank(s) {extra} (on {[holders[r] for r in extra]})"
         )
     return held
@@ -303,7 +305,7 @@ def _check_rank(held: list[int], ckpt: Checkpoint, out_dir: Path) -> str | None:
     if versions:  # the re-shard replaces the stores there: never a published version's
         return (
             f"the stores in {out_dir} hold published versions ({', '.join(versions)}); "
-            f"resume on {ckpt.num_workers} workers instead"
+            f"resume on {counted(ckpt.num_workers, 'worker')} instead"
         )
     deadline = time.monotonic() + _LOCK_WAIT_S
     for table in ckpt.table_names:

@@ -18,6 +18,8 @@ import time
 import warnings
 from typing import Any, Literal
 
+from daskhps._text import counted
+
 __all__ = ["BatchProgress", "PassProgress", "progress_topic", "quiet_run", "report_batches"]
 
 # A few events a second: enough for a bar, negligible next to a mini-batch (~10 ms or more).
@@ -143,7 +145,8 @@ class PassProgress:
         if self._lines:
             shown = f", auc {auc:.4f}" if auc is not None else ""
             print(
-                f"pass {self._number}/{self.total_passes}: {num_batches} batches, "
+                f"pass {self._number}/{self.total_passes}: "
+                f"{counted(num_batches, 'batch', 'batches')}, "
                 f"loss {loss:.4f}{shown}",
                 file=sys.stderr,
                 flush=True,

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from daskhps._paths import check_writable_dir
+from daskhps._text import counted
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.labels import check_label_mode
 from daskhps.data.parse import read_shard
@@ -255,7 +256,8 @@ def predict(
             dashboard_address=None,
         ) as handle:
             if echo is not None:
-                echo(f"scoring {len(files)} files on {len(handle.addresses)} workers")
+                workers = counted(len(handle.addresses), "worker")
+                echo(f"scoring {counted(len(files), 'file')} on {workers}")
             results, lookup = _run(handle.client, job, files)
     report = BadRowReport.merge(r["report"] for r in results)
     result = PredictResult(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from daskhps import storage
+from daskhps._text import counted
 from daskhps.errors import CheckpointError, DaskHPSError
 from daskhps.table.admission import PendingCounts
 from daskhps.tiers.store.check import StoreChecker
@@ -308,7 +309,7 @@ def _header_lines(c: dict[str, Any]) -> list[str]:
             if len(c.get("tables") or []) <= 1
             else f"{len(c['tables'])} tables"
         )
-        + f", {c['num_shards']} shards on {c['num_workers']} workers",
+        + f", {counted(c['num_shards'], 'shard')} on {counted(c['num_workers'], 'worker')}",
         f"  metrics: {metrics or '-'}; train loss {_loss(c['train_loss'])}",
         "  files: "
         + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from daskhps._scheduler import scheduler_workers
+from daskhps._text import counted
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.data.source import day_of
@@ -226,7 +227,8 @@ class PassLoop:
         if ckpt is not None:
             if resumed and done > len(schedule):
                 raise ResumeError(
-                    f"cannot resume from {ckpt.path}: it is {done} passes in, but the config "
+                    f"cannot resume from {ckpt.path}: it is {counted(done, 'pass', 'passes')} "
+                    "in, but the config "
                     f"schedules {len(schedule)}; keep passes.epochs >= {ckpt.config.passes.epochs}"
                 )
             group.run(

@@ -26,6 +26,7 @@ from typing import Any
 
 from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
+from daskhps._text import counted
 from daskhps.capacity import check_fits
 from daskhps.capacity.fit import check_cluster_fits as fits_cluster
 from daskhps.config import RunConfig
@@ -229,7 +230,7 @@ class _Preflight:
         self._check_stores(ckpt)
         accepted = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
         self.echo(
-            f"resuming from {ckpt.path} ({ckpt.passes_done} passes done)"
+            f"resuming from {ckpt.path} ({counted(ckpt.passes_done, 'pass', 'passes')} done)"
             + (f"; changed: {accepted}" if accepted else "")
         )
         return ckpt

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from daskhps._text import counted
 from daskhps.config import RunConfig
 from daskhps.errors import ResumeError
 from daskhps.sharding import ShardMap
@@ -65,7 +66,7 @@ def reshard(ckpt: Checkpoint, num_workers: int, out_dir: Path) -> Path:
     if versions:  # the re-shard below replaces the stores there: never a published version's
         raise ResumeError(
             f"cannot re-shard {ckpt.name} into {out_dir}: its stores hold published versions "
-            f"({', '.join(versions)}); resume on {ckpt.num_workers} workers instead"
+            f"({', '.join(versions)}); resume on {counted(ckpt.num_workers, 'worker')} instead"
         )
     deadline = time.monotonic() + 30.0
     for table in ckpt.table_names:
@@ -137,7 +138,8 @@ def check_epochs(ckpt: Checkpoint, config: RunConfig) -> None:
     total = scheduled_passes(ckpt, config)
     if total is not None and ckpt.passes_done > total:
         raise ResumeError(
-            f"cannot resume from {ckpt.path}: it is {ckpt.passes_done} passes in, but the "
+            f"cannot resume from {ckpt.path}: it is {counted(ckpt.passes_done, 'pass', 'passes')} "
+            "in, but the "
             f"config schedules {total}; keep passes.epochs >= {ckpt.config.passes.epochs}"
         )
 
@@ -150,8 +152,8 @@ def complete_line(ckpt: Checkpoint, config: RunConfig, run_dir: Path) -> str | N
         return None
     epochs = config.passes.epochs
     return (
-        f"{run_dir} is complete: {ckpt.name} ends its {total} passes ({epochs} epoch"
-        f"{'s' if epochs != 1 else ''}); nothing to resume. To train more epochs: daskhps "
+        f"{run_dir} is complete: {ckpt.name} ends its {counted(total, 'pass', 'passes')} "
+        f"({counted(epochs, 'epoch')}); nothing to resume. To train more epochs: daskhps "
         f"train {config.source} --resume --set passes.epochs={epochs + 1}"
     )
 
@@ -193,7 +195,7 @@ def stores_to_train_in(
         return mine, True
     if ckpt.num_workers == num_workers:
         return ckpt.stores_dir, False
-    echo(f"re-sharding {ckpt.name} from {ckpt.num_workers} to {num_workers} workers")
+    echo(f"re-sharding {ckpt.name} from {ckpt.num_workers} to {counted(num_workers, 'worker')}")
     return resharded_dir(mine, ckpt, num_workers), True
 
 

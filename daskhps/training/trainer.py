@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from daskhps._text import counted
 from daskhps.config import RunConfig
 from daskhps.data.readers import ClickLog
 from daskhps.distributed import RunGroup
@@ -331,17 +332,17 @@ class Trainer:
         """Make the next attempt continue from ``ckpt`` on ``addresses``."""
         cause = first_line(error)
         log.warning(
-            "restart %d of %d: %s; continuing from %s (%d passes done) on %d workers",
+            "restart %d of %d: %s; continuing from %s (%s done) on %s",
             len(restarts) + 1,
             self.config.cluster.max_restarts,
             cause,
             ckpt.name,
-            ckpt.passes_done,
-            len(addresses),
+            counted(ckpt.passes_done, "pass", "passes"),
+            counted(len(addresses), "worker"),
         )
         self.echo(
             f"restart {len(restarts) + 1}: a worker was lost; continuing from {ckpt.name} on "
-            f"{len(addresses)} workers"
+            f"{counted(len(addresses), 'worker')}"
         )
         resuming.restore_metrics(self.run_dir / "metrics.jsonl", ckpt.passes_done)
         self._ckpt, self.warm_start = ckpt, None  # from now on a resume of this run

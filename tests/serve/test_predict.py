@@ -94,6 +94,17 @@ def test_cli_predict_and_its_bad_inputs(
         assert set(cluster.client.run(_live_scorers).values()) == {0}
 
 
+def test_one_file_on_one_worker_is_said_in_the_singular(
+    run: dict[str, Any], capsys: pytest.CaptureFixture[str], shared_clusters: SharedClusters
+) -> None:
+    out = run["tmp"] / "one-file"
+    address = shared_clusters.address(workers=1, threads=2)
+    args = ["predict", "--model", str(run["cfg"].run.dir), "--out", str(out)]
+    assert main([*args, "--scheduler", address, "--data", run["holdout"][0]]) == 0
+    said = capsys.readouterr().out
+    assert "scoring 1 file on 1 worker\n" in said and " rows of 1 file with " in said, said
+
+
 def _live_scorers() -> int:
     from daskhps.serve import predict as job
 

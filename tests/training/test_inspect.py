@@ -131,3 +131,8 @@ def test_the_train_loss_is_rounded_in_text_and_exact_in_json(
     assert "train loss 0.54627" in text and str(LOSS) not in text
     assert main(["inspect", str(run_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checkpoints"][0]["train_loss"] == LOSS
+
+
+def test_one_worker_is_said_in_the_singular(run_dir: Path) -> None:
+    text = render(describe(run_dir))
+    assert ", 4 shards on 1 worker\n" in text and "1 workers" not in text
