@@ -370,6 +370,43 @@ def _write_rows(
         raise duplicate_error(e.key, first, e.row) from None
 
 
+def _stage(
+    staging: _Staging,
+    specs: tuple[TableSpec, ...],
+    sources: Mapping[str, Source],
+    shard_map: ShardMap,
+    chunk_rows: int,
+    rows: int,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """Write every table's rows (``rows`` in all) into its staged rank stores, an empty one
+    where ``sources`` gives none, and commit them; per rank, its record in the checkpoint."""
+    names = [s.name for s in specs]
+    staged: dict[str, StagedStores] = {}
+    try:
+        for spec in specs:
+            staged[spec.name] = StagedStores(spec, shard_map, staging.stores, chunk_rows)
+        with tqdm(
+            total=rows, unit="row", unit_scale=True, desc="importing", disable=not progress
+        ) as bar:
+            for index, spec in enumerate(specs):
+                source = sources.get(spec.name)
+                if source is not None:
+                    tagged = (index, names) if len(specs) > 1 else None
+                    _write_rows(staged[spec.name], source, spec, tagged, chunk_rows, bar)
+        finished = {
+            name: stores.finish(
+                COMMIT,
+                {"checkpoint": COMMIT, "imported": sources[name].rows if name in sources else 0},
+            )
+            for name, stores in staged.items()
+        }
+    finally:
+        for stores in staged.values():
+            stores.close()
+    return _rank_records(finished)
+
+
 def import_table(
     config: RunConfig,
     source: Source,
@@ -433,32 +470,7 @@ def import_tables(
     imported = _imported(sources, specs)
     rows = int(imported["rows"])
     try:
-        staged: dict[str, StagedStores] = {}
-        try:
-            for spec in specs:  # every table's stores, an empty one where no rows are given
-                staged[spec.name] = StagedStores(spec, shard_map, staging.stores, chunk_rows)
-            with tqdm(
-                total=rows, unit="row", unit_scale=True, desc="importing", disable=not progress
-            ) as bar:
-                for index, spec in enumerate(specs):
-                    source = sources.get(spec.name)
-                    if source is not None:
-                        tagged = (index, names) if len(specs) > 1 else None
-                        _write_rows(staged[spec.name], source, spec, tagged, chunk_rows, bar)
-            finished = {
-                name: stores.finish(
-                    COMMIT,
-                    {
-                        "checkpoint": COMMIT,
-                        "imported": sources[name].rows if name in sources else 0,
-                    },
-                )
-                for name, stores in staged.items()
-            }
-        finally:
-            for stores in staged.values():
-                stores.close()
-        shards = _rank_records(finished)
+        shards = _stage(staging, specs, sources, shard_map, chunk_rows, rows, progress)
         _write_checkpoint(
             staging.checkpoints / COMMIT,
             config,
