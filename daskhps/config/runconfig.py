@@ -23,13 +23,13 @@ from daskhps.config.retrain import RetrainConfig
 from daskhps.config.run import RunSection
 from daskhps.config.storage import StorageConfig
 from daskhps.config.table import TableConfig
-from daskhps.config.tables import TableEntry, default_table, parse_tables
+from daskhps.config.tables import TableEntry, default_table, parse_tables, taken_from_table
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.keyspace import FieldKeys
 from daskhps.errors import ConfigError
 from daskhps.models.base import UnequalWidthsError, list_widths
 from daskhps.models.spec import ModelSpec
-from daskhps.options import Ctx
+from daskhps.options import Ctx, values_written
 from daskhps.storage import use_options
 from daskhps.table.spec import TableSpec
 from daskhps.tier_sizing import MEMORY_BUDGET, TierSizing  # daskhps.config.MEMORY_BUDGET
@@ -62,6 +62,9 @@ class RunConfig:
     # same run, and to_dict (config.yaml) leaves it out so no credential reaches the folder.
     storage: StorageConfig = field(default_factory=lambda: StorageConfig(), compare=False)
     source: str = field(default="<dict>", compare=False)
+    # Where each value was written (the file's lines, the --set keys): a message about a value
+    # of a loaded run, a resume's refused change, names its line. Not part of the run either.
+    origins: Ctx = field(default_factory=Ctx, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # The schema hashes each field into its table's keys (daskhps.data.keyspace): every
@@ -229,12 +232,23 @@ def _parse(d: Mapping[str, Any], ctx: Ctx, default_name: str) -> RunConfig:
         retrain=RetrainConfig.parse(d.get("retrain"), ctx),
         storage=StorageConfig.parse(d.get("storage"), ctx),
         source=ctx.source,
+        origins=_origins(d, ctx),
     )
     _check(cfg, ctx)
     # Every command reads and writes through fsspec with these (the workers get them from
     # the cluster's setup plugin): the driver lists logs before any cluster exists.
     use_options(cfg.storage.options)
     return cfg
+
+
+def _origins(d: Mapping[str, Any], ctx: Ctx) -> Ctx:
+    """``ctx`` with the keys ``d`` writes, and those whose value is another key's: a table
+    entry's left to the table section, ``table.seed`` left to ``run.seed``."""
+    taken = taken_from_table(d.get("tables"))
+    table = d.get("table")
+    if not isinstance(table, Mapping) or table.get("seed") is None:
+        taken["table.seed"] = "run.seed"  # TableConfig's default (and its null)
+    return replace(ctx, written=values_written(d), taken=taken)
 
 
 def _check(cfg: RunConfig, ctx: Ctx) -> None:

@@ -38,13 +38,23 @@ from daskhps.config.table import (
 from daskhps.data.keyspace import MAX_TABLES
 from daskhps.data.schema import _expand
 from daskhps.models.spec import ModelSpec
-from daskhps.options import Ctx, Int, Options, Problem, Seq, closest, shown, validate
+from daskhps.options import (
+    Ctx,
+    Int,
+    Options,
+    Problem,
+    Seq,
+    closest,
+    options_in,
+    shown,
+    validate,
+)
 from daskhps.table.admission import AdmissionRule
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.table.spec import TableSpec
 from daskhps.tier_sizing import OwnBudget
 
-__all__ = ["TableEntry", "default_table", "parse_tables"]
+__all__ = ["TableEntry", "default_table", "parse_tables", "taken_from_table"]
 
 # Every key of a run with several tables holds its table's index in bits 56..62.
 # The keys an entry takes from the table section when it leaves them out (or writes null;
@@ -242,6 +252,26 @@ def default_table(table: TableConfig, features: Sequence[str]) -> TableEntry:
         admission=table.admission,
         expiry=table.expiry,
     )
+
+
+def taken_from_table(written: Any) -> dict[str, str]:
+    """``{tables[i].key: table.key}`` for every key an entry of the written ``tables`` list
+    leaves to the table section, a key of a mapping it writes in part included: where a
+    message about the entry's value finds the line that writes it."""
+    out: dict[str, str] = {}
+    for i, item in enumerate(written if isinstance(written, list | tuple) else ()):
+        if not isinstance(item, Mapping):
+            continue
+        for key in _FROM_TABLE:
+            value = item.get(key)
+            if key not in item or (value is None and key != "init_scale"):  # as _written_forms
+                out[f"tables[{i}].{key}"] = f"table.{key}"
+            elif key in _MERGED and isinstance(value, Mapping):
+                section = options_in(TableEntry.model_fields[key].annotation)
+                for sub in section.key_names() if section is not None else ():
+                    if sub not in value:
+                        out[f"tables[{i}].{key}.{sub}"] = f"table.{key}.{sub}"
+    return out
 
 
 def _fields_text(names: Sequence[str]) -> str:

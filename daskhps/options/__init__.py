@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from daskhps.options.annotations import literal_args, plain_number, union_members
 from daskhps.options.base import Options, options_in, type_name, validate
-from daskhps.options.context import Ctx, closest, join
+from daskhps.options.context import Ctx, closest, join, values_written
 from daskhps.options.types import SIZE_JSON, Int, Noun, Problem, Seq, parse_size, shown
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "type_name",
     "union_members",
     "validate",
+    "values_written",
 ]

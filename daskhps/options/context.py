@@ -8,6 +8,9 @@ Every error message starts with a location and the dotted key::
 
     configs/run.yaml:14: table.tiers.device.rows: must be >= 1, got 0
     configs/run.yaml (--set table.dim): table.dim: expected int, got str 'x'
+
+A loaded config keeps its context, so a later message about one of its values (a resume's
+refused change) says where that value was written: :meth:`Ctx.origin`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from daskhps.errors import ConfigError, ConfigKeyError
 
-__all__ = ["Ctx", "closest", "join"]
+__all__ = ["Ctx", "closest", "join", "values_written"]
 
 
 def join(prefix: str, key: str) -> str:
@@ -52,14 +55,30 @@ def closest(name: str, candidates: Sequence[str]) -> str | None:
     return found[0] if found else None
 
 
+def values_written(d: Any, prefix: str = "") -> frozenset[str]:
+    """The dotted keys of ``d`` (a config as read) that hold a value: not a mapping, whose
+    keys do, nor a list of mappings, whose items' keys do (``tables[1].dim``)."""
+    if isinstance(d, Mapping):
+        items = [(join(prefix, str(k)), v) for k, v in d.items()]
+    elif isinstance(d, list) and d and all(isinstance(v, Mapping) for v in d):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(d)]
+    else:
+        return frozenset([prefix]) if prefix else frozenset()
+    return frozenset().union(*(values_written(v, k) for k, v in items))
+
+
 @dataclass(frozen=True)
 class Ctx:
     """Where a config came from: ``source`` (a file or ``<dict>``), the line of every dotted key
-    and the keys set by ``--set`` overrides."""
+    and the keys set by ``--set`` overrides. Once the config is read, also the keys it writes a
+    value for (``written``, :func:`values_written`) and the keys whose value is another key's
+    (``taken``: ``tables[0].dim`` left out is ``table.dim``)."""
 
     source: str = "<dict>"
     lines: Mapping[str, int] = field(default_factory=dict)
     overridden: frozenset[str] = frozenset()
+    written: frozenset[str] = frozenset()
+    taken: Mapping[str, str] = field(default_factory=dict)
 
     def where(self, key: str) -> str:
         """``file (--set k)`` when ``key`` or a key above it was set by ``--set k``, else
@@ -74,6 +93,23 @@ class Ctx:
             if k in self.lines:
                 return f"{self.source}:{self.lines[k]}"
         return self.source
+
+    def origin(self, key: str) -> tuple[str, str | None]:
+        """``(k, where)``: the key ``k`` that writes ``key``'s value (``key`` itself, a key above
+        it written as one value, or the key it takes its value from, followed to the end) and
+        :meth:`where` ``k`` is written; ``where`` is None when nothing writes it (a default)."""
+        k = key
+        for _ in range(len(self.taken)):  # a key taken from one taken in turn
+            above = next((a for a in _ancestors(k) if a in self.taken), None)
+            if above is None:
+                break
+            k = self.taken[above] + k[len(above) :]
+        for a in _ancestors(k):
+            if a in self.written:
+                return a, self.where(a)
+        if any(w.startswith((f"{k}.", f"{k}[")) for w in self.written):
+            return k, self.where(k)  # written in parts, as another form of the value
+        return k, None
 
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.where(key)}: {key or '<top>'}: {message}")

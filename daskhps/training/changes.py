@@ -153,6 +153,16 @@ def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def _said(key: str, old: Any, new: Any, config: RunConfig) -> str:
+    """``key: old -> new`` and where ``config`` (the continuing run's) writes the new value:
+    the line or ``--set`` to change back (``from table.dim`` where the key takes another's
+    value), or that its file leaves it out."""
+    at, where = config.origins.origin(key)
+    via = "" if at == key else f" (from {at})"
+    place = f" at {where}" if where is not None else f", not in {config.source}"
+    return f"{key}: {old!r} -> {new!r}{place}{via}"
+
+
 def check_changes(
     old: RunConfig, new: RunConfig, mode: Mode, source: str | Path
 ) -> dict[str, tuple[Any, Any]]:
@@ -163,7 +173,7 @@ def check_changes(
     refused = {k: v for k, v in changes.items() if not _accepts(k, mode)}
     if not refused:
         return changes
-    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+    listed = "; ".join(_said(k, a, b, new) for k, (a, b) in refused.items())
     if mode == "resume":
         raise ResumeError(
             f"cannot resume from {source}: the config changed where a resume must not "

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from daskhps.config import RunConfig
+from daskhps.config import RunConfig, load_config
 from daskhps.errors import ConfigError, ResumeError
 from daskhps.retrain.candidate import check_warm_start
 from daskhps.training import changes
@@ -313,3 +313,59 @@ def test_a_table_added_or_removed_is_refused_and_one_table_is_as_before(tmp_path
     tuned = RunConfig.from_dict(_tables(optimizer={"lr": 0.5}))
     ckpt = config_checkpoint(tmp_path / "pass-000002", new.to_dict())
     assert check_resume(ckpt, tuned) == {"tables[0].optimizer.lr": (0.01, 0.5)}
+
+
+_FILE = """\
+run: {dir: runs/r}
+data:
+  generate: {out: logs}
+table:
+  dim: 8
+tables:
+  - name: ids
+    dim: 4
+    features: [C1, C2]
+  - name: small
+    features: [C3]
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "overrides", "said"),
+    [
+        # the line that writes the new value
+        (("dim: 4", "dim: 16"), (), "tables[0].dim: 4 -> 16 at {run}:8"),
+        # an entry's dim left out is table.dim's: that line
+        (("dim: 8", "dim: 16"), (), "tables[1].dim: 8 -> 16 at {run}:5 (from table.dim)"),
+        # a value inside --set tables, though the file writes tables[0].dim too
+        ((), ("tables=[{name: ids, dim: 6, features: [C1, C2]}, {name: small, features: [C3]}]",),
+         "tables[0].dim: 4 -> 6 at {run} (--set tables)"),
+        # a table the file no longer has
+        (("  - name: small\n    features: [C3]\n", ""), (),
+         "tables[1].name: 'small' -> None, not in {run}"),
+        (("run: {", "run: {seed: 3, "), (), "tables[0].seed: 0 -> 3 at {run}:1 (from run.seed)"),
+    ],
+)  # fmt: skip
+def test_a_refused_change_names_where_the_new_value_is_written(
+    tmp_path: Path, edit: tuple[str, ...], overrides: tuple[str, ...], said: str
+) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text(_FILE)
+    ckpt = config_checkpoint(tmp_path / "pass-000001", load_config(run).to_dict())
+    run.write_text(_FILE.replace(*edit) if edit else _FILE)
+    with pytest.raises(ResumeError) as e:
+        check_resume(ckpt, load_config(run, overrides))
+    assert said.format(run=run) in str(e.value), e.value
+
+
+def test_resumed_with_the_runs_config_yaml_it_is_the_file_named(tmp_path: Path) -> None:
+    old = RunConfig.from_dict(_tables())
+    ckpt = config_checkpoint(tmp_path / "pass-000001", old.to_dict())
+    written = tmp_path / "config.yaml"  # what the run wrote, every entry in full, edited
+    text = old.to_yaml()
+    written.write_text(text.replace("dim: 4", "dim: 16", 1))
+    line = text.splitlines().index("  dim: 4") + 1
+    with pytest.raises(ResumeError, match=re.escape(f"tables[0].dim: 4 -> 16 at {written}:{line}")):
+        check_resume(ckpt, load_config(written))
+    with pytest.raises(ResumeError, match=re.escape(f"table.dim: 8 -> 2 at {written} (--set")):
+        check_resume(ckpt, load_config(written, ["table.dim=2"]))
