@@ -386,9 +386,9 @@ def _stage(
     try:
         for spec in specs:
             staged[spec.name] = StagedStores(spec, shard_map, staging.stores, chunk_rows)
-        with tqdm(
-            total=rows, unit="row", unit_scale=True, desc="importing", disable=not progress
-        ) as bar:
+        # disable=None: a bar on a terminal only, never in a log file (one endless line)
+        off = None if progress else True
+        with tqdm(total=rows, unit="row", unit_scale=True, desc="importing", disable=off) as bar:
             for index, spec in enumerate(specs):
                 source = sources.get(spec.name)
                 if source is not None:
@@ -440,6 +440,7 @@ def import_tables(
     """Write ``sources``' rows (per table name; :func:`~daskhps.importing.tables.open_sources`)
     as the starting state of ``config``'s run (module docstring), in ``workers`` rank stores
     per table (default ``cluster.n_workers``). A table ``sources`` lacks starts empty.
+    ``progress``: a bar of the rows written, when stderr is a terminal.
 
     Raises
     ------

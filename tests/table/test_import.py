@@ -7,7 +7,9 @@ naming the file and the row, and leaves the folders exactly as they were.
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +284,28 @@ def test_the_checkpoint_holds_the_dense_model_a_new_run_starts_with(
 
 
 # -- bad inputs: one line, nothing left behind -----------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_progress_bar_is_drawn_on_a_terminal_only(
+    terminal: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --quiet: a bar on a terminal; none where stderr is a file or a pipe (a log, in
+    which its carriage returns make one endless line)."""
+    stderr = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    paths = _save(tmp_path, keys=_keys(300), rows=_rows(300))
+    d = tiny_config(tmp_path / "run", tmp_path / "logs", run={"quiet": False}, table={"dim": DIM})
+    config = write_config(tmp_path / "run.yaml", d)
+    assert main(["import", str(config), *_npy_args(paths)]) == 0
+    assert ("importing" in stderr.getvalue()) == terminal, stderr.getvalue()
 
 
 def test_bad_npy_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
