@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from daskhps._scheduler import scheduler_workers
+from daskhps.capacity.disk import DiskEstimate
 from daskhps.capacity.fit import SizingReport, TablePlan, size_run
 from daskhps.capacity.keystats import KeyStats
 from daskhps.config.cluster import ClusterSecurity
@@ -141,6 +142,27 @@ def _tables_lines(tables: Sequence[TablePlan]) -> list[str]:
     ]
 
 
+def _disk_lines(d: DiskEstimate) -> list[str]:
+    """The disk block; with the distinct keys unknown (files, no --scan), why its figures are
+    and what would give them (no warning: nothing is known not to fit)."""
+    lines = [f"disk for the stores and checkpoints (on {d.path}, {_size(d.free)} free):"]
+    if d.live is None:
+        lines.append(
+            "  stores not sized: their distinct keys are unknown (--scan counts them, or set "
+            "table.expected_keys)"
+        )
+    for name, n in (
+        ("live rows", d.live),
+        ("older copies", d.history),
+        ("snapshots", d.snapshots),
+        ("compaction", d.compaction_headroom),
+        ("dense ckpts", d.checkpoints_dense),
+        ("total", d.total),
+    ):
+        lines.append(f"  {name:<12} {_size(n):>11}")
+    return lines
+
+
 def render(report: SizingReport) -> str:
     """The report as text, one figure per line."""
     lines = [f"plan for {report.source}", *_keys_lines(report.keys)]
@@ -187,17 +209,8 @@ def render(report: SizingReport) -> str:
             lines.append(f"  {name:<12} {_size(n):>11}  {what}")
         share = f" ({m.total / m.memory_limit:.0%} of the limit)" if m.memory_limit else ""
         lines.append(f"  {'total':<12} {_size(m.total):>11}{share}")
-    d = report.disk
-    lines.append(f"disk for the stores and checkpoints (on {d.path}, {_size(d.free)} free):")
-    for name, n in (
-        ("live rows", d.live),
-        ("older copies", d.history),
-        ("snapshots", d.snapshots),
-        ("compaction", d.compaction_headroom),
-        ("dense ckpts", d.checkpoints_dense),
-        ("total", d.total),
-    ):
-        lines.append(f"  {name:<12} {_size(n):>11}")
-    lines += [f"warning: {w}" for w in report.warnings]
+    lines += _disk_lines(report.disk)
+    # An upper bound that may not fit is the plan's to say (train checks each pass itself).
+    lines += [f"warning: {w}" for w in (*report.warnings, *report.upper_bounds)]
     lines.append("fits: yes" if report.fits else "fits: NO")
     return "\n".join(lines)

@@ -8,7 +8,12 @@ refusal (the same text ``plan`` prints) when the run cannot fit.
 
 A problem refuses the run only when it rests on exact arithmetic or on counted (``--scan``)
 or stated (``table.expected_keys``) key counts; the same problem from an upper bound is a
-warning.
+warning, which says it is one. A pass larger than the device tier by an upper bound alone is
+no warning to ``train``: the trainer counts every pass's keys when it stages it and stops,
+with that count, at one that does not fit, so only ``plan`` says it (:attr:`SizingReport.
+upper_bounds`). Whether two passes fit the device tier together is not checked at all: the
+trainer stages a pass ahead, beside the one training, only where it fits
+(:mod:`daskhps.training.pipeline`).
 
 With several tables every table has its own tiers and stores on every worker, with its own row
 width, device rows and host bytes (as :class:`~daskhps.tier_sizing.TierSizing` resolves them
@@ -86,6 +91,9 @@ class SizingReport:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     tables: tuple[TablePlan, ...] = ()  # with several tables, each one's part
+    # Passes that an upper bound of their keys puts over the device tier: plan says so, train
+    # does not (it stops at a pass whose counted keys do not fit, when it stages it).
+    upper_bounds: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -113,11 +121,16 @@ class SizingReport:
             "fits": self.fits,
             "problems": list(self.problems),
             "warnings": list(self.warnings),
+            "upper_bounds": list(self.upper_bounds),
         }
         if self.tables:  # one table: its figures are the run's, as they always were
             out["tables"] = [t.to_dict() for t in self.tables]
         return out
 
+
+# How a figure that rests on an upper bound of the keys says so.
+_UPPER_BOUND = "an upper bound; `daskhps plan --scan` counts them"
+_KEYS_BOUND = " (from an upper bound of the keys; `daskhps plan --scan` counts them)"
 
 MEMORY_UNKNOWN = (
     "worker count and memory limit unknown (cluster.address): memory not sized; "
@@ -146,17 +159,16 @@ def size_run(
     stored = stored_table(cfg.run.dir) if resume else None
     problems: list[str] = []
     warnings: list[str] = []
+    bounds: list[str] = []
     sure = keys.certain
     memory = None
     if workers is not None:
         memory = worker_memory(cfg, keys, memory_limit, stored)
-        _check_memory(cfg, keys, memory, problems, warnings)
+        _check_memory(cfg, keys, memory, problems, warnings, bounds)
     else:
         warnings.append(MEMORY_UNKNOWN)
-    if keys.source == "unknown" or keys.distinct_keys is None:
-        warnings.append(
-            "distinct keys unknown: store disk not sized; pass --scan or set table.expected_keys"
-        )
+    # Unknown distinct keys leave the disk unsized (plan's disk block says so): nothing that
+    # may not fit, so no warning.
     disk, disks = _disk(cfg, keys)
     # A cluster's workers each hold their share on their own disk: they check it themselves
     # (daskhps.training.placement); the embedded cluster's all land on this machine's.
@@ -167,9 +179,11 @@ def size_run(
             f"has {_gib(disk.free)} free; free disk, move table.tiers.store_dir, or keep "
             "fewer checkpoints"
         )
-        (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))
+        (problems if sure else warnings).append(msg + ("" if sure else _KEYS_BOUND))
     tables = _table_plans(cfg, keys, memory, disks)
-    return SizingReport(cfg.source, W, keys, memory, disk, stored, problems, warnings, tables)
+    return SizingReport(
+        cfg.source, W, keys, memory, disk, stored, problems, warnings, tables, bounds
+    )
 
 
 def _table_plans(
@@ -198,27 +212,14 @@ def _check_memory(
     memory: WorkerMemory,
     problems: list[str],
     warnings: list[str],
+    bounds: list[str],
 ) -> None:
+    """The largest pass against the device tier (each table's against its own), then the
+    worker's peak against its memory limit."""
     if len(memory.tables) > 1:
-        _check_tables(cfg, keys, memory, problems, warnings)
-        need, rows = None, 0
+        _check_tables(cfg, keys, memory, problems, bounds)
     else:
-        rows, need = memory.device.rows, keys.largest_pass_per_owner
-    if need is not None and need > rows:
-        msg = (
-            f"the largest pass stages {need:,} keys on one worker but the device tier holds "
-            f"{rows:,} rows ({_device_key(cfg)}); raise the device tier, add workers, or lower "
-            "passes.examples_per_pass (or set passes.max_working_set)"
-        )
-        if keys.certain:
-            problems.append(msg)
-        else:
-            warnings.append(msg + f" (from an upper bound of the {keys.source} key counts)")
-    elif need is not None and 2 * need > rows:
-        warnings.append(
-            f"two passes' working sets ({2 * need:,} keys) exceed the device tier ({rows:,} "
-            "rows): each pass is staged after the previous one instead of while it trains"
-        )
+        _check_pass(cfg, keys, memory.device.rows, problems, bounds)
     limit = memory.memory_limit
     if limit is None:
         return
@@ -243,7 +244,40 @@ def _check_memory(
             f"largest part is {part} ({_gib(n)}): {fix}, or {raise_limit}"
         )
         sure = keys.certain or exact > PAUSE_FRACTION * limit
-        (problems if sure else warnings).append(msg + ("" if sure else " (from an upper bound)"))
+        (problems if sure else warnings).append(msg + ("" if sure else _KEYS_BOUND))
+
+
+def _check_pass(
+    cfg: RunConfig, keys: KeyStats, rows: int, problems: list[str], bounds: list[str]
+) -> None:
+    """Staging a pass pins its keys in the device tier, so a pass with more keys on one worker
+    than the tier's rows cannot train. Counted or stated keys refuse the run; an upper bound
+    goes to ``bounds``, which only ``plan`` prints: the trainer counts each pass's keys when it
+    stages it, so a run whose passes fit runs without a word and one whose pass does not stops
+    there with the count.
+
+    Two passes are not weighed together: the trainer stages pass k+1 beside pass k where both
+    fit and once pass k is done where they do not (later, not a failure), deciding for each
+    pass with its keys. Two passes' counts added only bound their union from above, so no
+    figure here could say whether, or for which passes, that happens."""
+    need = keys.largest_pass_per_owner
+    if need is None or need <= rows:
+        return
+    fix = (
+        "raise the device tier, add workers, or lower passes.examples_per_pass (or set "
+        "passes.max_working_set)"
+    )
+    if keys.certain:
+        problems.append(
+            f"the largest pass stages {need:,} keys on one worker but the device tier holds "
+            f"{rows:,} rows ({_device_key(cfg)}); {fix}"
+        )
+    else:
+        bounds.append(
+            f"a pass stages at most {need:,} keys on one worker ({_UPPER_BOUND}), and the "
+            f"device tier holds {rows:,} rows ({_device_key(cfg)}): train stops at a pass "
+            f"with more keys than that; {fix}"
+        )
 
 
 def _check_tables(
@@ -251,34 +285,33 @@ def _check_tables(
     keys: KeyStats,
     memory: WorkerMemory,
     problems: list[str],
-    warnings: list[str],
+    bounds: list[str],
 ) -> None:
-    """Each table's largest pass per worker against its own device rows (staging a pass pins
+    """:func:`_check_pass` for each table against its own device rows (staging a pass pins
     every table's keys in that table's device tier), and, where only the run's key count is
     stated (``table.expected_keys``), the run's largest pass against all of them."""
     names = [t.name for t in memory.tables]
     per_table = keys.by_table(names)
     for i, (part, k) in enumerate(zip(memory.tables, per_table, strict=True)):
         rows, need = part.device.rows, k.largest_pass_per_owner
-        if need is None:
+        if need is None or need <= rows:
             continue
-        if need > rows:
-            key, alt = _table_device_key(cfg, i)
-            msg = (
+        key, alt = _table_device_key(cfg, i)
+        fix = (
+            f"a pass pins every table's keys in that table's device tier: raise "
+            f"{key.split()[0]}{alt}, add workers, or lower passes.examples_per_pass (or set "
+            "passes.max_working_set)"
+        )
+        if k.certain:
+            problems.append(
                 f"table {part.name!r}: the largest pass stages {need:,} of its keys on one "
-                f"worker but its device tier holds {rows:,} rows ({key}); a pass pins every "
-                f"table's keys in that table's device tier: raise {key.split()[0]}{alt}, add "
-                "workers, or lower passes.examples_per_pass (or set passes.max_working_set)"
+                f"worker but its device tier holds {rows:,} rows ({key}); {fix}"
             )
-            if k.certain:
-                problems.append(msg)
-            else:
-                warnings.append(msg + " (from an upper bound of its keys; --scan counts them)")
-        elif 2 * need > rows:
-            warnings.append(
-                f"table {part.name!r}: two passes' working sets ({2 * need:,} of its keys) "
-                f"exceed its device tier ({rows:,} rows): each pass is staged after the "
-                "previous one instead of while it trains"
+        else:
+            bounds.append(
+                f"table {part.name!r}: a pass stages at most {need:,} of its keys on one "
+                f"worker ({_UPPER_BOUND}), and its device tier holds {rows:,} rows ({key}): "
+                f"train stops at a pass with more of its keys than that; {fix}"
             )
     rows = sum(t.device.rows for t in memory.tables)
     need = keys.largest_pass_per_owner
@@ -408,7 +441,8 @@ def _gib(n: int) -> str:
 
 def check_fits(cfg: RunConfig, *, resume: bool = False) -> SizingReport:
     """Size ``cfg`` from the config alone (no scan) and raise when it cannot fit; ``resume``
-    as for :func:`size_run`.
+    as for :func:`size_run`. Logs the report's warnings, not its :attr:`~SizingReport.
+    upper_bounds`: the run checks each pass exactly when it stages it.
 
     Raises
     ------
@@ -433,7 +467,7 @@ def check_cluster_fits(
     report = size_run(cfg, workers=workers, memory_limit=memory_limit, resume=resume)
     if report.memory is not None:
         said: list[str] = []  # the rest was said by check_fits, before the cluster
-        _check_memory(cfg, report.keys, report.memory, [], said)
+        _check_memory(cfg, report.keys, report.memory, [], said, [])
         for w in said:
             log.warning("%s", w)
     if not report.fits:

@@ -190,9 +190,12 @@ def test_a_table_whose_pass_does_not_fit_its_device_tier_is_refused_by_name(
     ids = next(p for p in shared.problems if p.startswith("table 'ids'"))
     assert "table.tiers.device.rows 100" in ids and "tables[0].tiers.device" in ids
     assert any(p.startswith("table 'embeddings'") for p in shared.problems)
-    # Bounds from the config only warn, naming the table; the trainer's check lets it start.
+    # Bounds from the config are plan's to say, as bounds, naming the table; the trainer's
+    # check lets it start and says nothing (it counts each pass when it stages it).
     report = check_fits(cfg)
-    assert report.fits and any(w.startswith("table 'ids'") for w in report.warnings)
+    assert report.fits and not any("table 'ids'" in w for w in report.warnings)
+    (bound,) = [b for b in report.upper_bounds if b.startswith("table 'ids'")]
+    assert "at most" in bound and "(an upper bound; `daskhps plan --scan` counts them)" in bound
     # The run's stated keys (all tables') refuse what cannot fit the tables' rows together.
     stated = _config(
         tmp_path, logs, **{"table.expected_keys": 100_000, "table.tiers.device.rows": 100}
