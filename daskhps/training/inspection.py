@@ -14,6 +14,7 @@ it stops with one line saying where they are (:mod:`daskhps.training.reading`).
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,17 @@ def _skipped(s: Skipped) -> dict[str, Any]:
     return {"name": s.name, "path": str(s.path), "kind": s.kind, "reason": s.reason}
 
 
+def _growth(described: list[dict[str, Any]]) -> None:
+    """Note in each checkpoint of a run how much more (or less) its stores held than at the
+    one before (``store_bytes_since``); None for the first, or where either is unknown."""
+    for d in described:
+        d["store_bytes_added"] = d["store_bytes_since"] = None
+    for before, d in itertools.pairwise(described):
+        if None not in (before["store_bytes"], d["store_bytes"]):
+            d["store_bytes_added"] = d["store_bytes"] - before["store_bytes"]
+            d["store_bytes_since"] = before["name"]
+
+
 def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
     """A checkpoint folder (that one) or a run directory (every checkpoint, oldest first,
     and the folders never loaded, with the reason). ``verify`` recomputes the sha256 of every
@@ -226,12 +238,7 @@ def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str,
         if not found and not skipped:
             raise CheckpointError(f"{folder} holds no checkpoint")
         described = [describe_checkpoint(c, checker) for c in found]
-        prev = None
-        for d in described:  # how much the stores grew since the checkpoint before
-            known = prev is not None and None not in (d["store_bytes"], prev["store_bytes"])
-            d["store_bytes_added"] = d["store_bytes"] - prev["store_bytes"] if known else None
-            d["store_bytes_since"] = prev["name"] if known else None
-            prev = d
+        _growth(described)
         run_dir: str | None = str(p)
     else:
         # One checkpoint folder: a damaged or incomplete one is described, not refused.
