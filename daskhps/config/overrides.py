@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,16 +40,18 @@ def apply_overrides(
     done: set[str] = set()
     for text in overrides:
         key, value = parse_override(text, source)
-        if key not in known and not free_form(key):
-            hint = closest(key, known)
-            did = f"; did you mean {hint}?" if hint else ""
-            raise ConfigError(f"{source} (--set {key}): {key}: unknown key{did}")
-        section = key.partition(".")[0]
+        # Before the unknown-key check: tables[0].dim and tables.0.dim are unknown keys too,
+        # whose closest known key (tables.dim) could not be set either.
+        section = re.split(r"[.\[]", key, maxsplit=1)[0]
         if section in LISTS and key != section:
             raise ConfigError(
                 f"{source} (--set {key}): {key}: {section} is a list; set it whole, e.g. "
                 f"--set '{section}=[{{name: ids, dim: 32, features: [C3, C4]}}]'"
             )
+        if key not in known and not free_form(key):
+            hint = closest(key, known)
+            did = f"; did you mean {hint}?" if hint else ""
+            raise ConfigError(f"{source} (--set {key}): {key}: unknown key{did}")
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

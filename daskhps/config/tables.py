@@ -97,20 +97,21 @@ def feature_items(written: Sequence[Any]) -> list[tuple[int, str]]:
     return out
 
 
-def _feature_names(written: Any, dim: Any) -> Any:
+def _feature_names(written: Any, dim: Any, own_dim: bool = True) -> Any:
     """The field names of a written ``features`` list; a mapping entry's ``dim`` must be the
     table's (the features of a table share its rows' width)."""
     if not isinstance(written, list | tuple):
         return written  # the field says what it expects
     for i, item in enumerate(written):
         if isinstance(item, Mapping):
-            _check_feature(item, f"features[{i}]", dim)
+            _check_feature(item, f"features[{i}]", dim, own_dim)
     return [name for _, name in feature_items(written)]
 
 
-def _check_feature(item: Mapping[Any, Any], key: str, dim: Any) -> None:
+def _check_feature(item: Mapping[Any, Any], key: str, dim: Any, own_dim: bool) -> None:
     """A feature written as a mapping: its keys, its name, then its dim (each checked before
-    the next reads it: a ``dim`` is compared only once it is a dim, of a named feature)."""
+    the next reads it: a ``dim`` is compared only once it is a dim, of a named feature).
+    ``own_dim``: the entry writes the table's ``dim`` (else it is ``table.dim``)."""
     for k in item:
         if k not in _FEATURE_KEYS:
             hint = closest(str(k), _FEATURE_KEYS)
@@ -132,10 +133,13 @@ def _check_feature(item: Mapping[Any, Any], key: str, dim: Any) -> None:
     if fdim < 1:  # a dim no table can have: not one to go and list the feature under
         raise Problem(f"{key}.dim", f"must be >= 1, got {fdim!r}")
     if isinstance(dim, int) and fdim != dim:
+        table = "" if own_dim else " (table.dim: the entry writes no dim)"
+        fix = "" if own_dim else f"write dim: {fdim} in the entry, "
         raise Problem(
             f"{key}.dim",
-            f"{fdim!r} differs from the table's dim {dim}; the features of a table share "
-            f"its dim: list {item['name']!r} in a table of dim {fdim!r}, or drop its dim",
+            f"{fdim!r} differs from the table's dim {dim}{table}; the features of a table "
+            f"share its dim: {fix}list {item['name']!r} in a table of dim {fdim!r}, or drop "
+            "its dim",
         )
 
 
@@ -209,7 +213,9 @@ class TableEntry(Options):
         if "features" in d:
             dim = d.get("dim")
             dim = int(dim) if isinstance(dim, float) and dim.is_integer() else dim
-            d["features"] = _feature_names(d["features"], dim)
+            # a dim the entry leaves to table.dim is named as such: the entry writes none
+            written = data.get("dim") is not None
+            d["features"] = _feature_names(d["features"], dim, written)
         return d
 
     @field_validator("name")
@@ -279,6 +285,44 @@ def _fields_text(names: Sequence[str]) -> str:
     return f"{shown_}, ... ({len(names)} fields)" if len(names) > 8 else shown_
 
 
+def _owners(
+    d: Sequence[Any],
+    entries: Sequence[TableEntry],
+    ctx: Ctx,
+    fields: Sequence[str],
+    dense: Sequence[str],
+) -> dict[str, tuple[int, int]]:
+    """``{field: (table, feature as written)}`` of the written entries ``d``, every feature a
+    categorical field of the schema that no other feature names."""
+    owner: dict[str, tuple[int, int]] = {}
+    for i, item in enumerate(d):
+        written = item["features"]
+        for j, name in feature_items(written):
+            key = f"tables[{i}].features[{j}]"
+            # a field of a range (C27 of C{1..30}) says which: the file does not name it
+            w = written[j].get("name") if isinstance(written[j], Mapping) else written[j]
+            said = f"{name!r}" if w == name else f"{name!r} (of {w!r})"
+            if name not in fields:
+                what = "a dense field" if name in dense else "not a field of the schema"
+                same = [f for f in fields if f.lower() == name.lower()]
+                did = f"did you mean {same[0]!r}? " if same else ""  # c3 for C3
+                raise ctx.error(
+                    key,
+                    f"{said} is {what}; {did}a table holds categorical fields "
+                    f"({_fields_text(fields)})",
+                )
+            if name in owner:
+                t, k = owner[name]
+                where = (
+                    f"listed before (tables[{t}].features[{k}])"
+                    if t == i
+                    else f"already in table {entries[t].name!r} (tables[{t}])"
+                )
+                raise ctx.error(key, f"{said} is {where}; a feature belongs to one table")
+            owner[name] = (i, j)
+    return owner
+
+
 def parse_tables(
     d: Any, ctx: Ctx, fields: Sequence[str], dense: Sequence[str], table: TableConfig
 ) -> tuple[TableEntry, ...]:
@@ -297,26 +341,7 @@ def parse_tables(
         validate(TableEntry, item, ctx, f"tables[{i}]", {"table": table})
         for i, item in enumerate(d)
     )
-    owner: dict[str, tuple[int, int]] = {}  # field -> (table, feature as written)
-    for i, item in enumerate(d):
-        for j, name in feature_items(item["features"]):
-            key = f"tables[{i}].features[{j}]"
-            if name not in fields:
-                what = "a dense field" if name in dense else "not a field of the schema"
-                raise ctx.error(
-                    key,
-                    f"{name!r} is {what}; a table holds categorical fields "
-                    f"({_fields_text(fields)})",
-                )
-            if name in owner:
-                t, k = owner[name]
-                where = (
-                    f"listed before (tables[{t}].features[{k}])"
-                    if t == i
-                    else f"already in table {entries[t].name!r} (tables[{t}])"
-                )
-                raise ctx.error(key, f"{name!r} is {where}; a feature belongs to one table")
-            owner[name] = (i, j)
+    owner = _owners(d, entries, ctx, fields, dense)
     names: dict[str, int] = {}
     rest = [f for f in fields if f not in owner]
     for i, entry in enumerate(entries):

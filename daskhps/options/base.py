@@ -151,9 +151,8 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
         choices, noun = literals(field), noun_of(field)
         if noun is not None:
             return ctx.error(key, f"{value!r} is not a {noun}; choose from {', '.join(choices)}")
-        return ctx.error(
-            key, f"{value!r} is not allowed; choose one of {', '.join(map(repr, choices))}"
-        )
+        shown = ", ".join("null" if c is None else repr(c) for c in choices)  # YAML's words
+        return ctx.error(key, f"{value!r} is not allowed; choose one of {shown}")
     if kind in ("string_too_short", "string_too_long"):
         return ctx.error(key, f"{_length(kind, info)}, got {value!r}")
     if kind == "finite_number":
@@ -161,7 +160,8 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
     if kind in ("value_error", "assertion_error"):
         return ctx.error(key, str(info.get("error", err["msg"])))
     if field is not None:  # a type error: say what the declaration allows
-        return ctx.error(key, f"expected {type_name(field)}, got {type(value).__name__} {value!r}")
+        got = "null" if value is None else f"{type(value).__name__} {value!r}"  # a key left empty
+        return ctx.error(key, f"expected {type_name(field)}, got {got}")
     return ctx.error(key, err["msg"])
 
 

@@ -264,6 +264,22 @@ CASES = [
      "tables[0].features[1]", "{dim: 8}", "expected a field name or a mapping with keys name"),
     (MINIMAL + "tables:\n  - name: t\n    features:\n      - {name: C4, dimm: 16}\n",
      "tables[0].features[0].dimm", "{name: C4", "unknown key; did you mean 'dim'?"),
+    (MINIMAL + "tables:\n  - name: t\n    features:\n      - {name: C1, dim: 32}\n",
+     "tables[0].features[0].dim", "{name: C1", "32 differs from the table's dim 16 (table.dim: "
+     "the entry writes no dim); the features of a table share its dim: write dim: 32 in the "
+     "entry, list 'C1' in a table of dim 32, or drop its dim"),
+    # a field of a range says which range named it; a field in another case, which field
+    (MINIMAL + "tables:\n  - name: t\n    features: ['C{20..30}']\n", "tables[0].features[0]",
+     "features:", "'C27' (of 'C{20..30}') is not a field of the schema"),
+    (MINIMAL + "tables:\n  - name: t\n    features:\n      - C{1..3}\n      - C{2..4}\n",
+     "tables[0].features[1]", "C{2..4}", "'C2' (of 'C{2..4}') is listed before"),
+    (MINIMAL + "tables:\n  - name: t\n    features: [C1, c3]\n", "tables[0].features[1]",
+     "features:", "'c3' is not a field of the schema; did you mean 'C3'?"),
+    # null in YAML's words
+    (MINIMAL + "tables:\n  - name:\n    features: [C1]\n", "tables[0].name", "- name:",
+     "expected str, got null"),
+    (TWO + "    tiers: {policy: fifo}\n", "tables[0].tiers.policy", "tiers:",
+     "'fifo' is not allowed; choose one of null, 'lru', 'lfu'"),
     # a key of an entry's sub-mappings misspelled
     (TWO + "    expiry:\n      ttl: 2\n", "tables[0].expiry.ttl", "ttl:",
      "did you mean 'tables[0].expiry.ttl_days'?"),
@@ -324,8 +340,10 @@ def test_more_than_127_tables(tmp_path: Path) -> None:
 def test_set_takes_the_list_whole(tmp_path: Path) -> None:
     cfg = load(tmp_path, MINIMAL, "tables=[{name: ids, dim: 32, features: [C3, C4]}]")
     assert cfg.field_dims()[2:4] == (32, 32)
-    msg = error(tmp_path, MINIMAL, "tables.dim=8")
-    assert "tables is a list; set it whole" in msg and "\n" not in msg
+    for key in ("tables.dim", "tables[0].dim", "tables.0.dim"):  # not "did you mean tables.dim"
+        msg = error(tmp_path, MINIMAL, f"{key}=8")
+        assert f"(--set {key}): {key}: tables is a list; set it whole" in msg, msg
+        assert "\n" not in msg
 
 
 @pytest.mark.parametrize(
