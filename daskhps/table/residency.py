@@ -156,5 +156,5 @@ def _check_stage_fits(shard: Shard, rows: int, new: int) -> None:
             f"table {shard.spec.name!r}: staging {rows:,} rows "
             f"({new:,} new, {pinned:,} already pinned) does not fit the "
             f"device tier of {cap:,} rows x {shard.spec.row_bytes} bytes; "
-            "raise the device tier's size or lower pass.max_working_set"
+            "raise the device tier's size or lower passes.max_working_set"
         )

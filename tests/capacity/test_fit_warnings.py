@@ -82,9 +82,14 @@ def test_a_pass_the_run_cannot_stage_stops_it_with_the_exact_count(
     # 1,000 rows cannot hold any pass: plan --scan refuses; train, without a scan, starts (the
     # bound alone cannot tell) and stops at the first pass, with its count.
     cfg = _config(tmp_path, logs, 1000, shared_clusters.section(workers=1, threads=2))
-    with caplog.at_level(logging.WARNING), pytest.raises(CapacityError, match=r"staging 2,1\d\d "):
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(CapacityError, match=r"staging 2,1\d\d ") as stopped,
+    ):
         Trainer(cfg, progress=False).run()
     assert _warned(caplog) == []
+    # the lever it names is a key of the config
+    assert "lower passes.max_working_set" in str(stopped.value)
     report = size_run(_config(tmp_path, logs, 1000), scan=True)
     (problem,) = report.problems
     assert problem.startswith("the largest pass stages 2,1") and "holds 1,000 rows" in problem
