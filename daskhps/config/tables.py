@@ -126,7 +126,7 @@ def _check_feature(item: Mapping[Any, Any], key: str, dim: Any, own_dim: bool) -
     fdim = item.get("dim")
     if fdim is None:
         return
-    if isinstance(fdim, float) and fdim.is_integer():
+    if isinstance(fdim, float) and fdim.is_integer() and abs(fdim) < 2**53:
         fdim = int(fdim)  # YAML's 1e1 (as Int reads a table's dim)
     if isinstance(fdim, bool) or not isinstance(fdim, int):
         raise Problem(f"{key}.dim", f"expected int, got {type(fdim).__name__} {fdim!r}")
@@ -337,6 +337,10 @@ def parse_tables(
             f"expected a list of tables (mappings with keys "
             f"{', '.join(TableEntry.key_names())}); got {d!r}",
         )
+    for i, item in enumerate(d):
+        if item is None:  # "- " left empty: not a table of defaults (its name is required)
+            keys = ", ".join(TableEntry.key_names())
+            raise ctx.error(f"tables[{i}]", f"expected a mapping with keys {keys}; got null")
     entries = tuple(
         validate(TableEntry, item, ctx, f"tables[{i}]", {"table": table})
         for i, item in enumerate(d)

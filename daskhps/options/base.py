@@ -151,8 +151,8 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
         choices, noun = literals(field), noun_of(field)
         if noun is not None:
             return ctx.error(key, f"{value!r} is not a {noun}; choose from {', '.join(choices)}")
-        shown = ", ".join("null" if c is None else repr(c) for c in choices)  # YAML's words
-        return ctx.error(key, f"{value!r} is not allowed; choose one of {shown}")
+        shown = ", ".join(_yaml_repr(c) for c in choices)
+        return ctx.error(key, f"{_yaml_repr(value)} is not allowed; choose one of {shown}")
     if kind in ("string_too_short", "string_too_long"):
         return ctx.error(key, f"{_length(kind, info)}, got {value!r}")
     if kind == "finite_number":
@@ -179,6 +179,11 @@ def _first(errors: list[Any]) -> tuple[Any, list[str]]:
         if x["type"] == "extra_forbidden" and x["loc"][:-1] == at:
             return x, missing
     return first, []
+
+
+def _yaml_repr(value: Any) -> str:
+    """``value`` in the words of the YAML that wrote it: None is null."""
+    return "null" if value is None else repr(value)
 
 
 def _length(kind: str, info: Mapping[str, Any]) -> str:

@@ -280,6 +280,13 @@ CASES = [
      "expected str, got null"),
     (TWO + "    tiers: {policy: fifo}\n", "tables[0].tiers.policy", "tiers:",
      "'fifo' is not allowed; choose one of null, 'lru', 'lfu'"),
+    (TWO + "    optimizer: {kind: null}\n", "tables[0].optimizer.kind", "optimizer:",
+     "null is not allowed; choose one of 'sgd'"),
+    # an entry left empty is no table of defaults: its name and features are required
+    (TWO + "  -\n", "tables[1]", "  -", "expected a mapping with keys name, dim, features"),
+    # a whole float too large to be an int, as for any int
+    (MINIMAL + "tables:\n  - name: t\n    features:\n      - {name: C1, dim: 1e300}\n",
+     "tables[0].features[0].dim", "{name: C1", "expected int, got float 1e+300"),
     # a key of an entry's sub-mappings misspelled
     (TWO + "    expiry:\n      ttl: 2\n", "tables[0].expiry.ttl", "ttl:",
      "did you mean 'tables[0].expiry.ttl_days'?"),
