@@ -9,6 +9,9 @@ config files, and the packages' own sources (``AWS_*`` variables, ``~/.aws``,
 ``GOOGLE_APPLICATION_CREDENTIALS``, ...). They are never printed: every message shows a URL
 through :func:`shown`, which leaves credentials out.
 
+A bucket is never created: a write to an object store makes no folders (:func:`make_folder`),
+and a bucket that does not exist is refused.
+
 A failure of the store itself (no such bucket, access denied, no connection, an object gone)
 is a :class:`~daskhps.errors.StorageError`: one line naming the URL and what would fix it
 (:func:`failure`). Bad bytes in an object that could be read stay bad rows, as in a file.
@@ -40,6 +43,8 @@ __all__ = [
     "folder_of",
     "is_url",
     "local_path",
+    "make_folder",
+    "no_such_bucket",
     "open_input",
     "protocol_of",
     "reason",
@@ -158,6 +163,20 @@ def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
         raise failure(url, e, "open") from None
 
 
+def _has_buckets(fs: AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(p in _BUCKETS for p in protocols)
+
+
+def make_folder(fs: AbstractFileSystem, path: str) -> None:
+    """Make the folder ``path`` (and its parents) where the store has folders. An object
+    store has none (a key is written whole), and its ``makedirs`` creates the bucket: a
+    bucket is the user's to create (its region, its permissions, its bill), never daskhps's,
+    so there nothing is made and a write to a bucket that does not exist fails."""
+    if not _has_buckets(fs):
+        fs.makedirs(path, exist_ok=True)
+
+
 def bucket_of(url: str) -> str | None:
     """The bucket (container) a URL of an object store names, None for other protocols."""
     protocol = protocol_of(url)
@@ -227,11 +246,7 @@ def reason(url: str, exc: BaseException, doing: str = "read") -> str:
             "check the URL and the endpoint (storage.options' endpoint_url, "
             "AWS_ENDPOINT_URL), and that the server is up"
         )
-    elif (
-        bucket is not None
-        and ("bucket" in low or "container" in low)
-        and ("not exist" in low or "nosuchbucket" in low or "not found" in low)
-    ):
+    elif no_such_bucket(url, exc):
         why = _NO_BUCKET.format(bucket=bucket)
     elif isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
         why = (
@@ -246,6 +261,16 @@ def reason(url: str, exc: BaseException, doing: str = "read") -> str:
 
 
 _NO_BUCKET = "the bucket {bucket!r} does not exist: check the URL"
+
+
+def no_such_bucket(url: str, exc: BaseException) -> bool:
+    """Whether ``exc`` says that the bucket (container) of ``url`` does not exist."""
+    low = f"{type(exc).__name__} {first_line(exc)}".lower()
+    return (
+        bucket_of(url) is not None
+        and ("bucket" in low or "container" in low)
+        and ("not exist" in low or "nosuchbucket" in low or "not found" in low)
+    )
 
 
 def check_bucket(url: str) -> None:

@@ -105,18 +105,19 @@ class Replica:
         """One line naming :data:`KEY` when the copy cannot be written; nothing is left. A
         folder is tried as every folder a run writes is (:func:`writing_problem`: the workers
         that share it may try it at once)."""
-        why = writing_problem(self.root) if self.local else self._probe()
+        why = writing_problem(self.root) if self.local else self._probe(source)
         if why is not None:
             raise ConfigError(
                 f"{source}: {KEY}: cannot write checkpoints to {self.url} ({why}); set it to a "
                 "writable folder or URL, or remove it"
             )
 
-    def _probe(self) -> str | None:
-        """Why a file cannot be written at the copy's URL (object storage); None: it can."""
+    def _probe(self, source: str) -> str | None:
+        """Why a file cannot be written at the copy's URL (object storage); None: it can. A
+        bucket that does not exist is refused in words of its own: it is never created."""
         probe = self._path(f".daskhps-probe-{os.getpid()}")
         try:
-            self.fs.makedirs(self.root, exist_ok=True)
+            storage.make_folder(self.fs, self.root)
             with self.fs.open(probe, "wb") as f:
                 f.write(b"daskhps")
             self.fs.rm_file(probe)
@@ -127,6 +128,12 @@ class Replica:
                 and storage.transport_failure(self.url, e) is None
             ):
                 raise
+            if storage.no_such_bucket(self.url, e):
+                raise ConfigError(
+                    f"{source}: {KEY}: the bucket {storage.bucket_of(self.url)!r} of "
+                    f"{storage.shown(self.url)} does not exist: create it, or set {KEY} to a "
+                    "bucket that exists (daskhps creates no bucket)"
+                ) from None
             return storage.reason(self.url, e, "write")
         return None
 
@@ -135,7 +142,7 @@ class Replica:
     def put_checkpoint(self, ckpt: Checkpoint) -> Copied:
         """Copy ``ckpt``'s files, its manifest last (pointing at the copy's stores)."""
         dest = self.checkpoint_path(ckpt.name)
-        self.fs.makedirs(dest, exist_ok=True)
+        storage.make_folder(self.fs, dest)
         out = Copied()
         for name in ckpt.files:
             self.fs.put_file(str(ckpt.path / name), f"{dest}/{name}")
@@ -272,7 +279,7 @@ def mirror_store(fs: Any, local: Path, dest: str) -> Copied:
         if _order(rel) > 0:  # a commit or the root: complete or absent, never half
             _put_atomic(fs, target, (local / rel).read_bytes())
         else:
-            fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            storage.make_folder(fs, target.rsplit("/", 1)[0])
             fs.put_file(str(local / rel), target)
         out.files += 1
         out.bytes += size
@@ -332,7 +339,7 @@ def _order(rel: str) -> int:
 def _put_atomic(fs: Any, target: str, data: bytes) -> None:
     """``target`` complete or absent: written beside it, then moved into place (a rename on
     a local or shared folder; an object store's single upload is whole by itself)."""
-    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+    storage.make_folder(fs, target.rsplit("/", 1)[0])
     if isinstance(fs, LocalFileSystem):
         tmp = f"{target}.tmp"
         with open(tmp, "wb") as f:
