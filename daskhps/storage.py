@@ -6,8 +6,11 @@ a URL goes through fsspec. Storage options (endpoint, credentials, retries) come
 this order: the run config's ``storage.options`` (:func:`use_options`, applied on the driver
 and on every worker), fsspec's environment variables (``FSSPEC_S3_ENDPOINT_URL=...``) and
 config files, and the packages' own sources (``AWS_*`` variables, ``~/.aws``,
-``GOOGLE_APPLICATION_CREDENTIALS``, ...). They are never printed: every message shows a URL
-through :func:`shown`, which leaves credentials out.
+``GOOGLE_APPLICATION_CREDENTIALS``, ...). Each option must be one the protocol's filesystem
+takes (:func:`option_names`, checked when the config is read), and where the user set no
+retries daskhps sets its own, so that a store that cannot be reached is said in seconds
+(:mod:`daskhps._store_options`). Credentials are never printed: every message shows a URL
+through :func:`shown`, which leaves them out.
 
 A bucket is never created: a write to an object store makes no folders (:func:`make_folder`),
 and a bucket that does not exist is refused.
@@ -30,6 +33,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
+from daskhps._store_options import option_names, url_to_fs
 from daskhps.errors import StorageError, first_line
 
 __all__ = [
@@ -46,11 +50,13 @@ __all__ = [
     "make_folder",
     "no_such_bucket",
     "open_input",
+    "option_names",
     "protocol_of",
     "reason",
     "shown",
     "stamp",
     "transport_failure",
+    "url_to_fs",
     "use_options",
 ]
 
@@ -156,7 +162,7 @@ def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
             f"{shown(url)}: {protocol}:// is no protocol fsspec knows; check the URL"
         ) from None
     try:
-        return fsspec.core.url_to_fs(url)
+        return url_to_fs(url)
     except ImportError as e:
         raise _missing_package(url, protocol, e) from None
     except Exception as e:  # an option the package refuses, a malformed URL

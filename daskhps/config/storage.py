@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from daskhps.options import Ctx, Options, Problem, shown, validate
+from daskhps import storage
+from daskhps.options import Ctx, Options, Problem, closest, join, shown, validate
 
 __all__ = ["StorageConfig"]
 
@@ -38,8 +39,28 @@ class StorageConfig(Options):
                 raise Problem("", f"{protocol!r} is not a protocol name: write s3, gs, abfs, ...")
             if not isinstance(opts, dict):
                 raise Problem(protocol, "expected a mapping of fsspec options")
+            _check_names(protocol, opts)
         return value
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> StorageConfig:
         return validate(cls, d, ctx, "storage")
+
+
+def _check_names(protocol: str, opts: dict[Any, Any]) -> None:
+    """Each option of ``protocol`` is one its filesystem takes: a misspelt one would else be
+    ignored, or refused by the package deep in the first request, as a traceback. A protocol
+    whose package is not installed is left to the URL that uses it, which says so."""
+    allowed = storage.option_names(protocol)
+    if allowed is None:
+        return
+    unknown = [k for k in opts if k not in allowed]
+    if not unknown:
+        return
+    names = sorted(allowed)
+    hint = closest(str(unknown[0]), names)
+    did = f"did you mean {join(f'storage.options.{protocol}', hint)!r}? " if hint else ""
+    raise Problem(
+        f"{protocol}.{unknown[0]}",
+        f"unknown option of the {protocol}:// filesystem; {did}allowed options: {', '.join(names)}",
+    )

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from daskhps import storage
@@ -75,7 +74,7 @@ class Replica:
     def __init__(self, url: str) -> None:
         self.url = url
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url)
+            self.fs, self.root = storage.url_to_fs(url)
         except (ImportError, ValueError) as e:  # an unknown protocol, a missing package
             raise ConfigError(f"{KEY}: cannot use {url!r}: {e}") from None
         self.root = self.root.rstrip("/")
