@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daskhps import __version__
+from daskhps import _redact as redact
 from daskhps.errors import DaskHPSError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -274,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose < 2:  # -vv shows everything
         for handler in logging.getLogger().handlers:
             handler.addFilter(_dask_warnings_only)
+    redact.install()  # at every verbosity: -vv prints the store clients' signed requests
     try:
         return COMMANDS[args.command].run(args)
     except DaskHPSError as e:

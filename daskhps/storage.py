@@ -10,7 +10,8 @@ config files, and the packages' own sources (``AWS_*`` variables, ``~/.aws``,
 takes (:func:`option_names`, checked when the config is read), and where the user set no
 retries daskhps sets its own, so that a store that cannot be reached is said in seconds
 (:mod:`daskhps._store_options`). Credentials are never printed: every message shows a URL
-through :func:`shown`, which leaves them out.
+through :func:`shown`, which leaves them out, and every log line is masked
+(:mod:`daskhps._redact`).
 
 A bucket is never created: a write to an object store makes no folders (:func:`make_folder`),
 and a bucket that does not exist is refused.
@@ -33,6 +34,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
+from daskhps import _redact
 from daskhps._store_options import option_names, url_to_fs
 from daskhps.errors import StorageError, first_line
 
@@ -122,11 +124,16 @@ def use_options(options: Mapping[str, Mapping[str, Any]], *, replace: bool = Fal
             else:
                 fsspec.config.conf[protocol] = before
             _forget_instances(protocol)
+    _redact.remember(options)
     for protocol, opts in options.items():
         if fsspec.config.conf.get(protocol) != dict(opts):
             _SET.setdefault(protocol, fsspec.config.conf.get(protocol))
             fsspec.config.conf[protocol] = dict(opts)
             _forget_instances(protocol)
+
+
+# Credentials that reach fsspec's config from its environment variables or files.
+_redact.remember(fsspec.config.conf)
 
 
 def _forget_instances(protocol: str) -> None:

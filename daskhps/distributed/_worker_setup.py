@@ -14,6 +14,9 @@ how they reach object storage (``storage.options``).
   a spawned worker would have started.
 * The C allocator reuses freed blocks instead of mapping fresh pages for every tensor
   (:mod:`daskhps.distributed._allocator`).
+* Every log handler of the worker (Dask's own, the ones that keep its log for the dashboard,
+  the last-resort one that prints a library's warnings) masks credentials
+  (:mod:`daskhps._redact`): the storage options' and the environment's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
+from daskhps import _redact as redact
 from daskhps.distributed._allocator import give_back_free_memory, reuse_freed_memory
 from daskhps.distributed._expected import quiet_expected_errors
 from daskhps.storage import use_options
@@ -63,6 +67,7 @@ class WorkerSetup(WorkerPlugin):
         quiet_expected_errors()
         # This run's options, and none of an earlier run's (a cluster outlives its runs).
         use_options(self.storage_options, replace=True)
+        redact.install()
         own_process = multiprocessing.parent_process() is not None
         if self.cwd is not None and own_process:  # the embedded cluster's: the driver's
             os.chdir(self.cwd)
@@ -94,4 +99,5 @@ def setup_workers(
     the checkpoint copy)."""
     quiet_expected_errors()
     use_options(storage_options or {})
+    redact.install()  # Dask's handlers, added since the command line installed it
     client.register_plugin(WorkerSetup(ignore_sigint, storage_options, cwd), name=PLUGIN_NAME)
