@@ -49,7 +49,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from daskhps import storage
+from daskhps import _redact, storage
 from daskhps.data.parse import read_shard
 from daskhps.errors import DaskHPSError
 from daskhps.serve.metrics import ServerMetrics
@@ -403,6 +403,7 @@ def _run_one(options: ServeOptions, sockets: list[socket.socket] | None = None) 
 
 def _child(options: ServeOptions) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _redact.install()  # a child's own handlers: credentials stay out of its lines too
     sys.exit(_run_one(options))
 
 
