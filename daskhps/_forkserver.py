@@ -67,7 +67,7 @@ PRELOAD = (
     "torch._dynamo",
     "daskhps.training.worker",
     "daskhps.training.holdout",
-    "daskhps.training.replica",
+    "daskhps.runfiles.replica",
     "daskhps.training.placement",
     "daskhps.passes.scan",
     "daskhps.distributed.host",

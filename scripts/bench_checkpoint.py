@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter
 
+from daskhps.runfiles.replica import Replica, mirror_store
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
-from daskhps.training.replica import Replica, mirror_store
 
 STRIDE = 7919  # spreads the keys over the int64 range's low end, as hashed keys would not
 

@@ -45,7 +45,7 @@ from _bench import Reporter
 
 from daskhps._paths import tree_bytes
 from daskhps.retrain.versions import Registry
-from daskhps.training.checkpoint import load_checkpoint
+from daskhps.runfiles.checkpoint import load_checkpoint
 from daskhps.training.inspection import describe_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

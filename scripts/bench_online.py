@@ -54,12 +54,12 @@ from daskhps.config import RunConfig
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.serve import load_servable
 from daskhps.serve.client import ServeClient
 from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
 from daskhps.serve.requests import read_rows
 from daskhps.table.init import init_embedding
-from daskhps.training.checkpoint import list_checkpoints
 from daskhps.training.trainer import Trainer
 
 BATCHES = (1, 64, 1024, 16384)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter
 
 from daskhps.distributed import ReshardReport, reshard_on_workers, start_cluster
-from daskhps.training.checkpoint import Checkpoint, load_checkpoint
+from daskhps.runfiles.checkpoint import Checkpoint, load_checkpoint
 from daskhps.training.resume import reshard
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"

@@ -211,7 +211,7 @@ def import_table(config: Path, folder: Path, log: Path) -> dict[str, Any]:
 def pass_figures(run_dir: Path) -> dict[str, Any]:
     """Training examples/s (all passes' examples over their training seconds), the tier each
     staged row came from, the kept checkpoints' kinds and seconds, and the final evaluation."""
-    from daskhps.training.checkpoint import list_checkpoints
+    from daskhps.runfiles.checkpoint import list_checkpoints
 
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     passes = [json.loads(line) for line in lines if line.strip()]
@@ -255,7 +255,7 @@ def digest(run_dir: Path, hot: np.ndarray) -> dict[str, Any]:
     the run's latest checkpoint."""
     import torch
 
-    from daskhps.training.checkpoint import latest_checkpoint
+    from daskhps.runfiles.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None
@@ -307,7 +307,7 @@ def probe(run_dir: Path) -> dict[str, Any]:
     """The costs of rank 0's store at the run's latest checkpoint (module docstring)."""
     import torch
 
-    from daskhps.training.checkpoint import latest_checkpoint
+    from daskhps.runfiles.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None

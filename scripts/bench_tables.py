@@ -232,7 +232,7 @@ def disk_bytes(folder: Path) -> int:
 
 def table_figures(run_dir: Path) -> dict[str, Any]:
     """Rows, row bytes and embedding bytes of every table at the run's final checkpoint."""
-    from daskhps.training.checkpoint import latest_checkpoint
+    from daskhps.runfiles.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:

@@ -57,7 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter, cli
 
-from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
+from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 WORKERS = 2  # the quickstart's cluster.n_workers; the real cluster gets as many

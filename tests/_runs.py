@@ -128,7 +128,7 @@ def cli_here(
 def config_checkpoint(path: Path, config: dict[str, Any]) -> Any:
     """A checkpoint object holding ``config`` (what a change policy compares) and placeholder
     values for the rest of its manifest; nothing is written to ``path``."""
-    from daskhps.training.checkpoint import Checkpoint
+    from daskhps.runfiles.checkpoint import Checkpoint
 
     return Checkpoint.at(
         path,

@@ -18,7 +18,7 @@ import pytest
 from daskhps import storage
 from daskhps.data import resolve_files
 from daskhps.errors import ConfigError, StorageError
-from daskhps.training.replica import Replica
+from daskhps.runfiles.replica import Replica
 from tests._runs import cli_here, tiny_config, write_config
 from tests._s3 import KEY, SECRET, s3_server
 

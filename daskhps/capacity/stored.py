@@ -16,7 +16,7 @@ from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.manifest import scan_manifests
 
 if TYPE_CHECKING:
-    from daskhps.training.checkpoint import Checkpoint
+    from daskhps.runfiles.checkpoint import Checkpoint
 
 __all__ = ["StoredTable", "stored_table"]
 
@@ -46,7 +46,7 @@ def stored_table(run_dir: str | Path) -> StoredTable | None:
     """The newest complete checkpoint of ``run_dir`` and its stores' rows, or None without one
     (a rank whose commit cannot be read counts 0: ``train --resume`` refuses it anyway)."""
     # Loaded here: training imports capacity (the trainer sizes the run before it starts).
-    from daskhps.training.checkpoint import latest_checkpoint
+    from daskhps.runfiles.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir) if Path(run_dir).is_dir() else None
     if ckpt is None:

@@ -121,7 +121,7 @@ def train_interrupted(args: argparse.Namespace) -> str:
     and the command that resumes it (or that nothing was checkpointed)."""
     # Here, not at the top: training.checkpoint loads torch, which `daskhps config` and a
     # train that fails its config check never need.
-    from daskhps.training.checkpoint import MANIFEST, latest_checkpoint
+    from daskhps.runfiles.checkpoint import MANIFEST, latest_checkpoint
 
     command = ["daskhps", "train", args.config]
     for override in args.overrides:

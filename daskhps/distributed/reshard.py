@@ -51,8 +51,8 @@ from daskhps.table.admission import PendingCounts
 from daskhps.tiers._lock import WriterLock
 
 if TYPE_CHECKING:
+    from daskhps.runfiles.checkpoint import Checkpoint
     from daskhps.tiers.store import StoreReader
-    from daskhps.training.checkpoint import Checkpoint
 
 __all__ = ["BLOCK_ROWS", "RankReshard", "ReshardReport", "reshard_on_workers"]
 
@@ -292,7 +292,7 @@ def _check_rank(held: list[int], ckpt: Checkpoint, out_dir: Path) -> str | None:
     """On a new rank's worker, before anything is written: what stops the re-shard there (a
     missing old store, published versions under ``out_dir``, a new store still locked by
     another writer), or None."""
-    from daskhps.training.rundir import published_commits  # the trainer's module: not at import
+    from daskhps.runfiles.rundir import published_commits  # the trainer's module: not at import
 
     for r in held:
         for path in ckpt.rank_stores(r):

@@ -55,20 +55,20 @@ from daskhps.errors import (
 from daskhps.importing.checks import check_chunk, check_table_keys, duplicate_error
 from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
-from daskhps.sharding import ShardMap
-from daskhps.table.spec import TableSpec
-from daskhps.tiers._lock import WriterLock
-from daskhps.tiers.store.check import CommitId
-from daskhps.tiers.store.durable import fsync_dir
-from daskhps.training import rundir
-from daskhps.training.checkpoint import (
+from daskhps.runfiles import rundir
+from daskhps.runfiles.checkpoint import (
     checkpoint_name,
     checkpoints_dir,
     finish_checkpoint,
     remove_checkpoint,
     write_payload,
 )
-from daskhps.training.locations import recorded_stores_dir
+from daskhps.runfiles.locations import recorded_stores_dir
+from daskhps.sharding import ShardMap
+from daskhps.table.spec import TableSpec
+from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.store.check import CommitId
+from daskhps.tiers.store.durable import fsync_dir
 
 __all__ = ["CHUNK_ROWS", "COMMIT", "ImportResult", "import_table", "import_tables"]
 

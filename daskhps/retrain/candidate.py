@@ -29,8 +29,8 @@ from daskhps.distributed.cluster import KeptCluster
 from daskhps.errors import CheckpointError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain.days import DayPlan
+from daskhps.runfiles.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from daskhps.training.changes import check_changes
-from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 
 __all__ = ["Candidate", "candidate_config", "check_warm_start", "train_candidate"]
 

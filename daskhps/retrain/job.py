@@ -90,7 +90,7 @@ def refuse_training_run(run_dir: Path, source: str) -> None:
     publishing versions there would hide its own checkpoints from ``predict`` and ``serve``
     and stop its ``--resume``."""
     from daskhps.retrain.versions import registry_folder
-    from daskhps.training.rundir import training_run_files
+    from daskhps.runfiles.rundir import training_run_files
 
     found = training_run_files(run_dir)
     if found and registry_folder(run_dir) is None:
@@ -193,7 +193,7 @@ def _checked_current(registry: Registry, config: RunConfig) -> Version | None:
     current = registry.current()
     if current is not None:
         from daskhps.retrain.candidate import check_warm_start
-        from daskhps.training.checkpoint import load_checkpoint
+        from daskhps.runfiles.checkpoint import load_checkpoint
 
         check_warm_start(load_checkpoint(current.checkpoint), config)
     return current
@@ -297,7 +297,7 @@ def _check_restorable(version: Version, config: RunConfig) -> None:
     """Raise unless the version's checkpoint loads and every rank store holds its commit,
     asked of the disks that hold them: a cluster's workers (``cluster.address``: each has its
     own), or this machine's, which the embedded cluster's workers share."""
-    from daskhps.training.checkpoint import load_checkpoint
+    from daskhps.runfiles.checkpoint import load_checkpoint
     from daskhps.training.parts import RunParts
 
     ckpt = load_checkpoint(version.checkpoint)

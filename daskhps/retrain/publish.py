@@ -25,14 +25,14 @@ from typing import Any
 
 from daskhps.errors import CheckpointError
 from daskhps.retrain.stores import Disks, commit_version
-from daskhps.tiers.base import CommitInfo
-from daskhps.tiers.store.check import CommitId
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     Checkpoint,
     finish_checkpoint,
     remove_checkpoint,
 )
-from daskhps.training.locations import recorded_stores_dir
+from daskhps.runfiles.locations import recorded_stores_dir
+from daskhps.tiers.base import CommitInfo
+from daskhps.tiers.store.check import CommitId
 
 __all__ = ["VERSION_PREFIX", "commit_name", "freeze_version"]
 

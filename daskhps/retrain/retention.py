@@ -78,7 +78,7 @@ def removable(registry_folder: Path, version: str) -> Iterator[bool]:
 def _drop_commit(version: Version, disks: Disks) -> int:
     """Drop ``version``'s commit from every rank store of its stores folder, each where it lies;
     the number of stores it was in."""
-    from daskhps.training.checkpoint import load_checkpoint
+    from daskhps.runfiles.checkpoint import load_checkpoint
 
     if not Path(version.checkpoint).is_dir():  # removed by hand: its commit cannot be found
         log.warning(

@@ -38,12 +38,12 @@ from daskhps.distributed.disks import (
     survey_workers,
 )
 from daskhps.passes.owners import worker_addresses
+from daskhps.runfiles.checkpoint import Checkpoint
+from daskhps.runfiles.replica import Replica
 from daskhps.table import open_shard_store
 from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.writer import StoreWriter
-from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.placement import match_ranks, place_ranks, survey_of
-from daskhps.training.replica import Replica
 
 __all__ = ["Disks", "commit_version", "drop_commit", "missing_commit", "remove_stores"]
 

@@ -73,7 +73,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from daskhps.training.copycache import fetched_model
+    from daskhps.runfiles.copycache import fetched_model
 
     job = importlib.import_module("pipelines.predict")
     model, checkpoint = fetched_model(args.model, args.checkpoint)

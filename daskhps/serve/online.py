@@ -66,7 +66,7 @@ class ModelSource:
     checkpoint (a checkpoint folder, a version's folder, a training run directory)."""
 
     def __init__(self, path: str | Path) -> None:
-        from daskhps.training.copycache import fetched_model
+        from daskhps.runfiles.copycache import fetched_model
 
         # A copy in object storage is a fixed checkpoint, fetched into the local cache.
         self.path = Path(fetched_model(str(path))[0])

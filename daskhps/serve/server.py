@@ -410,7 +410,7 @@ def _child(options: ServeOptions) -> None:
 def serve(options: ServeOptions) -> int:
     """Run ``daskhps serve``: one server process, or ``processes`` of them on one port."""
     if storage.is_url(options.model):  # a copy in object storage: fetched once, then fixed
-        from daskhps.training.copycache import fetched_model
+        from daskhps.runfiles.copycache import fetched_model
 
         options = replace(options, model=fetched_model(options.model)[0])
     if not Path(options.model).exists():

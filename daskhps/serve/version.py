@@ -112,7 +112,7 @@ class Servable:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Any) -> Servable:
-        """From a :class:`daskhps.training.checkpoint.Checkpoint`."""
+        """From a :class:`daskhps.runfiles.checkpoint.Checkpoint`."""
         cfg = ckpt.config
         tables = tuple(
             TableVersion(
@@ -132,7 +132,7 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     run directory (its latest complete checkpoint, or the one named ``checkpoint``, e.g.
     ``pass-000003``), a retraining run directory (the version its registry names current), or
     a run's copy in object storage (a URL: its newest checkpoint or ``checkpoint``, read
-    through the local cache of :mod:`daskhps.training.copycache`).
+    through the local cache of :mod:`daskhps.runfiles.copycache`).
 
     Raises
     ------
@@ -142,11 +142,11 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     StoreNotFoundError
         When the checkpoint's stores are not on this machine (on its workers' disks, or
         another's rows at their path) and it has no sound copy at ``checkpoint.replicate_to``
-        to read them from instead (:func:`daskhps.training.reading.stores_here`).
+        to read them from instead (:func:`daskhps.runfiles.reading.stores_here`).
     """
     from daskhps.retrain.versions import published_checkpoint
-    from daskhps.training.checkpoint import MANIFEST, find_checkpoint, load_checkpoint
-    from daskhps.training.copycache import fetched_model
+    from daskhps.runfiles.checkpoint import MANIFEST, find_checkpoint, load_checkpoint
+    from daskhps.runfiles.copycache import fetched_model
 
     local, checkpoint = fetched_model(str(path), checkpoint)  # a URL: the local cache's
     p = Path(local)
@@ -167,7 +167,7 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
         )
     else:
         ckpt = find_checkpoint(p, checkpoint)
-    from daskhps.training.reading import stores_here
+    from daskhps.runfiles.reading import stores_here
 
     reading = stores_here(ckpt)  # its stores on other machines' disks: its copy, if it has one
     stores = reading.require()

@@ -29,8 +29,7 @@ from daskhps.config import RunConfig
 from daskhps.distributed import RunGroup, WorkerShards
 from daskhps.distributed.disks import remove_folder
 from daskhps.errors import CheckpointError, first_line
-from daskhps.training import worker
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     Checkpoint,
     checkpoint_name,
     commit_record,
@@ -40,11 +39,12 @@ from daskhps.training.checkpoint import (
     start_checkpoint,
     write_payload,
 )
+from daskhps.runfiles.locations import recorded_stores_dir
+from daskhps.runfiles.replica import Copied, Replica, mirror_shards
+from daskhps.training import worker
 from daskhps.training.killpoints import kill_point
-from daskhps.training.locations import recorded_stores_dir
 from daskhps.training.records import PassRecord
 from daskhps.training.recovery import RECOVERABLE
-from daskhps.training.replica import Copied, Replica, mirror_shards
 
 __all__ = ["Checkpointer", "Position"]
 
@@ -159,7 +159,7 @@ class Checkpointer:
 
     def replicate(self, ckpt: Checkpoint) -> Copied | None:
         """Copy ``ckpt`` (complete, and the newest) and its stores to ``checkpoint.replicate_to``
-        (see :mod:`daskhps.training.replica`); what moved, None without a copy. Raises
+        (see :mod:`daskhps.runfiles.replica`); what moved, None without a copy. Raises
         :class:`CheckpointError` (a lost worker as itself); the local checkpoint stays whole."""
         r = self.replica
         if r is None:

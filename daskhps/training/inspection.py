@@ -5,11 +5,11 @@ read-only at each checkpoint's commit.
 Every checkpoint's files are checked against its manifest (size and sha256), and every segment
 and index snapshot its stores' commits read against the stores' own metadata (sizes; with
 ``verify`` also the sha256 recorded when each chunk file was written). Folders that are never
-loaded are listed with the reason (:class:`~daskhps.training.checkpoint.Skipped`).
+loaded are listed with the reason (:class:`~daskhps.runfiles.checkpoint.Skipped`).
 
 The stores are the checkpoint's own where this machine holds them, else its copy at
 ``checkpoint.replicate_to`` (said in one line, and checked and verified in their place), else
-it stops with one line saying where they are (:mod:`daskhps.training.reading`).
+it stops with one line saying where they are (:mod:`daskhps.runfiles.reading`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from typing import Any
 from daskhps import storage
 from daskhps._text import counted
 from daskhps.errors import CheckpointError, DaskHPSError
-from daskhps.table.admission import PendingCounts
-from daskhps.tiers.store.check import StoreChecker
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     MANIFEST,
     Checkpoint,
     Skipped,
@@ -33,7 +31,9 @@ from daskhps.training.checkpoint import (
     load_checkpoint,
     scan_checkpoints,
 )
-from daskhps.training.reading import stores_here
+from daskhps.runfiles.reading import stores_here
+from daskhps.table.admission import PendingCounts
+from daskhps.tiers.store.check import StoreChecker
 
 __all__ = ["describe", "describe_checkpoint", "render"]
 
@@ -227,7 +227,7 @@ def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str,
     ``daskhps inspect`` exit non-zero); ``damage`` lists each problem on one line.
     """
     if storage.is_url(str(path)):  # a copy in object storage: its checkpoint, cached here
-        from daskhps.training.copycache import fetched_model
+        from daskhps.runfiles.copycache import fetched_model
 
         path = fetched_model(str(path))[0]
     p = Path(path)

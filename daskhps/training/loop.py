@@ -43,18 +43,18 @@ from daskhps.monitor.worker_metrics import announce_network
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
+from daskhps.runfiles.checkpoint import Checkpoint
+from daskhps.runfiles.replica import Replica
 from daskhps.sharding import ShardMap
 from daskhps.table.stats import NO_DAY, day_string
 from daskhps.training import resume as resuming
 from daskhps.training import worker
-from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.holdout import HoldoutStream
 from daskhps.training.killpoints import kill_when_running
 from daskhps.training.parts import RunParts
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
 from daskhps.training.records import Batches, PassRecord, RankPassResult, RunResult
-from daskhps.training.replica import Replica
 
 __all__ = ["HOLDOUT_SPILL", "PassLoop", "bad_rows_by_pass", "warn_rereads"]
 

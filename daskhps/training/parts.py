@@ -24,11 +24,11 @@ from daskhps.config import RunConfig
 from daskhps.distributed import WorkerShards, start_cluster
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.passes import PassPlan, PassSpec
+from daskhps.runfiles.replica import Replica
 from daskhps.training import worker
 from daskhps.training.holdout import HoldoutStream
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.records import Batches
-from daskhps.training.replica import Replica
 
 __all__ = ["RunParts"]
 

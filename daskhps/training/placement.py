@@ -35,8 +35,8 @@ from daskhps.errors import (
     ResumeError,
     RunExistsError,
 )
-from daskhps.training.checkpoint import Checkpoint
-from daskhps.training.replica import KEY, Replica
+from daskhps.runfiles.checkpoint import Checkpoint
+from daskhps.runfiles.replica import KEY, Replica
 
 __all__ = [
     "LOCK_WAIT_S",

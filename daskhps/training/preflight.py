@@ -36,9 +36,8 @@ from daskhps.data.source import day_of, resolve_files
 from daskhps.distributed.cluster import cuda_available
 from daskhps.errors import ConfigError, DataError, ResumeError, RunExistsError
 from daskhps.monitor.progress import Progress
-from daskhps.training import resume as resuming
-from daskhps.training import rundir
-from daskhps.training.checkpoint import (
+from daskhps.runfiles import rundir
+from daskhps.runfiles.checkpoint import (
     Checkpoint,
     checkpoints_dir,
     find_checkpoint,
@@ -47,9 +46,10 @@ from daskhps.training.checkpoint import (
     remove_checkpoint,
     store_damage,
 )
+from daskhps.runfiles.replica import Replica
+from daskhps.training import resume as resuming
 from daskhps.training.killpoints import check_env
 from daskhps.training.recovery import restore_from_copy
-from daskhps.training.replica import Replica
 
 __all__ = ["Start", "check_cluster_fits", "preflight", "refuse_damaged_stores"]
 

@@ -30,13 +30,13 @@ from distributed import KilledWorker
 from daskhps._scheduler import scheduler_workers
 from daskhps.distributed._errors import CommError, WorkerLostError
 from daskhps.errors import DaskHPSError, first_line
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     Checkpoint,
     latest_checkpoint,
     list_checkpoints,
     store_damage,
 )
-from daskhps.training.replica import Replica, restore_stores
+from daskhps.runfiles.replica import Replica, restore_stores
 
 __all__ = [
     "RECOVERABLE",

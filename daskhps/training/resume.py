@@ -21,14 +21,14 @@ from typing import Any
 from daskhps._text import counted
 from daskhps.config import RunConfig
 from daskhps.errors import ResumeError
+from daskhps.runfiles.checkpoint import Checkpoint
+from daskhps.runfiles.rundir import published_commits
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
 from daskhps.table.admission import PendingCounts
 from daskhps.tiers._lock import WriterLock
 from daskhps.training.changes import check_changes
-from daskhps.training.checkpoint import Checkpoint
 from daskhps.training.records import RunResult
-from daskhps.training.rundir import published_commits
 
 __all__ = [
     "check_plan",

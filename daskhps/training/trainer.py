@@ -38,9 +38,9 @@ from daskhps.distributed.disks import remove_folder
 from daskhps.errors import ResumeError, first_line
 from daskhps.monitor.progress import Progress
 from daskhps.passes.scan import remove_spill
+from daskhps.runfiles import rundir
+from daskhps.runfiles.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training import resume as resuming
-from daskhps.training import rundir
-from daskhps.training.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training.loop import HOLDOUT_SPILL, PassLoop
 from daskhps.training.parts import RunParts
 from daskhps.training.placement import (
@@ -106,7 +106,7 @@ class Trainer:
     ) -> RunResult:
         """Train; with ``resume``, continue from the run directory's latest checkpoint (or the
         one named ``checkpoint``). A run directory that already holds a run is refused unless
-        ``resume`` or ``overwrite`` says what to do with it (:mod:`daskhps.training.rundir`).
+        ``resume`` or ``overwrite`` says what to do with it (:mod:`daskhps.runfiles.rundir`).
         Everything that can be checked is checked before any file is written or removed."""
         cfg = self.config
         if self.kept is None or self.kept.handle is None:

@@ -13,7 +13,7 @@ from daskhps.capacity.estimate import index_bytes_holding, index_transient_bytes
 from daskhps.capacity.stored import stored_table
 from daskhps.cli import main
 from daskhps.config.runconfig import load_config
-from daskhps.training.checkpoint import latest_checkpoint
+from daskhps.runfiles.checkpoint import latest_checkpoint
 from tests._runs import tiny_config, write_config
 
 ROWS = 6000

@@ -21,10 +21,10 @@ from daskhps.config import RunConfig
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.data.readers import read_click_log
 from daskhps.errors import CapacityError
+from daskhps.runfiles.checkpoint import latest_checkpoint
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable
 from daskhps.tiers.host import rows_for_bytes
-from daskhps.training.checkpoint import latest_checkpoint
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
 from tests._runs import set_keys

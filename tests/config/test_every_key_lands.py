@@ -48,10 +48,10 @@ from daskhps.errors import ConfigError, DataError
 from daskhps.passes import build_plan, plan_owner_keys
 from daskhps.passes.scan import scan_log
 from daskhps.retrain.guard import judge
+from daskhps.runfiles import checkpoint as ck
 from daskhps.sharding import ShardMap
 from daskhps.table.optimizers import apply_update
 from daskhps.table.read_path import initial_rows as table_initial_rows
-from daskhps.training import checkpoint as ck
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.resume import stores_to_train_in
 from daskhps.training.trainer import Trainer

@@ -262,7 +262,7 @@ def test_no_credentials_is_one_line_when_reading_and_before_writing_a_copy(
     """botocore's "no credentials" is no OSError: a worker without them reading the logs the
     driver listed, and checkpoint.replicate_to's probe before a run, say so in one line."""
     from daskhps.errors import ConfigError
-    from daskhps.training.replica import Replica
+    from daskhps.runfiles.replica import Replica
 
     _, url = logs
     log = read_click_log(url, schema=SCHEMA)  # planned where the credentials are

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from daskhps.training.checkpoint import list_checkpoints
+from daskhps.runfiles.checkpoint import list_checkpoints
 from tests._logs import generated_logs
 from tests._real_cluster import RealCluster
 from tests._runs import cli, tiny_config, write_config

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
+from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 from tests._hosts import Hosts
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config

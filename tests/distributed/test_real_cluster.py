@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from daskhps.cli import main
+from daskhps.runfiles.checkpoint import list_checkpoints, load_checkpoint
 from daskhps.training import killpoints
-from daskhps.training.checkpoint import list_checkpoints, load_checkpoint
 from tests._real_cluster import RealCluster
 from tests._tls import make_tls
 

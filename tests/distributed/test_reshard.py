@@ -19,10 +19,10 @@ from daskhps.config import RunConfig
 from daskhps.distributed import ReshardReport, reshard_on_workers, start_cluster
 from daskhps.distributed.cluster import ClusterHandle
 from daskhps.errors import ResumeError
+from daskhps.runfiles.checkpoint import Checkpoint, latest_checkpoint
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, open_shard_store
 from daskhps.table.admission import PendingCounts
-from daskhps.training.checkpoint import Checkpoint, latest_checkpoint
 from daskhps.training.resume import reshard
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
@@ -106,7 +106,7 @@ def _never_on_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the driver opened a store")
 
     monkeypatch.setattr("daskhps.tiers.store.reader.StoreReader.__init__", refuse)
-    monkeypatch.setattr("daskhps.training.rundir.published_commits", refuse)
+    monkeypatch.setattr("daskhps.runfiles.rundir.published_commits", refuse)
 
 
 # old workers, new workers, the new rank order (indexes into the sorted worker addresses),

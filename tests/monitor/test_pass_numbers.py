@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from daskhps.monitor.report import PLOTS, load_run
-from daskhps.training.checkpoint import list_checkpoints
+from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.training.inspection import describe, render
 from tests._clusters import WORKER_MEMORY
 

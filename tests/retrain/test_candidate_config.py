@@ -11,7 +11,7 @@ from daskhps.config import RunConfig
 from daskhps.errors import ConfigError
 from daskhps.retrain.candidate import candidate_config, check_warm_start
 from daskhps.retrain.days import DayPlan
-from daskhps.training.checkpoint import Checkpoint
+from daskhps.runfiles.checkpoint import Checkpoint
 from tests._runs import config_checkpoint
 
 PLAN = DayPlan(train=("2024-01-02", "2024-01-03"), eval_day="2024-01-04")

@@ -13,14 +13,14 @@ from daskhps.errors import CheckpointError
 from daskhps.retrain import Attempt, Registry, Version, VersionNotFoundError
 from daskhps.retrain.job import rollback
 from daskhps.retrain.publish import commit_name, freeze_version
-from daskhps.table import open_shard_store
-from daskhps.tiers.store import StoreReader
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     finish_checkpoint,
     load_checkpoint,
     start_checkpoint,
     write_payload,
 )
+from daskhps.table import open_shard_store
+from daskhps.tiers.store import StoreReader
 
 W = 2
 

@@ -17,9 +17,9 @@ import yaml
 from daskhps.cli import main
 from daskhps.retrain import ExitCode, Registry
 from daskhps.retrain.retention import ServingLease
+from daskhps.runfiles.checkpoint import load_checkpoint
 from daskhps.tiers.store.check import StoreChecker
 from daskhps.tiers.store.manifest import scan_manifests
-from daskhps.training.checkpoint import load_checkpoint
 from tests._clusters import SharedClusters
 from tests.retrain.test_retrain_e2e import DAYS, _arrive, _config, all_days  # noqa: F401
 

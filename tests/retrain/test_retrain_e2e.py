@@ -39,7 +39,7 @@ from daskhps.cli import main
 from daskhps.config import load_config
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, Registry
-from daskhps.training.checkpoint import load_checkpoint
+from daskhps.runfiles.checkpoint import load_checkpoint
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 from tests._runs import tiny_config

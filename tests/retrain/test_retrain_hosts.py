@@ -31,9 +31,9 @@ import torch
 
 from daskhps.cli import main
 from daskhps.retrain import ExitCode, Registry
+from daskhps.runfiles.checkpoint import latest_checkpoint, load_checkpoint
 from daskhps.serve.export import EMBEDDINGS, KEYS
 from daskhps.serve.server import ServeOptions
-from daskhps.training.checkpoint import latest_checkpoint, load_checkpoint
 from tests._clusters import SharedClusters
 from tests._hosts import Hosts
 from tests._logs import generated_logs

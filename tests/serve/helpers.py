@@ -14,12 +14,12 @@ import tornado.netutil
 
 from daskhps.retrain.publish import freeze_version
 from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.runfiles.checkpoint import Checkpoint
 from daskhps.serve import TableVersion
 from daskhps.serve.client import ServeClient
 from daskhps.serve.server import ServeOptions, Server
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, OptimizerSpec, TableSpec
-from daskhps.training.checkpoint import Checkpoint
 
 SPEC = TableSpec("emb", 4, OptimizerSpec(kind="adagrad", lr=0.1), seed=7)
 SHARDS = 8

@@ -25,12 +25,12 @@ from daskhps.cli import main
 from daskhps.distributed import start_cluster
 from daskhps.errors import DataError
 from daskhps.retrain.versions import Registry
+from daskhps.runfiles.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
 from daskhps.serve import Servable, ServingLookup, ShardedStores, load_servable
 from daskhps.serve.export import EMBEDDINGS, KEYS, META, MODEL, export_model
 from daskhps.serve.predict import SUCCESS, SUMMARY, predict
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.table.init import init_embedding
-from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
 from tests._clusters import SharedClusters
 from tests.serve import standalone

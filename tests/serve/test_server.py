@@ -26,9 +26,9 @@ import pytest
 import tornado.netutil
 
 from daskhps.retrain.versions import Registry
+from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.serve.client import ServeClient
 from daskhps.serve.server import ServeOptions
-from daskhps.training.checkpoint import list_checkpoints
 from tests._runs import cli_here
 from tests._signals import default_dispositions
 from tests.serve.helpers import Running, publish_checkpoint, tree_state

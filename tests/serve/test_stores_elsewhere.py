@@ -1,5 +1,5 @@
 """``inspect``, ``predict``, ``export`` and ``serve`` on a run whose stores are on other machines'
-disks (daskhps/training/reading.py).
+disks (daskhps/runfiles/reading.py).
 
 A real 2-worker run trains once for the module with ``checkpoint.replicate_to`` set. Each test
 takes its own copy of the run folder (its checkpoints read the stores beside them) and makes
@@ -27,15 +27,15 @@ import pytest
 from daskhps.cli import main
 from daskhps.config import RunConfig
 from daskhps.retrain.versions import Registry
+from daskhps.runfiles.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
+from daskhps.runfiles.copycache import CopyCache
+from daskhps.runfiles.replica import Replica
 from daskhps.serve import load_servable
 from daskhps.serve.export import EMBEDDINGS, KEYS
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.server import ServeOptions
 from daskhps.table import open_shard_store
-from daskhps.training.checkpoint import MANIFEST, latest_checkpoint, list_checkpoints
-from daskhps.training.copycache import CopyCache
 from daskhps.training.inspection import describe
-from daskhps.training.replica import Replica
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
@@ -408,7 +408,7 @@ def test_a_copy_in_object_storage_is_read_through_the_local_cache(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    caplog.set_level("INFO", logger="daskhps.training.copycache")
+    caplog.set_level("INFO", logger="daskhps.runfiles.copycache")
     got = _answers(s3_copy, tmp_path / "out", trained)  # type: ignore[arg-type]
     # Its newest checkpoint, pass-000002: the original's answers bit for bit.
     (inspected,) = got["inspect"]["checkpoints"]

@@ -26,6 +26,7 @@ from daskhps.data.readers import read_click_log
 from daskhps.distributed import start_cluster
 from daskhps.errors import DataError
 from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.runfiles.checkpoint import Checkpoint, list_checkpoints
 from daskhps.serve import Servable, load_servable
 from daskhps.serve.export import META, export_model
 from daskhps.serve.inputs import Inputs
@@ -34,7 +35,6 @@ from daskhps.serve.requests import JSON, RowReader, read_rows
 from daskhps.serve.score import CacheSizes
 from daskhps.serve.server import ServeOptions
 from daskhps.serve.tables import TablesLookup
-from daskhps.training.checkpoint import Checkpoint, list_checkpoints
 from daskhps.training.metrics import evaluate_predictions
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters

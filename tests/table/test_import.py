@@ -20,13 +20,13 @@ import pytest
 import torch
 
 from daskhps.cli import main
+from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.serve import load_servable
 from daskhps.serve.export import export_model
 from daskhps.serve.stores import ShardedStores
 from daskhps.sharding import ShardMap
 from daskhps.table.stats import STATS_WIDTH
 from daskhps.training import worker
-from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
 from tests._runs import tiny_config, write_config

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from daskhps.data.readers import read_click_log
+from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.table.admission import PendingCounts
-from daskhps.training.checkpoint import list_checkpoints
 from daskhps.training.inspection import describe, render
 from daskhps.training.resume import reshard
 from daskhps.training.trainer import Trainer

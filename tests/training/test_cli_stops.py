@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from daskhps.config.commands import train_interrupted
+from daskhps.runfiles.checkpoint import latest_checkpoint
 from daskhps.tiers._lock import WriterLock
-from daskhps.training.checkpoint import latest_checkpoint
 from tests._logs import generated_logs
 from tests._runs import cli_here, set_keys, tiny_config
 from tests._signals import default_dispositions

@@ -18,9 +18,9 @@ import yaml
 
 from daskhps.cli import main
 from daskhps.config import RunConfig
+from daskhps.runfiles.checkpoint import DENSE, MANIFEST, latest_checkpoint, scan_checkpoints
 from daskhps.serve.export import META
 from daskhps.serve.predict import SUMMARY
-from daskhps.training.checkpoint import DENSE, MANIFEST, latest_checkpoint, scan_checkpoints
 from daskhps.training.trainer import Trainer
 from tests._clusters import WORKER_MEMORY, SharedClusters
 from tests._logs import generated_logs
@@ -96,7 +96,7 @@ def test_truncated_dense_is_named_by_latest_and_inspect(
     size = dense.stat().st_size
     dense.write_bytes(dense.read_bytes()[:1234])
     reason = f"dense.pt is 1234 bytes, the manifest says {size}"
-    with caplog.at_level("WARNING", logger="daskhps.training.checkpoint"):
+    with caplog.at_level("WARNING", logger="daskhps.runfiles.checkpoint"):
         latest = latest_checkpoint(run)  # what --resume and predict take
     assert latest is not None and latest.name == "pass-000002"
     assert [r.getMessage() for r in caplog.records] == [

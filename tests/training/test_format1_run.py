@@ -19,10 +19,10 @@ import torch
 
 from daskhps.data.readers import read_click_log
 from daskhps.data.synthetic import GeneratorConfig, generate
+from daskhps.runfiles.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from daskhps.table import EmbeddingTable
 from daskhps.table.stats import STATS_WIDTH, row_stats
 from daskhps.tiers.store.layout import FORMAT
-from daskhps.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from tests._runs import cli
 
 FIXTURE = Path(__file__).parent / "format1_run"

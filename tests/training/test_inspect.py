@@ -14,11 +14,11 @@ import torch
 
 from daskhps.cli import main
 from daskhps.config import RunConfig
+from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles.checkpoint import checkpoint_name
 from daskhps.table import open_shard_store
 from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.layout import tree_bytes
-from daskhps.training import checkpoint as ck
-from daskhps.training.checkpoint import checkpoint_name
 from daskhps.training.inspection import describe, render
 
 LOSS = 0.5462660484313965

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from daskhps.config import RunConfig
-from daskhps.training.checkpoint import latest_checkpoint
+from daskhps.runfiles.checkpoint import latest_checkpoint
 from daskhps.training.trainer import Trainer
 from tests._logs import generated_logs
 from tests._runs import cli_here, tiny_config, write_config

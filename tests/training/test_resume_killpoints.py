@@ -32,10 +32,10 @@ import yaml
 from daskhps.cli import main as cli_main
 from daskhps.config import RunConfig, load_config
 from daskhps.errors import CheckpointError
+from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.table import EmbeddingTable
 from daskhps.tiers.store import open_store
-from daskhps.training import checkpoint as ck
-from daskhps.training.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.training.trainer import RunResult, Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs

@@ -12,10 +12,10 @@ import torch
 
 from daskhps.config import RunConfig
 from daskhps.errors import ResumeError
+from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable
-from daskhps.training import checkpoint as ck
-from daskhps.training.checkpoint import Checkpoint, checkpoint_name
 from daskhps.training.resume import (
     check_plan,
     check_resume,

@@ -22,10 +22,10 @@ from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.parse import read_shard
 from daskhps.data.schema import criteo_schema
 from daskhps.errors import StoreNotFoundError
+from daskhps.runfiles.checkpoint import MANIFEST, list_checkpoints
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.version import Servable
 from daskhps.table import open_shard_store
-from daskhps.training.checkpoint import MANIFEST, list_checkpoints
 from daskhps.training.inspection import describe
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config

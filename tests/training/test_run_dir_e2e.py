@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from daskhps.training.checkpoint import latest_checkpoint, list_checkpoints
-from daskhps.training.rundir import ASIDE
+from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
+from daskhps.runfiles.rundir import ASIDE
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here, tiny_config, write_config
 from tests._signals import default_dispositions

@@ -44,9 +44,9 @@ from daskhps.data.schema import criteo_schema
 from daskhps.data.source import SUCCESS
 from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.retrain import ExitCode, Registry
+from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.version import Servable, load_servable
-from daskhps.training.checkpoint import list_checkpoints
 from tests._runs import cli, cli_here, tiny_config, write_config
 from tests.training.test_rundir import tree_digest
 

@@ -17,8 +17,8 @@ import pytest
 from daskhps.config import RunConfig
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.errors import ResumeError
+from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.table import EmbeddingTable
-from daskhps.training.checkpoint import list_checkpoints
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs

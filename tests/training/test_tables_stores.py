@@ -22,20 +22,20 @@ from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.data.source import SUCCESS
 from daskhps.distributed import reshard_on_workers, start_cluster
 from daskhps.retrain import ExitCode, Registry
-from daskhps.serve import Servable, load_servable
-from daskhps.serve.export import export_model
-from daskhps.sharding import ShardMap
-from daskhps.table import open_shard_store
-from daskhps.table.admission import PendingCounts
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     Checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     store_damage,
 )
+from daskhps.runfiles.replica import Replica, restore_stores
+from daskhps.serve import Servable, load_servable
+from daskhps.serve.export import export_model
+from daskhps.sharding import ShardMap
+from daskhps.table import open_shard_store
+from daskhps.table.admission import PendingCounts
 from daskhps.training.inspection import describe, render
-from daskhps.training.replica import Replica, restore_stores
 from daskhps.training.resume import reshard, resharded_dir
 from daskhps.training.trainer import Trainer
 from tests._clusters import SharedClusters

@@ -1,4 +1,4 @@
-"""The local cache of copies in object storage (daskhps/training/copycache.py) against a model:
+"""The local cache of copies in object storage (daskhps/runfiles/copycache.py) against a model:
 copies in fsspec's in-memory filesystem, fetched in a random order into a cache with a random
 limit. After every fetch the checkpoint read is whole in the cache, the cache holds at most
 its limit, and what was evicted is what least recent use says; a checkpoint larger than the
@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskhps.errors import StorageError
-from daskhps.training.checkpoint import MANIFEST
-from daskhps.training.copycache import CopyCache
+from daskhps.runfiles.checkpoint import MANIFEST
+from daskhps.runfiles.copycache import CopyCache
 
 
 def _copy(fs: fsspec.AbstractFileSystem, root: str, sizes: list[int]) -> int:
@@ -99,7 +99,7 @@ def test_a_fetch_is_information_and_shows_a_bar_on_a_terminal_only(
     root = f"/cache-{os.urandom(4).hex()}/copy"
     _copy(fs, root, [2000, 3000])
     cache = CopyCache(tmp_path, 1 << 20)
-    caplog.set_level(logging.INFO, logger="daskhps.training.copycache")
+    caplog.set_level(logging.INFO, logger="daskhps.runfiles.copycache")
     for n in (3 + 1, 1):  # whole, then the manifest alone: the rest is in the cache
         stderr = _Terminal() if terminal else io.StringIO()
         monkeypatch.setattr(sys, "stderr", stderr)

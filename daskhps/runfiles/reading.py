@@ -8,7 +8,7 @@ shared. ``daskhps inspect``, ``predict``, ``export`` and ``serve`` ask :func:`st
                  recorded (CommitId: seq, time, rows; any commit of that name in a checkpoint
                  made before they were recorded)
     its copy     otherwise: the checkpoint's copy at checkpoint.replicate_to (a folder, or a
-                 URL read through the local cache of daskhps.training.copycache), when it is
+                 URL read through the local cache of daskhps.runfiles.copycache), when it is
                  complete, of the same files, and its stores sound
     nowhere      otherwise: one line (StoreNotFoundError) saying where the stores are and
                  what to give: checkpoint.replicate_to, or a machine that holds the stores
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daskhps.errors import CheckpointError, ConfigError, StorageError, StoreNotFoundError
+from daskhps.runfiles.checkpoint import Checkpoint
+from daskhps.runfiles.replica import KEY, Replica
 from daskhps.tiers.store.check import CommitId, StoreCheck, StoreChecker
-from daskhps.training.checkpoint import Checkpoint
-from daskhps.training.replica import KEY, Replica
 
 __all__ = ["Reading", "stores_here"]
 

@@ -17,7 +17,7 @@ cut short is never loaded. Only then are the copy's files that the local stores 
 removed. A rank store that is missing or damaged when a run resumes or recovers is restored
 from the copy; ``inspect``, ``predict``, ``export`` and ``serve`` read the copy where it lies
 when a checkpoint's stores are not on their machine, or damaged
-(:mod:`daskhps.training.reading`).
+(:mod:`daskhps.runfiles.reading`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from fsspec.implementations.local import LocalFileSystem
 from daskhps import storage
 from daskhps._paths import writing_problem
 from daskhps.errors import CheckpointError, ConfigError
-from daskhps.tiers.store.check import StoreChecker
-from daskhps.training.checkpoint import (
+from daskhps.runfiles.checkpoint import (
     MANIFEST,
     Checkpoint,
     Skipped,
     check_checkpoint,
 )
+from daskhps.tiers.store.check import StoreChecker
 
 __all__ = ["KEY", "Copied", "Replica", "mirror_shards", "restore_stores"]
 
@@ -179,9 +179,9 @@ class Replica:
     def local_checkpoint(self, name: str) -> Checkpoint | Skipped:
         """The copy of checkpoint ``name`` as a checkpoint of its own (its files verified),
         or why it is never loaded: where it lies when the copy is a folder of this machine,
-        else as fetched into the local cache (:mod:`daskhps.training.copycache`)."""
+        else as fetched into the local cache (:mod:`daskhps.runfiles.copycache`)."""
         if not self.local:
-            from daskhps.training.copycache import CopyCache
+            from daskhps.runfiles.copycache import CopyCache
 
             return check_checkpoint(CopyCache().checkpoint(self.url, name).path)
         return check_checkpoint(Path(self.checkpoint_path(name)))

@@ -35,13 +35,13 @@ import torch
 
 from daskhps._version import __version__
 from daskhps.errors import CheckpointError
+from daskhps.runfiles.locations import stores_of
+from daskhps.runfiles.manifest import FORMAT, CheckpointManifest, ManifestError
 from daskhps.table.table import open_shard_store
 from daskhps.tiers.store import StoreReader
 from daskhps.tiers.store.check import CommitId, StoreChecker
 from daskhps.tiers.store.durable import file_sha256, fsync_dir
 from daskhps.tiers.store.layout import layout_of_today
-from daskhps.training.locations import stores_of
-from daskhps.training.manifest import FORMAT, CheckpointManifest, ManifestError
 
 if TYPE_CHECKING:
     from daskhps.config import RunConfig
@@ -95,7 +95,7 @@ def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(CheckpointManifest):
     """One complete checkpoint: its folder and its verified manifest, whose fields
-    (:class:`~daskhps.training.manifest.CheckpointManifest`) it carries as attributes.
+    (:class:`~daskhps.runfiles.manifest.CheckpointManifest`) it carries as attributes.
 
     Serving needs nothing else: the stores (:attr:`stores_dir`, opened read-only at
     :attr:`commit`), the routing (``ShardMap(num_shards, num_workers)``), the dense model
@@ -107,7 +107,7 @@ class Checkpoint(CheckpointManifest):
     @classmethod
     def at(cls, path: str | os.PathLike[str], manifest: dict[str, Any]) -> Checkpoint:
         """The checkpoint in ``path`` whose manifest reads ``manifest`` (raises
-        :class:`~daskhps.training.manifest.ManifestError` when it lacks fields)."""
+        :class:`~daskhps.runfiles.manifest.ManifestError` when it lacks fields)."""
         fields = cls.json_fields(manifest)
         fields["stores_dir"] = stores_of(Path(path), fields["stores_dir"], fields["run_config"])
         return cls(path=Path(path), **fields)

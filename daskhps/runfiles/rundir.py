@@ -38,8 +38,8 @@ from pathlib import Path
 from daskhps._paths import tree_bytes
 from daskhps.capacity.disk import free_bytes
 from daskhps.errors import ConfigError, RunExistsError
+from daskhps.runfiles.checkpoint import _NAME, checkpoints_dir, list_checkpoints
 from daskhps.tiers.store.manifest import scan_manifests
-from daskhps.training.checkpoint import _NAME, checkpoints_dir, list_checkpoints
 
 __all__ = [
     "ASIDE",

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from daskhps import storage
 from daskhps.errors import CheckpointError, StorageError
 from daskhps.options import parse_size
-from daskhps.training.checkpoint import MANIFEST, checkpoint_name
+from daskhps.runfiles.checkpoint import MANIFEST, checkpoint_name
 
 __all__ = ["CACHE_DIR_ENV", "CACHE_SIZE_ENV", "CopyCache", "Fetched", "fetched_model"]
 

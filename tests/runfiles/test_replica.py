@@ -1,4 +1,4 @@
-"""The copy of a run's stores at ``checkpoint.replicate_to`` (daskhps/training/replica.py), on
+"""The copy of a run's stores at ``checkpoint.replicate_to`` (daskhps/runfiles/replica.py), on
 real zarr stores: a plain folder, a ``file://`` URL and fsspec's in-memory filesystem (a URL
 that is not a local folder). Mirroring moves only the files the copy lacks, pruning removes
 what the store dropped, and the copy reopens at every kept commit with the store's rows."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from daskhps.errors import ConfigError
+from daskhps.runfiles.replica import Replica, mirror_store, prune_store
 from daskhps.tiers.store import StoreReader, open_store
 from daskhps.tiers.store.check import StoreChecker
-from daskhps.training.replica import Replica, mirror_store, prune_store
 
 W = 4
 LAYOUT = {"table": "emb", "dim": 2, "width": W, "optimizer": "adagrad", "dtype": "float32"}

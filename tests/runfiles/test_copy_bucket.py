@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from daskhps import storage
-from daskhps.training.replica import Replica, mirror_store
+from daskhps.runfiles.replica import Replica, mirror_store
 from tests._logs import generated_logs
 from tests._runs import cli_here, config_checkpoint, tiny_config, write_config
 from tests._s3 import KEY, SECRET, s3_server

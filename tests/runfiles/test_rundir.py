@@ -13,9 +13,9 @@ import torch
 
 from daskhps.errors import ConfigError, RunExistsError
 from daskhps.retrain.versions import Attempt, Registry
+from daskhps.runfiles import rundir
+from daskhps.runfiles.checkpoint import finish_checkpoint, start_checkpoint, write_payload
 from daskhps.table import OptimizerSpec, TableSpec, open_shard_store
-from daskhps.training import rundir
-from daskhps.training.checkpoint import finish_checkpoint, start_checkpoint, write_payload
 
 
 def tree_digest(*roots: Path) -> str:

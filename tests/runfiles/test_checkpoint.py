@@ -13,15 +13,15 @@ import torch
 
 from daskhps.config import RunConfig
 from daskhps.errors import CheckpointError, DaskHPSError, StoreNotFoundError
-from daskhps.table import open_shard_store
-from daskhps.training import checkpoint as ck
-from daskhps.training.checkpoint import (
+from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles.checkpoint import (
     Checkpoint,
     checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
 )
+from daskhps.table import open_shard_store
 
 
 def _config(run_dir: Path) -> RunConfig:
@@ -157,7 +157,7 @@ def test_every_skipped_checkpoint_is_named_with_its_reason(
     for name, (kind, reason) in want.items():
         assert got[name][0] == kind and got[name][1].startswith(reason), (name, got[name])
     # the paths resume and predict take (the latest checkpoint) warn about each, by name
-    with caplog.at_level("WARNING", logger="daskhps.training.checkpoint"):
+    with caplog.at_level("WARNING", logger="daskhps.runfiles.checkpoint"):
         assert load_checkpoint(tmp_path).name == "pass-000001"
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == len(want)

@@ -4,7 +4,7 @@ The trainer's checkpointer, ``daskhps import`` and publishing write it through
 ``finish_checkpoint``, which checks it against this declaration (:meth:`json_fields`) before
 the file is written, so a missing field fails before anything is visible; loading checks it
 the same way; everyone else reads typed attributes of the
-:class:`~daskhps.training.checkpoint.Checkpoint`, which is a manifest with its folder.
+:class:`~daskhps.runfiles.checkpoint.Checkpoint`, which is a manifest with its folder.
 Keys this daskhps does not know (a published version's ``version`` and ``trained_as``) are
 kept in :attr:`CheckpointManifest.extra` and written back unchanged.
 """
