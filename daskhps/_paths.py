@@ -1,12 +1,13 @@
 """Folders a command writes to or measures: is one writable (asked before anything is written,
 so that a bad path ends in one line naming it instead of an errno deep inside a run or on a
-worker), and how many bytes a tree holds."""
+worker), how many bytes a tree holds, and how many its disk has free."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from daskhps.errors import UnwritablePathError
 
-__all__ = ["check_writable_dir", "tree_bytes", "writing_problem"]
+__all__ = ["check_writable_dir", "free_bytes", "tree_bytes", "writing_problem"]
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str, fix: str) -> Path:
@@ -144,3 +145,11 @@ def tree_bytes(path: str | os.PathLike[str]) -> int:
             with contextlib.suppress(FileNotFoundError):
                 total += os.path.getsize(os.path.join(root, f))
     return total
+
+
+def free_bytes(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """Free bytes of the file system that will hold ``path`` (its nearest existing parent)."""
+    p = Path(path).absolute()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return str(p), shutil.disk_usage(p).free

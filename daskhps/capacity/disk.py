@@ -17,13 +17,13 @@ their sum (:func:`summed_disk`) plus the checkpoints, counted once.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-__all__ = ["DiskEstimate", "checkpoints_dense_bytes", "free_bytes", "store_disk", "summed_disk"]
+from daskhps._paths import free_bytes
+
+__all__ = ["DiskEstimate", "checkpoints_dense_bytes", "store_disk", "summed_disk"]
 
 _SNAPSHOT_BYTES_PER_KEY = 16  # key and location, int64 each
 
@@ -57,14 +57,6 @@ class DiskEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total": self.total}
-
-
-def free_bytes(path: str | Path) -> tuple[str, int]:
-    """Free bytes of the file system that will hold ``path`` (its nearest existing parent)."""
-    p = Path(path).absolute()
-    while not p.exists() and p.parent != p:
-        p = p.parent
-    return str(p), shutil.disk_usage(p).free
 
 
 def _enabled(checkpoint: Any) -> bool:

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daskhps._paths import check_writable_dir
-from daskhps.capacity.disk import free_bytes
+from daskhps._paths import check_writable_dir, free_bytes
 from daskhps.distributed._pinned import run_pinned
 from daskhps.errors import UnwritablePathError, first_line
 from daskhps.tiers._lock import WriterLock

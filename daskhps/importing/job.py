@@ -43,8 +43,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from daskhps._paths import check_writable_dir, tree_bytes
-from daskhps.capacity.disk import free_bytes
+from daskhps._paths import check_writable_dir, free_bytes, tree_bytes
 from daskhps.config import RunConfig
 from daskhps.errors import (
     CapacityError,

@@ -89,7 +89,7 @@ def refuse_training_run(run_dir: Path, source: str) -> None:
     """:class:`ConfigError` when ``run_dir`` holds a training run (``daskhps train`` made it):
     publishing versions there would hide its own checkpoints from ``predict`` and ``serve``
     and stop its ``--resume``."""
-    from daskhps.retrain.versions import registry_folder
+    from daskhps.runfiles.published import registry_folder
     from daskhps.runfiles.rundir import training_run_files
 
     found = training_run_files(run_dir)

@@ -31,15 +31,13 @@ from daskhps.runfiles.checkpoint import (
     remove_checkpoint,
 )
 from daskhps.runfiles.locations import recorded_stores_dir
+from daskhps.runfiles.published import VERSION_PREFIX
 from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.check import CommitId
 
-__all__ = ["VERSION_PREFIX", "commit_name", "freeze_version"]
+__all__ = ["commit_name", "freeze_version"]
 
 _FILLED_IN = ("format", "daskhps_version", "name", "created", "files")
-
-
-VERSION_PREFIX = "version-"  # of every published version's store commit
 
 
 def commit_name(version: str) -> str:

@@ -26,8 +26,9 @@ from typing import Any, Literal
 
 from daskhps.retrain._atomic import write_atomic
 from daskhps.retrain.errors import RegistryError, UnknownVersionError, VersionNotFoundError
+from daskhps.runfiles.published import REGISTRY, registry_folder
 
-__all__ = ["Attempt", "Registry", "Version", "published_checkpoint", "registry_folder"]
+__all__ = ["Attempt", "Registry", "Version", "published_checkpoint"]
 
 FORMAT = 1
 Outcome = Literal["published", "rejected", "failed"]
@@ -113,7 +114,7 @@ class Registry:
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
-        self.path = self.folder / "registry.json"
+        self.path = self.folder / REGISTRY
         self.current_path = self.folder / "CURRENT"
 
     # -- reading ---------------------------------------------------------------------
@@ -293,13 +294,3 @@ def published_checkpoint(path: str | Path) -> Path | None:
             "`daskhps retrain CONFIG` until one is published, or give a checkpoint"
         )
     return Path(current.checkpoint)
-
-
-def registry_folder(path: str | Path) -> Path | None:
-    """The folder of the version registry when ``path`` is a retraining run directory (or its
-    ``versions/`` folder); None otherwise."""
-    p = Path(path)
-    for folder in (p / "versions", p):
-        if (folder / "registry.json").is_file():
-            return folder
-    return None

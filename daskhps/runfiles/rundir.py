@@ -35,10 +35,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daskhps._paths import tree_bytes
-from daskhps.capacity.disk import free_bytes
+from daskhps._paths import free_bytes, tree_bytes
 from daskhps.errors import ConfigError, RunExistsError
 from daskhps.runfiles.checkpoint import _NAME, checkpoints_dir, list_checkpoints
+from daskhps.runfiles.published import REGISTRY, VERSION_PREFIX, registry_folder
 from daskhps.tiers.store.manifest import scan_manifests
 
 __all__ = [
@@ -133,8 +133,6 @@ def training_run_files(run_dir: str | Path) -> list[str]:
 
 def published_commits(store_dir: str | Path) -> list[str]:
     """Names of the published-version commits in any rank store under ``store_dir``."""
-    from daskhps.retrain.publish import VERSION_PREFIX  # retrain builds on training: no cycle
-
     found: set[str] = set()
     for s in _store_dirs(Path(store_dir)):
         for commits in s.glob("*/rank-*/commits"):
@@ -147,12 +145,10 @@ def refuse_published(run_dir: str | Path, store_dir: str | Path | None, source: 
     """:class:`RunExistsError` when ``run_dir`` is a retraining folder or the stores hold
     published versions: ``train`` would otherwise remove or rewrite what they refer to
     (``store_dir`` None: the stores are on a cluster's workers, not read here)."""
-    from daskhps.retrain.versions import registry_folder
-
     registry = registry_folder(run_dir)
     if registry is not None:
         raise RunExistsError(
-            f"{source}: {run_dir} is a retraining folder ({registry / 'registry.json'} lists "
+            f"{source}: {run_dir} is a retraining folder ({registry / REGISTRY} lists "
             "its published versions); daskhps train never writes there: run daskhps retrain "
             "with that folder's retraining config to train and publish, or set run.dir to "
             "another folder"

@@ -39,7 +39,8 @@ import torch
 from daskhps.data.schema import Schema
 from daskhps.errors import DaskHPSError
 from daskhps.retrain.retention import ServingLease
-from daskhps.retrain.versions import Registry, registry_folder
+from daskhps.retrain.versions import Registry
+from daskhps.runfiles.published import registry_folder
 from daskhps.serve.inputs import Inputs
 from daskhps.serve.lookup import PreparedRefresh
 from daskhps.serve.requests import RowReader

@@ -147,6 +147,7 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
     from daskhps.retrain.versions import published_checkpoint
     from daskhps.runfiles.checkpoint import MANIFEST, find_checkpoint, load_checkpoint
     from daskhps.runfiles.copycache import fetched_model
+    from daskhps.runfiles.published import registry_folder
 
     local, checkpoint = fetched_model(str(path), checkpoint)  # a URL: the local cache's
     p = Path(local)
@@ -158,7 +159,7 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
             f"checkpoints, but {p} is a checkpoint folder: give its run directory "
             f"({p.parent.parent}) with the name, or leave the name out"
         )
-    elif any((f / "registry.json").is_file() for f in (p / "versions", p)):
+    elif registry_folder(p) is not None:
         raise CheckpointError(
             f"a checkpoint name ({checkpoint!r}, --checkpoint) picks one of a training run "
             f"directory's checkpoints, but {p} is a retraining run (it serves its current "
