@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 
 import dask
 
+from daskhps._gpu import cuda_available
+
 if TYPE_CHECKING:
     from daskhps.config.cluster import ClusterConfig
 
@@ -134,8 +136,6 @@ def forks_workers(cluster: ClusterConfig) -> bool:
     if not (available() and cluster.local and cluster.processes) or cluster.gpu is True:
         return False
     if cluster.gpu == "auto" and importlib.util.find_spec("dask_cuda") is not None:
-        from daskhps.distributed.cluster import cuda_available
-
         return not cuda_available()
     return True
 

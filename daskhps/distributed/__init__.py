@@ -17,9 +17,10 @@ not. In data-flow order:
 
 from __future__ import annotations
 
+from daskhps._gpu import cuda_available
 from daskhps.distributed._errors import ClusterError, CommError, WorkerLostError
 from daskhps.distributed._pinned import run_pinned
-from daskhps.distributed.cluster import ClusterHandle, cuda_available, start_cluster
+from daskhps.distributed.cluster import ClusterHandle, start_cluster
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
 from daskhps.distributed.host import RunGroup, RunHost, local_host

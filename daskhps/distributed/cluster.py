@@ -20,6 +20,7 @@ import dask
 from distributed import Client, LocalCluster
 
 from daskhps import _forkserver as forkserver
+from daskhps._gpu import cuda_available
 from daskhps._scheduler import scheduler_workers
 from daskhps.config.cluster import ClusterSecurity
 from daskhps.distributed._dashboard import repair_dashboard
@@ -28,7 +29,7 @@ from daskhps.distributed._expected import quiet_sync_cancel_race, quiet_worker_k
 from daskhps.distributed._worker_setup import setup_workers
 from daskhps.errors import ConfigError
 
-__all__ = ["ClusterHandle", "KeptCluster", "cuda_available", "probe_scheduler", "start_cluster"]
+__all__ = ["ClusterHandle", "KeptCluster", "probe_scheduler", "start_cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +106,6 @@ def _quiet_teardown() -> None:
     something the user can act on, and would bury the one line that says where to resume."""
     for name in ("distributed", "asyncio", "tornado"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def cuda_available() -> bool:
-    """Whether ``dask_cuda`` imports and torch sees a CUDA device."""
-    try:
-        import dask_cuda  # noqa: F401
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 def start_cluster(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daskhps._gpu import cuda_available
 from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
 from daskhps._text import counted
@@ -33,7 +34,6 @@ from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
 from daskhps.data.source import day_of, resolve_files
-from daskhps.distributed.cluster import cuda_available
 from daskhps.errors import ConfigError, DataError, ResumeError, RunExistsError
 from daskhps.monitor.progress import Progress
 from daskhps.runfiles import rundir
