@@ -115,6 +115,33 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_arguments(p: argparse.ArgumentParser) -> None:
+    """``daskhps config``: a config to print resolved, or ``--schema``."""
+    from daskhps.config.arguments import add_config_arguments
+
+    add_config_arguments(p, optional=True)
+    p.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the JSON schema of run configs (for editors) instead",
+    )
+
+
+def _config(args: argparse.Namespace) -> int:
+    """Print the resolved config (every default filled in) as YAML, or the JSON schema."""
+    from daskhps.config.json_schema import render_json_schema
+    from daskhps.config.runconfig import load_config
+    from daskhps.errors import ConfigError
+
+    if args.schema:
+        print(render_json_schema(), end="")
+        return 0
+    if args.config is None:
+        raise ConfigError("no CONFIG given: daskhps config CONFIG [--set KEY=VALUE], or --schema")
+    print(load_config(args.config, args.overrides).to_yaml(), end="")
+    return 0
+
+
 INSPECT_DAMAGED = 3  # 1 is an error that stopped inspect, 2 a bad command line
 
 
@@ -173,18 +200,17 @@ COMMANDS: dict[str, Command] = {
     "train": _lazy(
         "train",
         "validate a run config and train (daskhps train CONFIG [--set key=value ...])",
-        "daskhps.config.commands",
+        "daskhps.training.command",
         "add_train_arguments",
         "run_train",
         "train_interrupted",
     ),
-    "config": _lazy(
+    "config": Command(
         "config",
         "validate a run config and print it with every default filled in, as YAML "
         "(--schema: the JSON schema of run configs)",
-        "daskhps.config.commands",
-        "add_print_arguments",
-        "run_config",
+        _config_arguments,
+        _config,
     ),
     "inspect": Command(
         "inspect",

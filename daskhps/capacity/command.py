@@ -16,8 +16,8 @@ from daskhps._scheduler import scheduler_workers
 from daskhps.capacity.disk import DiskEstimate
 from daskhps.capacity.fit import SizingReport, TablePlan, size_run
 from daskhps.capacity.keystats import KeyStats
+from daskhps.config.arguments import add_config_arguments
 from daskhps.config.cluster import ClusterSecurity
-from daskhps.config.commands import add_config_arguments
 from daskhps.config.runconfig import load_config
 from daskhps.errors import ConfigError
 

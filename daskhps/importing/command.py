@@ -7,7 +7,7 @@ import json
 import shlex
 
 from daskhps.cli import positive_int
-from daskhps.config.commands import add_config_arguments
+from daskhps.config.arguments import add_config_arguments
 from daskhps.config.runconfig import load_config
 from daskhps.errors import ConfigError
 

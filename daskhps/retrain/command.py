@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 import sys
 
-from daskhps.config.commands import add_config_arguments
+from daskhps.config.arguments import add_config_arguments
 from daskhps.config.runconfig import load_config
 from daskhps.errors import ConfigError
 from daskhps.retrain.codes import EXIT_CODES_HELP, ExitCode

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from daskhps.config.commands import train_interrupted
 from daskhps.runfiles.checkpoint import latest_checkpoint
 from daskhps.tiers._lock import WriterLock
+from daskhps.training.command import train_interrupted
 from tests._logs import generated_logs
 from tests._runs import cli_here, set_keys, tiny_config
 from tests._signals import default_dispositions

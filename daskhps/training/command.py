@@ -1,5 +1,5 @@
-"""``daskhps train`` and ``daskhps config``: load and validate a run config from the command
-line; ``train`` then hands it to the training pipeline (``pipelines/train.py``)."""
+"""``daskhps train``: load and validate a run config from the command line, then hand it to
+the training pipeline (``pipelines/train.py``)."""
 
 from __future__ import annotations
 
@@ -12,50 +12,13 @@ import sys
 import time
 
 from daskhps import _forkserver as forkserver
-from daskhps.config.json_schema import render_json_schema
+from daskhps.config.arguments import add_config_arguments
 from daskhps.config.runconfig import load_config
-from daskhps.errors import ConfigError
 
-__all__ = [
-    "PIPELINE",
-    "add_config_arguments",
-    "add_print_arguments",
-    "add_train_arguments",
-    "run_config",
-    "run_train",
-    "train_interrupted",
-]
+__all__ = ["PIPELINE", "add_train_arguments", "run_train", "train_interrupted"]
 
 PIPELINE = "pipelines.train"
 NO_PIPELINE = 2  # exit status when the pipeline is not installed (1 is a user error)
-
-
-def add_config_arguments(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
-    """``CONFIG [--set KEY=VALUE ...]`` (``optional``: CONFIG may be left out)."""
-    p.add_argument(
-        "config",
-        metavar="CONFIG",
-        nargs="?" if optional else None,
-        help="run config, a YAML file (see configs/)",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key, e.g. --set table.dim=32 (repeatable; values are YAML)",
-    )
-
-
-def add_print_arguments(p: argparse.ArgumentParser) -> None:
-    """``daskhps config``: a config to print resolved, or ``--schema``."""
-    add_config_arguments(p, optional=True)
-    p.add_argument(
-        "--schema",
-        action="store_true",
-        help="print the JSON schema of run configs (for editors) instead",
-    )
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,17 +40,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         help="start over in a run.dir that holds a run: the earlier run is kept aside and "
         "deleted once the new run's first checkpoint is complete (put back if it fails first)",
     )
-
-
-def run_config(args: argparse.Namespace) -> int:
-    """Print the resolved config (every default filled in) as YAML, or the JSON schema."""
-    if args.schema:
-        print(render_json_schema(), end="")
-        return 0
-    if args.config is None:
-        raise ConfigError("no CONFIG given: daskhps config CONFIG [--set KEY=VALUE], or --schema")
-    print(load_config(args.config, args.overrides).to_yaml(), end="")
-    return 0
 
 
 def run_train(args: argparse.Namespace) -> int:
