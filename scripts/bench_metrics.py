@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import Reporter, interleaved
 
 from daskhps.distributed import RunHost, TierSizing, WorkerShards
-from daskhps.monitor import metric_name, stage_span
+from daskhps.monitor import metric_name
 from daskhps.monitor.worker_metrics import _collector
+from daskhps.stages import stage_span
 from daskhps.table import OptimizerSpec, TableSpec
 
 TABLE = "bench"

@@ -40,7 +40,7 @@ from daskhps.data.textfile import (
     read_text_bytes,
 )
 from daskhps.errors import DataError, first_line
-from daskhps.monitor import stage_span
+from daskhps.stages import stage_span
 from daskhps.storage import file_size, is_url, open_input, transport_failure
 
 __all__ = ["empty_frame", "parse_columns", "parse_table", "parse_text", "read_shard"]

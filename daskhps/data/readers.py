@@ -38,7 +38,7 @@ from daskhps.data.parse import empty_frame, read_shard
 from daskhps.data.schema import Schema, load_schema
 from daskhps.data.source import DataSource, day_of, resolve_files
 from daskhps.data.textfile import splittable
-from daskhps.monitor import stage_span
+from daskhps.stages import stage_span
 from daskhps.storage import file_size, stamp
 
 __all__ = ["ClickLog", "Part", "read_click_log", "split_parts"]

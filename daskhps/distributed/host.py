@@ -38,8 +38,9 @@ from daskhps.distributed._pinned import missing_workers, run_pinned
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.rendezvous import form_group
 from daskhps.distributed.shards import WorkerShards
-from daskhps.monitor import ShardMetrics, stage_span
+from daskhps.monitor import ShardMetrics
 from daskhps.monitor.network import forget_routed
+from daskhps.stages import stage_span
 
 __all__ = ["RunGroup", "RunHost", "local_host"]
 

@@ -38,7 +38,7 @@ import torch
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed._errors import ClusterError
 from daskhps.errors import CapacityError
-from daskhps.monitor import stage_span
+from daskhps.stages import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
 from daskhps.table.admission import AdmissionRule, PendingCounts, find_sorted
 from daskhps.table.expiry import ExpiryRule

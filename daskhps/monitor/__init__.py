@@ -1,21 +1,11 @@
-"""Watching a run: worker figures on the Dask dashboard and ``/metrics``, stage timings,
-and the run report.
+"""Watching a run: worker figures on the Dask dashboard and ``/metrics``, and the run report.
 
-* :func:`stage_span` meters a stage (Fine Performance Metrics page, ``/metrics``);
 * :class:`ShardMetrics` feeds the dashboard's Workers table and ``/metrics`` from a worker's
-  :class:`~daskhps.distributed.WorkerShards`;
+  :class:`~daskhps.distributed.WorkerShards`, with the stage timings every layer meters
+  (:func:`daskhps.stages.stage_span`);
 * :mod:`daskhps.monitor.report` writes the run report (imported on use: it needs matplotlib).
 """
 
-from daskhps.monitor.stages import STAGES, stage_seconds, stage_span
 from daskhps.monitor.worker_metrics import ShardMetrics, TableFigures, announce_pass, metric_name
 
-__all__ = [
-    "STAGES",
-    "ShardMetrics",
-    "TableFigures",
-    "announce_pass",
-    "metric_name",
-    "stage_seconds",
-    "stage_span",
-]
+__all__ = ["ShardMetrics", "TableFigures", "announce_pass", "metric_name"]

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from daskhps.monitor.stages import stage_seconds
+from daskhps.stages import stage_seconds
 
 __all__ = [
     "NETWORK_FIGURES",

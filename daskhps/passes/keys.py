@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from daskhps.data.readers import ClickLog
-from daskhps.monitor import stage_span
+from daskhps.stages import stage_span
 from daskhps.table.stats import NO_DAY, day_number
 
 __all__ = ["KEY_COLUMNS", "pass_keys", "pass_partitions", "select_examples"]

@@ -27,11 +27,11 @@ import pandas as pd
 
 from daskhps._scheduler import scheduler_workers
 from daskhps.data.readers import ClickLog
-from daskhps.monitor import stage_span
 from daskhps.monitor.network import SOURCE, RouteAccount, account_shuffled
 from daskhps.passes.keys import KEY_COLUMNS, pass_keys, select_examples
 from daskhps.passes.plan import PassPlan, PassSpec
 from daskhps.sharding import ShardMap
+from daskhps.stages import stage_span
 
 __all__ = [
     "owner_keys",

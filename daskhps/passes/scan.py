@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from daskhps.data.badrows import BadRowReport
 from daskhps.data.readers import ClickLog
-from daskhps.monitor import stage_span
+from daskhps.stages import stage_span
 
 __all__ = ["HoldoutPart", "LogScan", "read_holdout_part", "remove_spill", "scan_log"]
 

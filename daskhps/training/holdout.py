@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from daskhps.monitor import stage_span
 from daskhps.passes.scan import HoldoutPart, read_holdout_part
+from daskhps.stages import stage_span
 from daskhps.training.examples import RANK, worker_of_rank
 
 __all__ = ["HoldoutStream", "chunk_parts"]

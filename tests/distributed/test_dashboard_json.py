@@ -17,7 +17,7 @@ from distributed import Future
 from daskhps.distributed import start_cluster
 from daskhps.distributed._dashboard import json_safe
 from daskhps.distributed.cluster import ClusterHandle
-from daskhps.monitor import stage_span
+from daskhps.stages import stage_span
 
 pytest.importorskip("bokeh")  # the dashboard, whose static routes /sitemap.json walks
 

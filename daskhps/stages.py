@@ -2,7 +2,7 @@
 
 Wrap a stage's work in :func:`stage_span`::
 
-    from daskhps.monitor import stage_span
+    from daskhps.stages import stage_span
 
     with stage_span("checkpoint"):
         ...

@@ -7,8 +7,7 @@ import time
 import pytest
 from distributed.metrics import context_meter
 
-from daskhps.monitor import STAGES, stage_seconds, stage_span
-from daskhps.monitor.stages import CLIENT
+from daskhps.stages import CLIENT, STAGES, stage_seconds, stage_span
 
 
 def _client_totals() -> dict[str, float]:
