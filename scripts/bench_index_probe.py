@@ -37,8 +37,8 @@ from _bench import Reporter, interleaved
 from bench_table import fill, unique_random_keys
 
 from daskhps._mix64 import M1, M2, SHIFTS
-from daskhps.tiers._index import _PAIRS, _SEED
 from daskhps.tiers.device import DeviceCache
+from daskhps.tiers.index import _PAIRS, _SEED
 
 WIDTH = 64
 GROUP = 32  # keys whose reads are prefetched together in the fused kernel

@@ -11,6 +11,11 @@
   ``daskhps.errors``. Every import counts here, at any depth: in a function and under
   ``if TYPE_CHECKING:`` too, since a type-only import is still a dependency a reader follows,
   and the first step back to a cycle dodged by a lazy import.
+* daskhps's packages import each other one way (a module at the top, ``daskhps/storage.py``,
+  is a package of its own): no cycle between packages, counting imports inside functions (they
+  load when they run) but not type-only ones.
+* A package's private parts are its own: no module imports another package's ``_private``
+  module or name; what others need has a public name in the package that owns it.
 """
 
 from __future__ import annotations
@@ -286,4 +291,119 @@ def test_layer_check_sees_imports_at_any_depth(tmp_path: Path) -> None:
         "pkg.comp.a:3: pkg.config.X",
         "pkg.comp.b:2: pkg.config.y",
         "pkg.comp.c:2: pkg.config",
+    ]
+
+
+# --- packages import each other one way; a package's private parts stay its own -------------
+
+
+def _imports_that_load(name: str, path: Path) -> list[tuple[int, str]]:
+    """Like :func:`every_import`, less the imports under ``if TYPE_CHECKING:`` (a type-only
+    import loads nothing; an import inside a function does, when it runs)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = _source(name, path, node)
+            found += [(node.lineno, f"{source}.{a.name}") for a in node.names]
+    return found
+
+
+def _package_of(name: str) -> str | None:
+    """The package of daskhps a module belongs to (``daskhps.training.loop`` -> ``training``;
+    a module at the top, ``daskhps.storage``, is a package of its own), None outside."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "daskhps" else None
+
+
+def package_graph(names: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Package -> {package it imports: the first ``module:line`` that does}."""
+    graph: dict[str, dict[str, str]] = {}
+    for name, path in sorted(names.items()):
+        me = _package_of(name)
+        if me is None:
+            continue
+        edges = graph.setdefault(me, {})
+        for line, target in _imports_that_load(name, path):
+            other = _package_of(target)
+            if other is not None and other != me and target.split(".")[1:2] == [other]:
+                edges.setdefault(other, f"{name}:{line}")
+    return graph
+
+
+def test_no_cycle_between_packages() -> None:
+    graph = package_graph(_module_names())
+    cycle = find_cycle({p: set(edges) for p, edges in graph.items()})
+    where = [
+        f"{a} -> {b} ({graph[a][b]})" for a, b in zip(cycle or [], (cycle or [])[1:], strict=False)
+    ]
+    assert cycle is None, "packages importing each other:\n" + "\n".join(where)
+
+
+def private_imports(names: dict[str, Path]) -> list[str]:
+    """``module:line: name`` for every import of another package's private module or name
+    (a part after the package's own name that starts with one underscore)."""
+    found = []
+    for name, path in sorted(names.items()):
+        for line, target in _imports_that_load(name, path) + every_import(name, path):
+            parts = target.split(".")
+            owner = _package_of(target)
+            if owner is None or owner == _package_of(name) or len(parts) < 3:
+                continue
+            if any(p.startswith("_") and not p.startswith("__") for p in parts[2:]):
+                found.append(f"{name}:{line}: {target}")
+    return sorted(set(found))
+
+
+def test_no_package_imports_another_packages_private_parts() -> None:
+    found = private_imports(_module_names())
+    assert not found, (
+        "a package's private parts are its own; give what others need a public name:\n"
+        + "\n".join(found)
+    )
+
+
+def test_package_checks_see_cycles_and_private_imports(tmp_path: Path) -> None:
+    # The two checks above must be able to fail: a cycle through a function-level import is
+    # found, a type-only import is no edge; a private module or name of another package is
+    # found, a package's own private parts and the top package's private modules are not.
+    root = tmp_path / "daskhps"
+    for sub in ("a", "b"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "_shared.py").write_text("")
+    (root / "a" / "_inner.py").write_text("")
+    (root / "a" / "x.py").write_text(
+        "from daskhps.a._inner import y\nfrom daskhps import _shared\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from daskhps.b.m import T\n"
+    )
+    (root / "b" / "m.py").write_text("from daskhps.a.x import z\n")
+    names = {
+        ".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in root.rglob("*.py")
+    }
+    graph = package_graph(names)
+    assert find_cycle({p: set(e) for p, e in graph.items()}) is None
+    assert private_imports(names) == []
+    (root / "a" / "x.py").write_text("def f():\n    from daskhps.b import m\n")
+    (root / "b" / "m.py").write_text(
+        "from daskhps.a.x import z\nfrom daskhps.a import _inner\nfrom daskhps.a.x import _z\n"
+    )
+    graph = package_graph(names)
+    assert find_cycle({p: set(e) for p, e in graph.items()}) == ["a", "b", "a"]
+    assert private_imports(names) == [
+        "daskhps.b.m:2: daskhps.a._inner",
+        "daskhps.b.m:3: daskhps.a.x._z",
     ]

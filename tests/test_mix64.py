@@ -17,7 +17,7 @@ from daskhps._mix64 import M1, M2, fmix64_numpy, fmix64_torch, fmix64_torch_, s6
 from daskhps.data.hashing import fmix64 as hashing_fmix64
 from daskhps.sharding import SHARD_SALT, mix
 from daskhps.table.init import mix64 as init_mix64
-from daskhps.tiers._index import _SEED, _home
+from daskhps.tiers.index import _SEED, _home
 
 _MASK = (1 << 64) - 1
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from daskhps.tiers._index import MIN_CAPACITY, MIN_SCRATCH, PROBE_CHUNK, KeyIndex
 from daskhps.tiers.host import rows_for_bytes
+from daskhps.tiers.index import MIN_CAPACITY, MIN_SCRATCH, PROBE_CHUNK, KeyIndex
 from daskhps.tiers.store.options import StoreOptions
 
 __all__ = [

@@ -36,7 +36,7 @@ from daskhps.config.table import (
     store_name,
 )
 from daskhps.data.keyspace import MAX_TABLES
-from daskhps.data.schema import _expand
+from daskhps.data.schema import expand_ranges
 from daskhps.models.spec import ModelSpec
 from daskhps.options import (
     Ctx,
@@ -93,7 +93,7 @@ def feature_items(written: Sequence[Any]) -> list[tuple[int, str]]:
                 f"features[{i}]",
                 f"expected a field name or a mapping with keys name, dim; got {item!r}",
             )
-        out.extend((i, n) for n in _expand([name], f"features[{i}]"))
+        out.extend((i, n) for n in expand_ranges([name], f"features[{i}]"))
     return out
 
 

@@ -1,7 +1,7 @@
 """The feature pipeline written out for a serving stack outside daskhps (``export.json``):
 how a raw log row becomes the model's ``dense`` and ``sparse`` inputs.
 
-It describes :func:`daskhps.data.parse._dense_out` (dense fields), the categorical parsing of
+It describes :func:`daskhps.data.parse.transform_dense` (dense fields), the categorical parsing of
 :mod:`daskhps.data.parse` and the key function of :mod:`daskhps.data.hashing`; tests pin each
 description against the code it describes (tests/serve/test_export_spec.py).
 """

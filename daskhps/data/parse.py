@@ -43,7 +43,15 @@ from daskhps.errors import DataError, first_line
 from daskhps.stages import stage_span
 from daskhps.storage import file_size, is_url, open_input, transport_failure
 
-__all__ = ["empty_frame", "parse_columns", "parse_table", "parse_text", "read_shard"]
+__all__ = [
+    "as_numbers",
+    "empty_frame",
+    "parse_columns",
+    "parse_table",
+    "parse_text",
+    "read_shard",
+    "transform_dense",
+]
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +192,7 @@ def _read_parquet(path: str, schema: Schema, labels: str) -> _Raw:
     return _Raw(table, lines, [], labelled=labelled, blank_lines=None if labelled else none)
 
 
-def _numeric(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+def as_numbers(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(values as float64 with NaN for missing, mask of present-but-not-a-number)."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         try:
@@ -227,7 +235,7 @@ def _label_out(raw: _Raw, schema: Schema, good: np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)[good]
 
 
-def _dense_out(values: np.ndarray, f: DenseField) -> np.ndarray:
+def transform_dense(values: np.ndarray, f: DenseField) -> np.ndarray:
     missing = np.isnan(values)
     if f.clip_min is not None or f.clip_max is not None:
         values = np.clip(values, f.clip_min, f.clip_max)
@@ -309,7 +317,7 @@ def _check_rows(raw: _Raw, schema: Schema) -> _RowChecks:
     dense_bad_cols: list[tuple[str, np.ndarray]] = []
     dense_bad = np.zeros(n, dtype=bool)
     for f in schema.dense:
-        vals, bad = _numeric(table[f.name])
+        vals, bad = as_numbers(table[f.name])
         dense_vals[f.name] = vals
         bad &= ~blank & ~label_bad
         if bad.any():
@@ -399,7 +407,7 @@ def _good_frame(
     out: dict[str, object] = {}
     out[LABEL] = _label_out(raw, schema, good)
     for f in schema.dense:
-        out[f.name] = _dense_out(dense_values[f.name][good], f)
+        out[f.name] = transform_dense(dense_values[f.name][good], f)
     keep = pa.array(good) if not good.all() else None
     with stage_span("hash"):
         keying = schema.field_keys

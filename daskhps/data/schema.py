@@ -38,6 +38,7 @@ __all__ = [
     "DenseTreatment",
     "Schema",
     "criteo_schema",
+    "expand_ranges",
     "load_schema",
     "looks_like_file",
     "schema_at",
@@ -47,7 +48,7 @@ LABEL = "label"
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
 
 
-def _expand(names: Any, key: str) -> Any:
+def expand_ranges(names: Any, key: str) -> Any:
     """``"C{1..3}"`` in a list as ``C1, C2, C3``; anything else as it is (the field checks it)."""
     if not isinstance(names, list):
         return names
@@ -181,7 +182,7 @@ class Schema(Options):
         d = dict(data)
         for key in ("columns", "dense", "categorical"):
             if key in d:
-                d[key] = _expand(d[key], key)
+                d[key] = expand_ranges(d[key], key)
         if d.get("format") == "csv" and "delimiter" not in d:
             d["delimiter"] = ","
         defaults = d.get("dense_defaults")

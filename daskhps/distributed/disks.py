@@ -30,7 +30,7 @@ from typing import Any
 from daskhps._paths import check_writable_dir, free_bytes
 from daskhps.distributed._pinned import run_pinned
 from daskhps.errors import UnwritablePathError, first_line
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 from daskhps.tiers.store.check import CommitId, StoreChecker
 
 __all__ = ["DiskReport", "HeldStore", "Survey", "remove_folder", "survey_disk", "survey_workers"]

@@ -48,7 +48,7 @@ from daskhps.errors import ResumeError
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
 from daskhps.table.admission import PendingCounts
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 
 if TYPE_CHECKING:
     from daskhps.runfiles.checkpoint import Checkpoint

@@ -65,7 +65,7 @@ from daskhps.runfiles.checkpoint import (
 from daskhps.runfiles.locations import recorded_stores_dir
 from daskhps.sharding import ShardMap
 from daskhps.table.spec import TableSpec
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 from daskhps.tiers.store.check import CommitId
 from daskhps.tiers.store.durable import fsync_dir
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daskhps.distributed._pinned import run_pinned
+from daskhps.distributed import run_pinned
 from daskhps.distributed.disks import (
     DiskReport,
     Survey,

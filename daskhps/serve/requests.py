@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from daskhps.data.parse import _dense_out, _numeric, parse_columns, parse_text
+from daskhps.data.parse import as_numbers, parse_columns, parse_text, transform_dense
 from daskhps.data.schema import CategoricalField, DenseField, Schema
 from daskhps.errors import DaskHPSError, DataError
 from daskhps.options import closest
@@ -164,7 +164,7 @@ class RowReader:
         else:
             return None
         try:
-            values, bad = _numeric(pa.array(cells, typ))
+            values, bad = as_numbers(pa.array(cells, typ))
         except (pa.ArrowException, OverflowError, ValueError, TypeError):
             return None
         if bad.any():
@@ -173,7 +173,7 @@ class RowReader:
             values = values.copy()
         block = np.empty((len(self._dense_names), n), dtype=np.float32)
         for f, lo, hi in self._groups:
-            block[lo:hi] = _dense_out(values[lo * n : hi * n], f).reshape(hi - lo, n)
+            block[lo:hi] = transform_dense(values[lo * n : hi * n], f).reshape(hi - lo, n)
         if self._schema_order is not None:
             block = block[self._schema_order]
         return block.T.copy(order="C")  # as the trainer's examples hold it (Inputs.from_frame)

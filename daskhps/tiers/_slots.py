@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from daskhps.errors import CapacityError, ConfigError, DataError
-from daskhps.tiers._index import KeyIndex
 from daskhps.tiers.base import Cache, Evicted, Lookup, TierStats, check_keys, check_rows
+from daskhps.tiers.index import KeyIndex
 
 __all__ = ["POLICIES", "SlotCache", "reserve_zeros"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from daskhps.errors import ConfigError
-from daskhps.tiers._index import KeyIndex
 from daskhps.tiers._slots import SlotCache
+from daskhps.tiers.index import KeyIndex
 
 __all__ = ["HostMemory"]
 

@@ -28,7 +28,7 @@ from typing import Any
 from distributed import KilledWorker
 
 from daskhps._scheduler import scheduler_workers
-from daskhps.distributed._errors import CommError, WorkerLostError
+from daskhps.distributed import CommError, WorkerLostError
 from daskhps.errors import DaskHPSError, first_line
 from daskhps.runfiles.checkpoint import (
     Checkpoint,

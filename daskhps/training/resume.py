@@ -26,7 +26,7 @@ from daskhps.runfiles.rundir import published_commits
 from daskhps.sharding import ShardMap
 from daskhps.table import open_shard_store
 from daskhps.table.admission import PendingCounts
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 from daskhps.training.changes import check_changes
 from daskhps.training.records import RunResult
 

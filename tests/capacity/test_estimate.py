@@ -61,7 +61,7 @@ def test_tiers_match_the_tables_stats(
 
 
 def test_store_index_growth_is_modelled_for_many_sizes() -> None:
-    from daskhps.tiers._index import KeyIndex
+    from daskhps.tiers.index import KeyIndex
 
     index = KeyIndex(1024)
     for total in (500, 3000, 20_000, 70_000):
@@ -108,7 +108,7 @@ def test_index_growth_allocates_what_the_model_bounds(keys: int) -> None:
     """A growth of the store's index, counted by live tensor storage: the new table, its items
     and the insert's temporaries (in chunks), not hundreds of bytes per key at once."""
     from daskhps.capacity.activations import PeakLiveBytes
-    from daskhps.tiers._index import KeyIndex
+    from daskhps.tiers.index import KeyIndex
 
     index = KeyIndex(1024)
     full = int(index.load_factor * index.slots)

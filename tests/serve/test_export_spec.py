@@ -53,7 +53,7 @@ def test_raw_rows_give_daskhps_keys_and_dense_values(part: Path) -> None:
 
 
 def test_every_dense_option_is_described() -> None:
-    from daskhps.data.parse import _dense_out
+    from daskhps.data.parse import transform_dense
 
     fields = [
         DenseField(name="a"),
@@ -64,7 +64,7 @@ def test_every_dense_option_is_described() -> None:
     spec = features(Schema(name="s", label="y", header=True, dense=tuple(fields)))["dense"]
     for f, described in zip(fields, spec, strict=True):
         values = np.array([np.nan if c is None else float(c) for c in cells])
-        want = _dense_out(values, f)
+        want = transform_dense(values, f)
         got = np.array([dense_value(c, described) for c in cells], dtype=np.float32)
         assert np.array_equal(got.view(np.int32), want.view(np.int32)), f.name
 

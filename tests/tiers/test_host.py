@@ -11,9 +11,9 @@ import torch
 from hypothesis import settings
 
 from daskhps.errors import ConfigError
-from daskhps.tiers._index import KeyIndex
 from daskhps.tiers._slots import SlotCache
 from daskhps.tiers.host import HostMemory, rows_for_bytes
+from daskhps.tiers.index import KeyIndex
 from tests.tiers.conformance import CacheConformance, MakeCache, odd_bits_rows, same_bits
 from tests.tiers.test_device import CacheMachine
 

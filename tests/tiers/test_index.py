@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from daskhps.tiers import _index
-from daskhps.tiers._index import _PAIRS, KeyIndex, _home
+from daskhps.tiers import index
+from daskhps.tiers.index import _PAIRS, KeyIndex, _home
 from tests.tiers.conformance import DEVICES
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -93,7 +93,7 @@ def test_growth_keeps_load_and_contents() -> None:
 
 
 def test_large_batches_go_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_index, "PROBE_CHUNK", 100)
+    monkeypatch.setattr(index, "PROBE_CHUNK", 100)
     ix = KeyIndex(10)
     keys = torch.randperm(1000) - 500
     ix.put(keys, keys * 3)

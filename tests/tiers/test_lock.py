@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from daskhps.errors import DaskHPSError, StoreLockedError
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 
 
 def test_second_lock_in_same_process_conflicts(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_other_process_is_refused_while_held(tmp_path: Path) -> None:
         child = _child(
             f"""
             from daskhps.errors import StoreLockedError
-            from daskhps.tiers._lock import WriterLock
+            from daskhps.tiers.lock import WriterLock
             try:
                 WriterLock({str(tmp_path)!r}).acquire()
                 print("acquired")
@@ -67,7 +67,7 @@ def test_lock_dies_with_its_holder(tmp_path: Path) -> None:
     child = _child(
         f"""
         import os
-        from daskhps.tiers._lock import WriterLock
+        from daskhps.tiers.lock import WriterLock
         WriterLock({str(tmp_path)!r}).acquire()
         print("held", flush=True)
         os._exit(0)  # no release: the kernel drops the flock with the process

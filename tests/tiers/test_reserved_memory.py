@@ -43,7 +43,7 @@ def test_reserved_zeros_are_zero_writable_and_typed() -> None:
 
 
 def test_a_full_cache_s_index_is_the_size_capacity_plans_price() -> None:
-    from daskhps.tiers._index import KeyIndex
+    from daskhps.tiers.index import KeyIndex
 
     rows = 300_000  # grown from a small start, past several doublings
     cache = SlotCache("t/device", 4, rows)

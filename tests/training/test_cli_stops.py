@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from daskhps.runfiles.checkpoint import latest_checkpoint
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 from daskhps.training.command import train_interrupted
 from tests._logs import generated_logs
 from tests._runs import cli_here, set_keys, tiny_config

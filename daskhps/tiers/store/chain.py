@@ -35,8 +35,8 @@ import torch
 
 from daskhps._paths import tree_bytes
 from daskhps.errors import CommitNotFoundError, DataError, StoreCorruptedError
-from daskhps.tiers._index import MIN_CAPACITY, KeyIndex
 from daskhps.tiers.base import CommitInfo
+from daskhps.tiers.index import MIN_CAPACITY, KeyIndex
 from daskhps.tiers.store.arrays import RawArray, write_array, write_group
 from daskhps.tiers.store.durable import fsync_dir, fsync_tree
 from daskhps.tiers.store.layout import StoreFolder, locations, segment_of

@@ -43,7 +43,7 @@ from daskhps.errors import (
     StoreMismatchError,
     StoreNotFoundError,
 )
-from daskhps.tiers._lock import WriterLock
+from daskhps.tiers.lock import WriterLock
 from daskhps.tiers.store.arrays import write_group
 from daskhps.tiers.store.durable import fsync_dir, fsync_tree
 

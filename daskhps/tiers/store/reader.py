@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from daskhps.errors import DataError, StoreCorruptedError, StoreMismatchError, StoreReadOnlyError
-from daskhps.tiers._index import KeyIndex
 from daskhps.tiers.base import (
     CommitInfo,
     CompactReport,
@@ -29,6 +28,7 @@ from daskhps.tiers.base import (
     TierStats,
     check_keys,
 )
+from daskhps.tiers.index import KeyIndex
 from daskhps.tiers.store.chain import Chain, CommitLog, read_attached, rebuild_index
 from daskhps.tiers.store.layout import (
     DiskUsage,

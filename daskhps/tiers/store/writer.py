@@ -33,8 +33,8 @@ from daskhps.errors import (
     StoreExistsError,
     UnwritablePathError,
 )
-from daskhps.tiers._lock import WriterLock
 from daskhps.tiers.base import CommitInfo, CompactReport, check_keys, check_rows
+from daskhps.tiers.lock import WriterLock
 from daskhps.tiers.store.buffer import WriteBuffer
 from daskhps.tiers.store.chain import write_attached, write_snapshot
 from daskhps.tiers.store.compaction import plan_compaction
