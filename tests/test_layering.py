@@ -337,7 +337,8 @@ def package_graph(names: dict[str, Path]) -> dict[str, dict[str, str]]:
         edges = graph.setdefault(me, {})
         for line, target in _imports_that_load(name, path):
             other = _package_of(target)
-            if other is not None and other != me and target.split(".")[1:2] == [other]:
+            # a name of daskhps itself (``from daskhps import __version__``) is no package
+            if other is not None and other != me and f"daskhps.{other}" in names:
                 edges.setdefault(other, f"{name}:{line}")
     return graph
 
