@@ -9,39 +9,34 @@ One shard becomes::
     f32    f32    f32   i64    i64      <- one row per good input line, in file order
 
 and a :class:`BadRowReport` of what was dropped. A file read without its label column (see
-:mod:`daskhps.data.labels`) has a NaN ``label``.
+:mod:`daskhps.data.labels`) has a NaN ``label``. :mod:`daskhps.data.rawshard` reads the file.
 """
 
 from __future__ import annotations
 
-import csv
-import functools
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.keyspace import FieldKeys
-from daskhps.data.labels import check_label_mode, parquet_has_label, text_has_label
-from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
-from daskhps.data.textfile import (
-    TextBytes,
-    blank_lines,
-    decode_text,
-    line_start,
-    lines_before,
-    read_text_bytes,
+from daskhps.data.labels import check_label_mode
+from daskhps.data.rawshard import (
+    RawShard,
+    read_raw_parquet,
+    read_raw_text,
+    text_raw,
+    used_columns,
 )
+from daskhps.data.schema import LABEL, CategoricalField, DenseField, Schema
+from daskhps.data.textfile import decode_text
 from daskhps.errors import DataError, first_line
 from daskhps.stages import stage_span
-from daskhps.storage import file_size, is_url, open_input, transport_failure
+from daskhps.storage import file_size, transport_failure
 
 __all__ = [
     "as_numbers",
@@ -60,24 +55,6 @@ _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 KEY_LIST = pd.ArrowDtype(pa.list_(pa.int64()))
 
 
-@dataclass
-class _Raw:
-    """A shard as read: string (or typed) columns plus what the reader already rejected."""
-
-    table: pa.Table
-    lines: np.ndarray | None  # line number (text) or row number (parquet) of each table row
-    invalid: list[tuple[int, str]]  # (line, what) of rows the reader dropped
-    undecodable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # lines
-    truncated: str | None = None  # why the file's data ends early
-    labelled: bool = True  # False: the file has no label column (rows get a NaN label)
-    # Line numbers of blank lines. None: a row without any value is one (with a label column,
-    # a real row has at least its label); without one, a row may legitimately be all missing.
-    blank_lines: np.ndarray | None = None
-    # A byte range of a file numbers its lines from 1; the lines of the file before it are
-    # counted only when a message names a line (reading the file's prefix costs that much).
-    lines_before: Callable[[], int] = lambda: 0
-
-
 def empty_frame(schema: Schema) -> pd.DataFrame:
     """A zero-row frame with the parsed dtypes (Dask's ``meta``)."""
     cols: dict[str, pd.Series] = {LABEL: pd.Series([], dtype="float32")}
@@ -86,110 +63,6 @@ def empty_frame(schema: Schema) -> pd.DataFrame:
     for c in schema.categorical:
         cols[c.name] = pd.Series([], dtype=KEY_LIST if c.multi_hot else "int64")
     return pd.DataFrame(cols)
-
-
-def _read_text(
-    path: str, schema: Schema, labels: str, byte_range: tuple[int, int] | None = None
-) -> _Raw:
-    header = schema.header and (byte_range is None or byte_range[0] == 0)  # the first block's
-    # A later block of a file with a header: the names are the file's first line.
-    names = _header_names(path, schema) if schema.header and not header else None
-    text = read_text_bytes(path, byte_range)
-    raw = _text_raw(text, schema, labels, header, names, empty_ok=byte_range is not None)
-    if byte_range is not None and byte_range[0] > 0:
-        raw.lines_before = functools.partial(_lines_before_range, path, byte_range[0])
-    return raw
-
-
-def _text_raw(
-    text: TextBytes,
-    schema: Schema,
-    labels: str,
-    header: bool,
-    names: list[str] | None = None,
-    empty_ok: bool = False,
-) -> _Raw:
-    invalid: list[tuple[int, str]] = []
-
-    def on_invalid(row: pacsv.InvalidRow) -> str:
-        invalid.append(
-            (
-                int(row.number or 0),
-                f"expected {row.expected_columns} columns, got {row.actual_columns}",
-            )
-        )
-        return "skip"
-
-    # Lines that are not UTF-8 come back as ASCII, and listed.
-    labelled = text_has_label(text.data, schema, labels)
-    used = _used_columns(schema, labelled)
-    columns = names or [c for c in schema.columns if labelled or c != schema.label]
-    read = pacsv.ReadOptions(
-        use_threads=False,  # row numbers of invalid rows are only known single-threaded
-        column_names=None if header else columns,
-        autogenerate_column_names=False,
-        block_size=1 << 20,  # small blocks stay in cache: faster than large ones here
-    )
-    parse = pacsv.ParseOptions(
-        delimiter=schema.delimiter,
-        quote_char='"' if schema.format == "csv" else False,
-        ignore_empty_lines=False,  # keep line numbers true; blank lines are bad rows
-        invalid_row_handler=on_invalid,
-    )
-    convert = pacsv.ConvertOptions(
-        column_types={c: pa.string() for c in used},
-        include_columns=list(used),
-        strings_can_be_null=True,
-        null_values=[""],
-        quoted_strings_can_be_null=True,
-    )
-    if text.data.size == 0 and (text.truncated is not None or empty_ok):
-        # Not one complete line before the damage, or a range in which no line starts:
-        # nothing for the CSV reader.
-        empty = _empty_text_table(used)
-        return _Raw(empty, np.zeros(0, np.int64), [], truncated=text.truncated, labelled=labelled)
-    table = pacsv.read_csv(pa.BufferReader(text.data), read, parse, convert)
-    first = 2 if header else 1
-    total = table.num_rows + len(invalid)
-    lines = np.arange(first, first + total, dtype=np.int64)
-    if invalid:
-        lines = np.delete(lines, np.array([n for n, _ in invalid]) - first)
-    blank = None if labelled else blank_lines(text.data)
-    return _Raw(table, lines, invalid, text.undecodable, text.truncated, labelled, blank)
-
-
-def _header_names(path: str, schema: Schema) -> list[str]:
-    """The column names on the first line of a text file with a header."""
-    with open_input(path) as f:
-        first = f.readline().rstrip(b"\r\n").decode("utf-8", "replace")
-    if schema.format == "csv":
-        return next(csv.reader([first], delimiter=schema.delimiter))
-    return first.split(schema.delimiter)
-
-
-def _lines_before_range(path: str, start: int) -> int:
-    return lines_before(path, line_start(path, start))
-
-
-def _used_columns(schema: Schema, labelled: bool) -> tuple[str, ...]:
-    return schema.used_columns if labelled else schema.feature_columns
-
-
-def _empty_text_table(columns: tuple[str, ...]) -> pa.Table:
-    return pa.table({c: pa.array([], pa.string()) for c in columns})
-
-
-def _read_parquet(path: str, schema: Schema, labels: str) -> _Raw:
-    labelled = parquet_has_label(path, schema, labels)
-    columns = list(_used_columns(schema, labelled))
-    if is_url(path):  # an object: read in ranges through the store's file
-        with open_input(path) as f:
-            table = pq.read_table(f, columns=columns)
-    else:
-        table = pq.read_table(path, columns=columns)
-    lines = np.arange(1, table.num_rows + 1, dtype=np.int64)
-    none = np.zeros(0, dtype=np.int64)
-    return _Raw(table, lines, [], labelled=labelled, blank_lines=None if labelled else none)
 
 
 def as_numbers(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +96,7 @@ def _label_ok(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.fill_null(pc.is_in(col, pa.array(["0", "1"])), False))
 
 
-def _label_out(raw: _Raw, schema: Schema, good: np.ndarray) -> np.ndarray:
+def _label_out(raw: RawShard, schema: Schema, good: np.ndarray) -> np.ndarray:
     """float32 labels of the good rows; NaN for a file read without its label column."""
     if not raw.labelled:
         return np.full(int(good.sum()), np.nan, dtype=np.float32)
@@ -269,7 +142,7 @@ _FIX = " (bad-row policy is 'fail'; use 'skip' to drop such rows)"
 
 
 def parse_table(
-    raw: _Raw,
+    raw: RawShard,
     schema: Schema,
     path: str,
     policy: BadRowPolicy,
@@ -299,7 +172,7 @@ class _RowChecks:
     dense_bad: list[tuple[str, np.ndarray]]  # (column, rows not a number) where any is not
 
 
-def _check_rows(raw: _Raw, schema: Schema) -> _RowChecks:
+def _check_rows(raw: RawShard, schema: Schema) -> _RowChecks:
     """Each row's first problem; an earlier check's problem hides a later one's."""
     table = raw.table
     n = table.num_rows
@@ -332,10 +205,10 @@ def _check_rows(raw: _Raw, schema: Schema) -> _RowChecks:
     return _RowChecks(reason, bad, dense_vals, dense_bad_cols)
 
 
-def _blank_rows(raw: _Raw, schema: Schema, undecodable: np.ndarray) -> np.ndarray:
+def _blank_rows(raw: RawShard, schema: Schema, undecodable: np.ndarray) -> np.ndarray:
     """Blank lines: one empty field where many were expected (no used column has a value)."""
     present = np.zeros(raw.table.num_rows, dtype=bool)
-    for c in _used_columns(schema, raw.labelled):
+    for c in used_columns(schema, raw.labelled):
         present |= np.asarray(pc.is_valid(raw.table[c]))
     blank = ~present & ~undecodable
     if raw.blank_lines is not None and raw.lines is not None and blank.any():
@@ -343,7 +216,7 @@ def _blank_rows(raw: _Raw, schema: Schema, undecodable: np.ndarray) -> np.ndarra
     return blank
 
 
-def _bad_counts(raw: _Raw, path: str, reason: np.ndarray) -> dict[tuple[str, str], int]:
+def _bad_counts(raw: RawShard, path: str, reason: np.ndarray) -> dict[tuple[str, str], int]:
     """Bad rows by reason: those the CSV reader rejected, then those the checks found; a
     truncated file counts once."""
     counts: dict[tuple[str, str], int] = {}
@@ -369,7 +242,7 @@ def _bad_counts(raw: _Raw, path: str, reason: np.ndarray) -> dict[tuple[str, str
 
 
 def _apply_policy(
-    raw: _Raw,
+    raw: RawShard,
     schema: Schema,
     path: str,
     policy: BadRowPolicy,
@@ -401,7 +274,7 @@ def _apply_policy(
 
 
 def _good_frame(
-    raw: _Raw, schema: Schema, dense_values: dict[str, np.ndarray], good: np.ndarray
+    raw: RawShard, schema: Schema, dense_values: dict[str, np.ndarray], good: np.ndarray
 ) -> pd.DataFrame:
     """The good rows: labels, transformed dense values and hashed keys."""
     out: dict[str, object] = {}
@@ -425,7 +298,7 @@ def _fmt(counts: dict[tuple[str, str], int]) -> str:
 
 
 def _first_problem(
-    raw: _Raw,
+    raw: RawShard,
     schema: Schema,
     path: str,
     reason: np.ndarray,
@@ -466,7 +339,7 @@ def parse_text(data: bytes, schema: Schema, source: str, labels: str = "auto") -
     exactly as :func:`read_shard` parses a file. Every row must be good: the first bad one is
     a :class:`DataError` naming ``source`` and its line."""
     check_label_mode(labels)
-    raw = _text_raw(decode_text(pa.py_buffer(data)), schema, labels, schema.header)
+    raw = text_raw(decode_text(pa.py_buffer(data)), schema, labels, schema.header)
     return parse_table(raw, schema, source, BadRowPolicy(action="fail"), fix="")[0]
 
 
@@ -480,7 +353,7 @@ def parse_columns(table: pa.Table, schema: Schema, source: str) -> pd.DataFrame:
         if name not in table.column_names:
             table = table.append_column(name, pa.nulls(n, pa.string()))
     none = np.zeros(0, np.int64)
-    raw = _Raw(table, np.arange(n, dtype=np.int64), [], labelled=False, blank_lines=none)
+    raw = RawShard(table, np.arange(n, dtype=np.int64), [], labelled=False, blank_lines=none)
     return parse_table(raw, schema, source, BadRowPolicy(action="fail"), where="row", fix="")[0]
 
 
@@ -513,9 +386,9 @@ def read_shard(
     check_label_mode(labels)
     try:
         raw = (
-            _read_parquet(path, schema, labels)
+            read_raw_parquet(path, schema, labels)
             if schema.format == "parquet"
-            else _read_text(path, schema, labels, byte_range)
+            else read_raw_text(path, schema, labels, byte_range)
         )
     except Exception as e:
         if (gone := transport_failure(path, e)) is not None:
