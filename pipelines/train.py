@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from daskhps.config import RunConfig
-from daskhps.data.synthetic import ceiling_of
+from daskhps.data.generation import ceiling_of
 from daskhps.monitor.progress import Progress, quiet_run
 from daskhps.monitor.report import write_report
 from daskhps.training.trainer import RunResult, Trainer

@@ -20,9 +20,10 @@ from pydantic import (
 from daskhps import storage
 from daskhps.data.backend import Backend
 from daskhps.data.badrows import BadRowPolicy
+from daskhps.data.generation import generation_record
 from daskhps.data.schema import Schema, criteo_schema, schema_at
 from daskhps.data.source import SUCCESS, DataSource, TrainLogs
-from daskhps.data.synthetic import GeneratorConfig, generate, generation_record
+from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.errors import ConfigError
 from daskhps.options import (
     SIZE_JSON,

@@ -59,12 +59,12 @@ import pyarrow.csv as pacsv
 from pydantic import Field, field_validator
 
 from daskhps import storage
+from daskhps.data.generation import GenerationSummary, auc_from_histograms
 from daskhps.data.hashing import fmix64
 from daskhps.data.source import SUCCESS
-from daskhps.errors import StorageError
 from daskhps.options import Int, Options, Problem, shown
 
-__all__ = ["GenerationSummary", "GeneratorConfig", "auc_from_histograms", "generate"]
+__all__ = ["GeneratorConfig", "generate"]
 
 log = logging.getLogger(__name__)
 
@@ -366,49 +366,6 @@ def label_sum(hist: np.ndarray) -> int:
     return int(hist[1].sum())
 
 
-def auc_from_histograms(hist: np.ndarray) -> float:
-    """AUC of a score from per-label histograms ``hist[label, bin]`` over increasing scores.
-
-    Pairs in the same bin count one half (with 65536 bins over [0, 1] this is exact to ~1e-5).
-    """
-    neg, pos = hist[0].astype(np.float64), hist[1].astype(np.float64)
-    if neg.sum() == 0 or pos.sum() == 0:
-        return float("nan")
-    below = np.cumsum(neg) - neg
-    return float((pos * (below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))
-
-
-@dataclass(frozen=True)
-class GenerationSummary:
-    """What :func:`generate` wrote (also saved as ``generation.json`` beside the data)."""
-
-    out: str
-    config: GeneratorConfig
-    rows: int
-    ctr: float
-    ceiling_auc: float
-    days: dict[str, dict[str, float]]
-    seconds: float
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else float("nan")
-
-    def to_dict(self) -> dict[str, Any]:
-        cfg = self.config.to_dict()
-        return {
-            "format": "criteo-tsv",
-            "out": self.out,
-            "config": cfg,
-            "rows": self.rows,
-            "ctr": self.ctr,
-            "ceiling_auc": self.ceiling_auc,
-            "days": self.days,
-            "seconds": round(self.seconds, 3),
-            "rows_per_second": round(self.rows_per_second, 1),
-        }
-
-
 def _put_text(path: str, text: str) -> None:
     """Write a small file, or object."""
     if not storage.is_url(path):
@@ -426,31 +383,6 @@ def _finish_day(out: str, day: str, parts: list[dict[str, Any]]) -> dict[str, An
     hist = sum(p["hist"] for p in parts)
     rows = sum(p["rows"] for p in parts)
     return {"day": day, "rows": rows, "hist": hist}
-
-
-def generation_record(out: str) -> Any:
-    """What ``out/generation.json`` (a folder or a URL) says of the logs generated there,
-    parsed; None when it is not there or does not parse. A store that cannot be reached is a
-    :class:`~daskhps.errors.StorageError`."""
-    path = f"{str(out).rstrip('/')}/generation.json"
-    if not storage.exists(path):
-        return None
-    try:
-        with storage.open_input(path) as f:
-            return json.loads(f.read())
-    except StorageError:
-        raise
-    except (OSError, ValueError):
-        return None
-
-
-def ceiling_of(out: str) -> float | None:
-    """The ceiling AUC recorded in ``out/generation.json``, None when there is none to read
-    (the store cannot be reached either: it only decorates a report)."""
-    try:
-        return float(generation_record(out)["ceiling_auc"])
-    except (StorageError, KeyError, ValueError, TypeError):
-        return None
 
 
 def _unmark(folder: str) -> None:

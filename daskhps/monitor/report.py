@@ -94,7 +94,7 @@ def _ceiling(run_dir: Path, summary: dict[str, Any]) -> float | None:
     try:
         import yaml
 
-        from daskhps.data.synthetic import ceiling_of
+        from daskhps.data.generation import ceiling_of
 
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
         return ceiling_of(str(cfg["data"]["generate"]["out"]))

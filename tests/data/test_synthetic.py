@@ -12,7 +12,8 @@ import pyarrow.csv as pacsv
 import pytest
 
 from daskhps.data import criteo_schema, read_click_log, synthetic
-from daskhps.data.synthetic import GeneratorConfig, auc_from_histograms, generate
+from daskhps.data.generation import auc_from_histograms
+from daskhps.data.synthetic import GeneratorConfig, generate
 from daskhps.errors import ConfigError
 
 
