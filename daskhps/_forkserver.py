@@ -26,7 +26,6 @@ start method; so do platforms without ``forkserver``.
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import signal
@@ -36,8 +35,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import dask
-
-from daskhps._gpu import cuda_available
 
 if TYPE_CHECKING:
     from daskhps.config.cluster import ClusterConfig
@@ -133,11 +130,7 @@ def _ctrl_c_ignored() -> Iterator[None]:
 def forks_workers(cluster: ClusterConfig) -> bool:
     """Whether ``cluster`` (``cluster.*``) starts an embedded CPU cluster of worker
     processes, the one kind whose workers are forked from the server."""
-    if not (available() and cluster.local and cluster.processes) or cluster.gpu is True:
-        return False
-    if cluster.gpu == "auto" and importlib.util.find_spec("dask_cuda") is not None:
-        return not cuda_available()
-    return True
+    return available() and cluster.processes and cluster.kind() == "local"
 
 
 def warm_up_for(cluster: ClusterConfig) -> None:

@@ -3,7 +3,9 @@ before a run, and the fork server (which must not import the distributed layer i
 
 from __future__ import annotations
 
-__all__ = ["cuda_available"]
+from typing import Literal
+
+__all__ = ["cuda_available", "cuda_cluster", "cuda_missing"]
 
 
 def cuda_available() -> bool:
@@ -14,3 +16,14 @@ def cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+def cuda_cluster(gpu: bool | Literal["auto"]) -> bool:
+    """Whether an embedded cluster asked for ``gpu`` (``cluster.gpu``) has CUDA workers:
+    ``True`` has, ``"auto"`` where this machine can run them."""
+    return gpu is True or (gpu == "auto" and cuda_available())
+
+
+def cuda_missing(gpu: bool | Literal["auto"]) -> bool:
+    """Whether ``gpu`` asks for CUDA workers this machine cannot run."""
+    return gpu is True and not cuda_available()

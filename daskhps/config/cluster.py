@@ -7,6 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
+from daskhps._gpu import cuda_cluster, cuda_missing
 from daskhps.options import (
     SIZE_JSON,
     Ctx,
@@ -18,7 +19,11 @@ from daskhps.options import (
     validate,
 )
 
-__all__ = ["ClusterConfig", "ClusterSecurity"]
+__all__ = ["ClusterConfig", "ClusterKind", "ClusterSecurity"]
+
+# Who starts the workers: a scheduler at cluster.address, or the run's embedded cluster of CPU
+# or CUDA workers.
+ClusterKind = Literal["address", "local", "local-cuda"]
 
 
 def _memory_limit(value: Any) -> Any:
@@ -146,6 +151,16 @@ class ClusterConfig(Options):
     def local(self) -> bool:
         """True when the run starts its own cluster."""
         return self.address is None
+
+    def kind(self) -> ClusterKind:
+        """Who starts the workers; ``gpu: auto`` asks this machine whether it has CUDA."""
+        if not self.local:
+            return "address"
+        return "local-cuda" if cuda_cluster(self.gpu) else "local"
+
+    def lacks_cuda(self) -> bool:
+        """Whether the embedded cluster asks for CUDA workers this machine cannot run."""
+        return self.local and cuda_missing(self.gpu)
 
     def backend_for(self, has_gpu: bool) -> str:
         """The torch.distributed backend for workers with (or without) GPUs."""

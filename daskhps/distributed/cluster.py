@@ -20,7 +20,7 @@ import dask
 from distributed import Client, LocalCluster
 
 from daskhps import _forkserver as forkserver
-from daskhps._gpu import cuda_available
+from daskhps._gpu import cuda_cluster, cuda_missing
 from daskhps._scheduler import scheduler_workers
 from daskhps.config.cluster import ClusterSecurity
 from daskhps.distributed._dashboard import repair_dashboard
@@ -186,12 +186,12 @@ def start_cluster(
 def _use_cuda(gpus: bool | Literal["auto"]) -> bool:
     """Whether the embedded cluster is a ``LocalCUDACluster``; ``gpus=True`` without CUDA is
     an error, ``"auto"`` falls back to the CPU (logged)."""
-    use_cuda = gpus is True or (gpus == "auto" and cuda_available())
-    if gpus is True and not cuda_available():
+    if cuda_missing(gpus):
         raise ClusterError(
             "gpus=True needs dask_cuda and a CUDA device, and this machine lacks one: install "
             "the gpu extra on a GPU machine, or set gpus to 'auto' or False to train on CPU"
         )
+    use_cuda = cuda_cluster(gpus)
     if gpus == "auto" and not use_cuda:
         log.info("gpus='auto': no dask_cuda or no CUDA device, starting a CPU LocalCluster")
     return use_cuda

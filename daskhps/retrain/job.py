@@ -301,7 +301,7 @@ def _check_restorable(version: Version, config: RunConfig) -> None:
     from daskhps.training.parts import RunParts
 
     ckpt = load_checkpoint(version.checkpoint)
-    if config.cluster.address is None:
+    if config.cluster.local:
         missing = missing_commit(Disks(), ckpt)
     else:
         with RunParts(config, f"rollback-{version.name}").start_cluster() as handle:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daskhps._gpu import cuda_available
 from daskhps._paths import check_writable_dir
 from daskhps._scheduler import scheduler_workers
 from daskhps._text import counted
@@ -290,8 +289,7 @@ class _Preflight:
             )
 
     def _check_gpu(self) -> None:
-        c = self.config.cluster
-        if c.gpu is True and c.address is None and not cuda_available():
+        if self.config.cluster.lacks_cuda():
             raise ConfigError(
                 f"{self.config.source}: cluster.gpu: true, but this machine has no CUDA GPU (or "
                 "no dask_cuda); set cluster.gpu: auto (a GPU where there is one) or false"

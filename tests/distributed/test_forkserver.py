@@ -5,6 +5,7 @@ Dask's pre-spawn variables and hash seed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -76,7 +77,7 @@ def test_forked_workers_start_loaded_and_see_the_drivers_environment_and_folder(
 def test_only_an_embedded_cpu_cluster_of_processes_forks_its_workers(
     cluster: dict[str, Any], forks: bool
 ) -> None:
-    if cluster.get("gpu") == "auto" and forkserver.importlib.util.find_spec("dask_cuda"):
+    if cluster.get("gpu") == "auto" and importlib.util.find_spec("dask_cuda"):
         pytest.skip("dask_cuda is installed: 'auto' depends on the device")
     config = ClusterConfig.model_validate(cluster)
     assert forkserver.forks_workers(config) is forks
