@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,31 @@ class GenerationSummary:
     ceiling_auc: float
     days: dict[str, dict[str, float]]
     seconds: float
+
+    @classmethod
+    def of_days(
+        cls, out: str, config: GeneratorConfig, days: Sequence[dict[str, Any]], seconds: float
+    ) -> GenerationSummary:
+        """The summary of the written ``days`` (each: its ``day``, ``rows`` and the label
+        histograms ``hist`` of its click probabilities)."""
+        total = sum(d["hist"] for d in days)
+        rows = int(total.sum())
+        return cls(
+            out=str(out),
+            config=config,
+            rows=rows,
+            ctr=float(total[1].sum() / max(rows, 1)),
+            ceiling_auc=auc_from_histograms(total),
+            days={
+                d["day"]: {
+                    "rows": int(d["rows"]),
+                    "ctr": float(d["hist"][1].sum() / max(d["rows"], 1)),
+                    "ceiling_auc": auc_from_histograms(d["hist"]),
+                }
+                for d in days
+            },
+            seconds=seconds,
+        )
 
     @property
     def rows_per_second(self) -> float:

@@ -59,7 +59,7 @@ import pyarrow.csv as pacsv
 from pydantic import Field, field_validator
 
 from daskhps import storage
-from daskhps.data.generation import GenerationSummary, auc_from_histograms
+from daskhps.data.generation import GenerationSummary
 from daskhps.data.hashing import fmix64
 from daskhps.data.source import SUCCESS
 from daskhps.options import Int, Options, Problem, shown
@@ -451,29 +451,11 @@ def generate(
     else:
         results = dask.compute(*day_tasks, **kwargs)
     seconds = time.perf_counter() - start
-    total = sum(r["hist"] for r in results)
-    days = {
-        r["day"]: {
-            "rows": int(r["rows"]),
-            "ctr": float(r["hist"][1].sum() / max(r["rows"], 1)),
-            "ceiling_auc": auc_from_histograms(r["hist"]),
-        }
-        for r in results
-    }
-    rows = int(total.sum())
-    summary = GenerationSummary(
-        out=str(out),
-        config=cfg,
-        rows=rows,
-        ctr=float(total[1].sum() / max(rows, 1)),
-        ceiling_auc=auc_from_histograms(total),
-        days=days,
-        seconds=seconds,
-    )
+    summary = GenerationSummary.of_days(out, cfg, results, seconds)
     _put_text(f"{out}/generation.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     log.info(
         "wrote %d rows in %.1f s (%.0f rows/s), CTR %.4f, ceiling AUC %.4f",
-        rows,
+        summary.rows,
         seconds,
         summary.rows_per_second,
         summary.ctr,
