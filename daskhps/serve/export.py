@@ -18,7 +18,7 @@ in ``export.json`` the map of each field to its table (``feature_tables``: name,
 ``shared_keys``), every table's file names and initial-value rule (``tables``), and how a key
 carries its table (``key_hash``). When the tables' widths differ, ``sparse`` is flat:
 ``sparse[B, sum of the fields' widths]``, field ``f``'s row at columns ``columns[f]``, as the
-trainer builds it (daskhps.training.worker.field_columns).
+trainer builds it (daskhps.training.model_input.field_columns).
 
 ``sparse[b, f]`` is the row of the key of field ``f`` of example ``b`` (multi-hot fields: the
 sum or mean of their rows, as the field's pooling says). Keys are daskhps's ``hps64`` hashes of

@@ -40,7 +40,7 @@ from daskhps.serve.inputs import Inputs
 from daskhps.serve.lookup import PreparedRefresh, RefreshReport, ServingLookup
 from daskhps.serve.tables import PreparedTables, TablesLookup
 from daskhps.serve.version import Servable
-from daskhps.training.worker import BagPooling, bag_pooling, field_columns, sparse_input
+from daskhps.training.model_input import BagPooling, bag_pooling, field_columns, sparse_input
 
 __all__ = ["Scorer", "predict_frame", "score_inputs"]
 
@@ -57,11 +57,11 @@ def score_inputs(
 ) -> np.ndarray:
     """Click probabilities (``float32[n]``, row order) of parsed rows, ``batch_size`` rows a
     forward, with ``model`` in eval mode. ``columns``: tables of different widths, the
-    trainer's :func:`~daskhps.training.worker.field_columns` (the rows then are padded to
+    trainer's :func:`~daskhps.training.model_input.field_columns` (the rows then are padded to
     the widest).
 
     Each batch as the trainer's evaluation runs it as one rank
-    (:func:`daskhps.training.worker.batch_forward`), bit for bit, without what a rank needs
+    (:func:`daskhps.training.model_input.batch_forward`), bit for bit, without what a rank needs
     and a scorer does not (the routing's position groups, a leaf for gradients): the batch's
     unique keys, sorted, ``lookup_fn(unique keys) -> rows``, ``rows[inverse]`` (pooled bag by
     bag for multi-hot schemas) as the model's ``sparse`` input.

@@ -11,7 +11,7 @@ table behind one ``keys -> rows`` of tagged keys.
 
 The rows come back padded to the widest table, as the trainer's replica looks them up
 (:meth:`daskhps.distributed.WorkerShards.lookup_tagged`), so the model's input is built from
-them the same way (:func:`daskhps.training.worker.sparse_input` with ``field_columns``).
+them the same way (:func:`daskhps.training.model_input.sparse_input` with ``field_columns``).
 
 The cache budget (device rows, host bytes) is split over the tables by how many fields each
 serves: a batch brings one key a field, so that is each table's share of a batch's keys.

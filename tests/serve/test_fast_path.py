@@ -22,7 +22,7 @@ from daskhps.serve.requests import RowReader, read_rows
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.sharding import ShardMap
 from daskhps.training.examples import RANK, WorkerExamples
-from daskhps.training.worker import bag_pooling, batch_forward
+from daskhps.training.model_input import bag_pooling, batch_forward
 
 SCHEMA = Schema.from_dict(
     {

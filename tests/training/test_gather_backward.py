@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from daskhps.distributed import Exchange
 from daskhps.sharding import ShardMap
-from daskhps.training.worker import BagPooling, sparse_input
+from daskhps.training.model_input import BagPooling, sparse_input
 
 DIM = 5
 
@@ -90,7 +90,7 @@ def test_grouped_backward_on_a_ctr_sized_batch_with_threads() -> None:
 def test_fields_of_different_widths_read_their_own_columns(widths, n, seed):
     """With tables of different widths, the padded rows' gather gives each field exactly its
     row's first ``width`` floats, in field order, and their gradients reach those floats only."""
-    from daskhps.training.worker import field_columns
+    from daskhps.training.model_input import field_columns
 
     widths = tuple(widths)
     gen = torch.Generator().manual_seed(seed)

@@ -21,7 +21,7 @@ from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable, TableSpec
 from daskhps.table.optimizers import OptimizerSpec
 from daskhps.training.examples import RANK, WorkerExamples, bag_keys
-from daskhps.training.worker import BagPooling, bag_pooling, batch_forward
+from daskhps.training.model_input import BagPooling, bag_pooling, batch_forward
 from tests._clusters import SharedClusters
 from tests._runs import tiny_config
 
@@ -340,7 +340,7 @@ def test_sparse_input_backward_is_deterministic_with_threads(grouped: bool) -> N
     a rerun (or a resumed run) reproduces the model bit for bit: through index_select's
     backward, and through the grouped backward that route's position groups enable."""
     from daskhps.distributed.exchange import Routing
-    from daskhps.training.worker import sparse_input
+    from daskhps.training.model_input import sparse_input
 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
