@@ -511,7 +511,7 @@ def _add_worker(families: dict[str, Any], m: ShardMetrics) -> None:
     w = m.address
     families["pass"].add_metric([w], m.current_pass)
     for table, f in m.figures().items():
-        for tier in TIERS:
+        for tier in f.rows_from:
             families["hit_rate"].add_metric([w, table, tier], f.hit_rate[tier])
             families["rows_from"].add_metric([w, table, tier], f.rows_from[tier])
         for tier in f.rows:
