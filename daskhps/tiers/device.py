@@ -15,42 +15,12 @@ Training updates rows in place: :meth:`~DeviceCache.find_slots` gives slots into
 
 from __future__ import annotations
 
-import torch
-
 from daskhps.tiers._slots import SlotCache
 
 __all__ = ["DeviceCache"]
 
 
 class DeviceCache(SlotCache):
-    """Key -> row cache of exactly ``capacity_rows`` rows on ``device``, LRU or LFU.
-
-    Parameters
-    ----------
-    name:
-        ``"<table>/device"``, used in error messages.
-    width:
-        Floats per row (embedding dim plus optimizer state).
-    capacity_rows:
-        Rows held, all usable.
-    device:
-        ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a :class:`torch.device`.
-    policy:
-        ``"lru"`` (default) or ``"lfu"``; lookup hits count as uses.
-    load_factor:
-        Index load at full capacity; lower is faster and larger.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        width: int,
-        capacity_rows: int,
-        *,
-        device: torch.device | str = "cpu",
-        policy: str = "lru",
-        load_factor: float = 0.5,
-    ):
-        super().__init__(
-            name, width, capacity_rows, device=device, policy=policy, load_factor=load_factor
-        )
+    """Key -> row cache of exactly ``capacity_rows`` rows on ``device`` (``"cpu"``,
+    ``"cuda"``, ``"cuda:1"`` or a :class:`torch.device`), LRU or LFU; its parameters are
+    :class:`SlotCache`'s, its name ``"<table>/device"``."""

@@ -43,20 +43,12 @@ def rows_for_bytes(
 class HostMemory(SlotCache):
     """Key -> row cache in CPU memory holding as many rows as ``capacity_bytes`` allows.
 
-    Parameters
-    ----------
-    name:
-        ``"<table>/host"``, used in error messages.
-    width:
-        Floats per row.
+    The parameters are :class:`SlotCache`'s (name ``"<table>/host"``), except:
+
     capacity_bytes:
-        Memory budget for rows, metadata and index together.
-    policy:
-        ``"lru"`` (default) or ``"lfu"``.
+        Memory budget for rows, metadata and index together (instead of ``capacity_rows``).
     pin_memory:
         Page-locked slab for fast host -> device copies; default: when CUDA is available.
-    load_factor:
-        Index load at full capacity.
     """
 
     def __init__(
