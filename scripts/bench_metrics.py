@@ -34,7 +34,7 @@ from _bench import Reporter, interleaved
 
 from daskhps.distributed import RunHost, TierSizing, WorkerShards
 from daskhps.monitor import metric_name
-from daskhps.monitor.worker_metrics import _collector
+from daskhps.monitor.prometheus import collector
 from daskhps.stages import stage_span
 from daskhps.table import OptimizerSpec, TableSpec
 
@@ -99,7 +99,7 @@ def bench(rep: Reporter, root: Path, rows: int, passes: int, dim: int, repeat: i
             "span": _loop(_span, many),
             "callback": _loop(lambda: callback(worker), many),
             "refresh": lambda: monitor.refresh(force=True),
-            "collect": lambda: list(_collector().collect()),
+            "collect": lambda: list(collector().collect()),
             "table_stats": table.stats,
             "device_stats": lambda: table.device_cache.stats,
             "store_stats": lambda: table.store.stats,
