@@ -23,6 +23,7 @@ from daskhps import _forkserver as forkserver
 from daskhps.config import RunConfig
 from daskhps.distributed import WorkerShards, start_cluster
 from daskhps.distributed.cluster import ClusterHandle
+from daskhps.distributed.configured import cluster_args
 from daskhps.passes import PassPlan, PassSpec
 from daskhps.runfiles.replica import Replica
 from daskhps.training import worker
@@ -42,18 +43,7 @@ class RunParts:
 
     def cluster_args(self) -> dict[str, Any]:
         """The arguments of :func:`start_cluster` (``cluster.*``)."""
-        c = self.config.cluster
-        return {
-            "address": c.address,
-            "n_workers": c.n_workers if c.address is None else None,
-            "threads_per_worker": c.threads_per_worker,
-            "memory_limit": c.memory_limit if c.memory_limit is not None else "auto",
-            "processes": c.processes,
-            "gpus": c.gpu if c.gpu in (True, False, "auto") else "auto",
-            "dashboard_address": c.dashboard_address,
-            "security": c.security,
-            "storage_options": self.config.storage.options,
-        }
+        return cluster_args(self.config)
 
     def start_cluster(self) -> ClusterHandle:
         return start_cluster(**self.cluster_args())
