@@ -35,12 +35,14 @@ import pyarrow.parquet as pq
 
 from daskhps._paths import check_writable_dir
 from daskhps._text import counted
+from daskhps.config import RunConfig
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.labels import check_label_mode
 from daskhps.data.parse import read_shard
 from daskhps.data.schema import LABEL
 from daskhps.data.source import resolve_files
 from daskhps.distributed import start_cluster
+from daskhps.distributed.configured import cluster_args
 from daskhps.errors import DaskHPSError, DataError, StoreExistsError
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.stores import check_stores
@@ -245,16 +247,7 @@ def predict(
     if client is not None:
         results, lookup = _run(client, job, files)
     else:
-        c = cfg.cluster
-        with start_cluster(
-            address=address,
-            n_workers=(n_workers or c.n_workers) if address is None else None,
-            threads_per_worker=c.threads_per_worker,
-            memory_limit=c.memory_limit if c.memory_limit is not None else "auto",
-            processes=c.processes,
-            gpus=False,
-            dashboard_address=None,
-        ) as handle:
+        with start_cluster(**_cluster_args(cfg, address, n_workers)) as handle:
             if echo is not None:
                 workers = counted(len(handle.addresses), "worker")
                 echo(f"scoring {counted(len(files), 'file')} on {workers}")
@@ -274,6 +267,19 @@ def predict(
     (outp / SUMMARY).write_text(json.dumps(result.to_dict(), indent=2))
     (outp / SUCCESS).write_text("")
     return result
+
+
+def _cluster_args(cfg: RunConfig, address: str | None, n_workers: int | None) -> dict[str, Any]:
+    """The training run's cluster arguments, on CPU workers without a dashboard, at the
+    scheduler ``address`` if given (the config's own is not used), else embedded."""
+    local = address is None
+    return {
+        **cluster_args(cfg),
+        "address": address,
+        "n_workers": (n_workers or cfg.cluster.n_workers) if local else None,
+        "gpus": False,
+        "dashboard_address": None,
+    }
 
 
 def _run(client: Any, job: _Job, files: list[str]) -> tuple[list[dict[str, Any]], dict[str, int]]:
