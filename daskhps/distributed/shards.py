@@ -37,6 +37,7 @@ import torch
 
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed._errors import ClusterError
+from daskhps.distributed.partition_columns import column_of, keys_of
 from daskhps.errors import CapacityError
 from daskhps.stages import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
@@ -533,24 +534,6 @@ def _summed(reports: list[StageReport]) -> StageReport:
 
 def _added(counts: list[dict[str, int]]) -> dict[str, int]:
     return {k: sum(c[k] for c in counts) for k in counts[0]}
-
-
-def keys_of(part: Any) -> torch.Tensor:
-    """int64 keys of a pass's owner partition (a frame with a ``key`` column) or of an array."""
-    if hasattr(part, "columns"):
-        return column_of(part, "key", torch.int64)
-    return _tensor(part, torch.int64)
-
-
-def column_of(part: Any, column: str, dtype: torch.dtype) -> torch.Tensor:
-    """One column of a pass's owner partition as a tensor of ``dtype``."""
-    return _tensor(part[column].to_numpy(), dtype)
-
-
-def _tensor(raw: Any, dtype: torch.dtype) -> torch.Tensor:
-    if isinstance(raw, np.ndarray) and not raw.flags.writeable:
-        raw = raw.copy()  # a read-only pandas view: torch must not alias it
-    return torch.as_tensor(raw).to(dtype)
 
 
 def droppable_commits(names: Sequence[str], name: str, prefix: str = "") -> int:
