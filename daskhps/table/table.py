@@ -36,11 +36,9 @@ flushes, commits and closing (:mod:`~daskhps.table.persistence`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from daskhps.errors import CapacityError
@@ -54,7 +52,7 @@ from daskhps.table.shard import (
     open_tiers,
 )
 from daskhps.table.spec import TableSpec
-from daskhps.tiers.base import Cache, CommitInfo, PersistentStore
+from daskhps.tiers.base import Attachments, Cache, CommitInfo, CommitMeta, PersistentStore
 from daskhps.tiers.store import StoreOptions
 
 __all__ = ["EmbeddingTable", "StageReport", "open_shard_store"]
@@ -248,12 +246,7 @@ class EmbeddingTable:
         written. The rows stay resident, now clean."""
         return persistence.flush(self._shard)
 
-    def commit(
-        self,
-        name: str,
-        meta: dict[str, Any] | None = None,
-        attach: Mapping[str, np.ndarray] | None = None,
-    ) -> CommitInfo:
+    def commit(self, name: str, meta: CommitMeta = None, attach: Attachments = None) -> CommitInfo:
         """Flush, then record a named commit point in the store (carrying ``attach``: see
         :meth:`PersistentStore.commit`)."""
         return persistence.commit(self._shard, name, meta, attach)

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -36,8 +36,10 @@ import torch
 from daskhps.errors import DataError
 
 __all__ = [
+    "Attachments",
     "Cache",
     "CommitInfo",
+    "CommitMeta",
     "CompactReport",
     "Evicted",
     "Lookup",
@@ -49,6 +51,11 @@ __all__ = [
 ]
 
 _Store = TypeVar("_Store", bound="PersistentStore")
+
+CommitMeta: TypeAlias = dict[str, Any] | None
+"""The caller's JSON-able metadata of a commit (:meth:`PersistentStore.commit`)."""
+Attachments: TypeAlias = Mapping[str, np.ndarray] | None
+"""Named arrays a commit carries beside its rows; None: those of the state it extends."""
 
 
 @dataclass(frozen=True)
@@ -371,12 +378,7 @@ class PersistentStore(Tier):
         """Make every write so far durable on disk (still in no commit)."""
 
     @abstractmethod
-    def commit(
-        self,
-        name: str,
-        meta: dict[str, Any] | None = None,
-        attach: Mapping[str, np.ndarray] | None = None,
-    ) -> CommitInfo:
+    def commit(self, name: str, meta: CommitMeta = None, attach: Attachments = None) -> CommitInfo:
         """Make everything written so far durable and name the state ``name``, with the
         caller's JSON-able ``meta``. Committing an existing name replaces that commit.
 

@@ -13,15 +13,16 @@ may keep appending and committing meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import numpy as np
 import torch
 
 from daskhps.errors import DataError, StoreCorruptedError, StoreMismatchError, StoreReadOnlyError
 from daskhps.tiers.base import (
+    Attachments,
     CommitInfo,
+    CommitMeta,
     CompactReport,
     Lookup,
     PersistentStore,
@@ -295,12 +296,7 @@ class StoreReader(PersistentStore):
     def flush(self) -> None:
         """Nothing to make durable: a reader writes nothing."""
 
-    def commit(
-        self,
-        name: str,
-        meta: dict[str, Any] | None = None,
-        attach: Mapping[str, np.ndarray] | None = None,
-    ) -> CommitInfo:
+    def commit(self, name: str, meta: CommitMeta = None, attach: Attachments = None) -> CommitInfo:
         self._refuse("commit")
 
     def drop_commits(self, keep: int) -> list[CommitInfo]:

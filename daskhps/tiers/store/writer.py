@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -33,7 +33,14 @@ from daskhps.errors import (
     StoreExistsError,
     UnwritablePathError,
 )
-from daskhps.tiers.base import CommitInfo, CompactReport, check_keys, check_rows
+from daskhps.tiers.base import (
+    Attachments,
+    CommitInfo,
+    CommitMeta,
+    CompactReport,
+    check_keys,
+    check_rows,
+)
 from daskhps.tiers.lock import WriterLock
 from daskhps.tiers.store.buffer import WriteBuffer
 from daskhps.tiers.store.chain import write_attached, write_snapshot
@@ -268,12 +275,7 @@ class StoreWriter(StoreReader):
 
     # -- commits ---------------------------------------------------------------------------
 
-    def commit(
-        self,
-        name: str,
-        meta: dict[str, Any] | None = None,
-        attach: Mapping[str, np.ndarray] | None = None,
-    ) -> CommitInfo:
+    def commit(self, name: str, meta: CommitMeta = None, attach: Attachments = None) -> CommitInfo:
         """The manifest is written last, by atomic rename: a crash before it leaves the
         previous commit as the latest. ``attach``: the arrays the commit carries from now on
         (``{}``: none); None keeps those of the state it extends (see :meth:`attached`)."""
