@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from daskhps._lazy import lazy_attribute
 from daskhps.data.badrows import BadRowPolicy, BadRowReport, Reason
 from daskhps.data.hashing import field_salt, hash_column, hash_values, missing_key
 from daskhps.data.parse import read_shard
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 # readers builds Dask dataframes: it is loaded on first use of its names, so that importing
 # daskhps.data.hashing or daskhps.config (which run this file first) does not import dask.
-_FROM_READERS = ("ClickLog", "read_click_log")
+_LAZY = {"ClickLog": "readers", "read_click_log": "readers"}
 
 __all__ = [
     "BadRowPolicy",
@@ -45,8 +46,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_READERS:
-        from daskhps.data import readers
-
-        return getattr(readers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return lazy_attribute(__name__, _LAZY, name)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from daskhps._lazy import lazy_attribute
 from daskhps.passes.config import PassConfig
 
 if TYPE_CHECKING:
@@ -48,6 +48,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return lazy_attribute(__name__, _LAZY, name)
