@@ -13,8 +13,8 @@
         ─► expire (at a day boundary) ─► unpin
         ─► flush / commit / compact / drop_commits_before (checkpoints) ─► close
 
-    pending[t]  the counts of table t's keys not admitted yet (daskhps.table.admission),
-                committed with the shard's store and changed only by record_seen
+    lifecycle   the tables' admission and expiry rules, and the counts of the keys admission
+                holds back (daskhps.distributed.key_lifecycle)
 
 The client calls every verb on all ranks at once through
 :meth:`daskhps.distributed.RunGroup.on_shards` (``group.on_shards(WorkerShards.commit, name)``):
@@ -32,16 +32,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import torch
 
 from daskhps.data.keyspace import TABLE_SHIFT
 from daskhps.distributed._errors import ClusterError
-from daskhps.distributed.partition_columns import column_of, keys_of
+from daskhps.distributed.key_lifecycle import KeyLifecycle
+from daskhps.distributed.partition_columns import keys_of
 from daskhps.errors import CapacityError
 from daskhps.stages import stage_span
 from daskhps.table import EmbeddingTable, StageReport, TableSpec
-from daskhps.table.admission import AdmissionRule, PendingCounts, find_sorted
+from daskhps.table.admission import AdmissionRule
 from daskhps.table.expiry import ExpiryRule
 from daskhps.tier_sizing import TierSizing
 from daskhps.tiers.store import StoreOptions
@@ -68,14 +68,6 @@ class StageAhead:
     @property
     def fitted(self) -> bool:
         return self.refusal is None
-
-
-@dataclass(frozen=True)
-class _PassAdmission:
-    """What :meth:`WorkerShards.admit` decided for the pass being trained: the keys without
-    rows it held back (sorted)."""
-
-    held: np.ndarray
 
 
 class WorkerShards:
@@ -143,17 +135,7 @@ class WorkerShards:
         self.locks: dict[str, threading.Lock] = {}
         self.tagged = tagged
         self.order = names
-        self.admission: dict[str, AdmissionRule] = {}
-        self.expiry: dict[str, ExpiryRule] = {}
-        for name in names:
-            a = admission.get(name) if isinstance(admission, Mapping) else admission
-            e = expiry.get(name) if isinstance(expiry, Mapping) else expiry
-            if a is not None and not a.admits_all:
-                self.admission[name] = a
-            if e is not None and e.expires:
-                self.expiry[name] = e
-        self.pending: dict[str, PendingCounts] = {}
-        self._admitting: dict[str, _PassAdmission] = {}  # the pass admitted, until counted
+        self.lifecycle = KeyLifecycle(names, admission, expiry)
         self.monitor: ShardMetrics | None = None  # dashboard and /metrics figures
         # Tables sharing a fractional budget open with the same rows each; the first pass
         # staged on every table at once resizes them by its keys (see split_by_keys)
@@ -166,7 +148,7 @@ class WorkerShards:
         self.memory_limit = memory_limit
         self.locks = {name: threading.Lock() for name in self.specs}
         self.tables = {}
-        self.pending, self._admitting = {}, {}
+        self.lifecycle.bind(rank)
         self._sized_by_keys = not self._splits_by_keys
 
     def store_path(self, table: str) -> Path:
@@ -194,10 +176,7 @@ class WorkerShards:
                         commit=self.commit_name,
                         store=self.store_options,
                     )
-                    store = self.tables[name].store
-                    self.pending[name] = PendingCounts.from_arrays(
-                        store.attached(PendingCounts.KEYS), store.attached(PendingCounts.STATS)
-                    )
+                    self.lifecycle.load(name, self.tables[name])
             opened[name] = {"rank": self._rank(), "device_rows": rows, "host_bytes": host_bytes}
         return opened
 
@@ -323,21 +302,7 @@ class WorkerShards:
 
     def _admit(self, table: str, keys: Any) -> dict[str, int]:
         with stage_span("admit"), self.locked(table) as t:
-            rule = self.admission.get(table)
-            if rule is None:
-                return {"admitted": 0, "held_back": 0}
-            k = keys_of(keys)
-            new = t.without_rows(k).cpu().numpy()
-            nkeys = k.cpu().numpy()[new]
-            seen = column_of(keys, "count", torch.int64).numpy()[new]
-            ok = rule.admitted(nkeys, self.pending[table].counts(nkeys), seen)
-            t.freeze(torch.from_numpy(nkeys[~ok]))
-            # sorted: an owner partition is in (virtual shard, key) order, not key order
-            self._admitting[table] = _PassAdmission(held=np.sort(nkeys[~ok]))
-            out = {"admitted": int(ok.sum()), "held_back": int((~ok).sum())}
-        if self.monitor is not None:
-            self.monitor.note_admitted(table, out["admitted"])
-        return out
+            return self.lifecycle.admit(table, t, keys, self.monitor)
 
     def record_seen(self, table: str | None, keys: Any) -> None:
         """Count a pass's owner partition (columns ``key``, ``count``, ``day``) once it
@@ -348,26 +313,7 @@ class WorkerShards:
 
     def _record_seen(self, table: str, keys: Any) -> None:
         with stage_span("count"), self.locked(table) as t:
-            k = keys_of(keys)
-            counts = column_of(keys, "count", torch.int64)
-            days = column_of(keys, "day", torch.int32)
-            pending = self.pending[table]
-            passed = self._admitting.pop(table, None)
-            if table in self.admission and passed is None:
-                raise ClusterError(
-                    f"table {table!r} on rank {self.rank}: a pass was counted that was not "
-                    "admitted; call admit after staging it"
-                )
-            if passed is not None and len(passed.held):
-                held = torch.from_numpy(find_sorted(passed.held, k.numpy())[1])
-                pending.add(k[held].numpy(), counts[held].numpy(), days[held].numpy())
-                k, counts, days = k[~held], counts[~held], days[~held]
-            if len(pending):  # admitted now (or admission turned off): the count so far too
-                counts = counts + torch.from_numpy(pending.pop(k.numpy()))
-            t.record_seen(k, counts, days)
-            t.thaw()
-        if self.monitor is not None:
-            self.monitor.note_pending(table, len(pending))
+            self.lifecycle.record_seen(table, t, keys, self.monitor)
 
     def expire(self, table: str | None, today: int) -> dict[str, int]:
         """The day boundary of log day ``today`` (a ``last_day`` number; the pass that ends it
@@ -379,18 +325,7 @@ class WorkerShards:
 
     def _expire(self, table: str, today: int) -> dict[str, int]:
         with stage_span("expire"), self.locked(table) as t:
-            rule = self.expiry.get(table)
-            if rule is None:
-                return {"expired": 0, "pending_expired": 0}
-            keys, counts, days = t.row_statistics()
-            gone = rule.expired(keys.numpy(), counts.numpy(), days.numpy(), today)
-            removed = t.remove(keys[torch.from_numpy(gone)])
-            pending = self.pending[table]
-            stale = rule.stale(pending.stats[:, 1], today)
-            pending.pop(pending.keys[stale])
-        if self.monitor is not None:
-            self.monitor.note_expired(table, removed, len(pending))
-        return {"expired": removed, "pending_expired": int(stale.sum())}
+            return self.lifecycle.expire(table, t, today, self.monitor)
 
     def unpin(self, table: str | None) -> None:
         for name in self.order if table is None else [table]:
@@ -449,11 +384,7 @@ class WorkerShards:
             with self.locked(table) as t:
                 with stage_span("write-back"):
                     t.flush()
-                # The pending counts only when there are any or were: a run without admission
-                # writes nothing more.
-                pending = self.pending.get(table)
-                carried = bool(t.store.attached_names) or (pending is not None and len(pending))
-                attach = pending.arrays() if pending is not None and carried else None
+                attach = self.lifecycle.attachment(table, t)
                 with stage_span("checkpoint"):  # the flush inside commit finds nothing dirty
                     info = t.commit(name, meta, attach)
                 out[table] = {
@@ -496,8 +427,7 @@ class WorkerShards:
         for name in self.tables:
             with self.locked(name) as t:
                 out[name] = t.stats()
-                pending = self.pending.get(name, PendingCounts())
-                out[name]["pending"] = {"keys": len(pending), "bytes": pending.nbytes}
+                out[name]["pending"] = self.lifecycle.figures(name)
                 if self.monitor is not None:  # the lock is held anyway: refresh for free
                     self.monitor.update(name, out[name], len(t.store))
         return {"rank": self.rank, "memory_limit": self.memory_limit, "tables": out}
