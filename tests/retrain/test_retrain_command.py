@@ -13,7 +13,7 @@ from daskhps.cli import main
 from daskhps.data.source import SUCCESS
 from daskhps.retrain import ExitCode, RetrainLock
 from tests._runs import cli, cli_here
-from tests.training.test_rundir import tree_digest
+from tests.runfiles.test_rundir import tree_digest
 
 
 def _day(root: Path, day: str, complete: bool = True) -> None:

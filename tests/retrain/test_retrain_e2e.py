@@ -43,7 +43,7 @@ from daskhps.runfiles.checkpoint import load_checkpoint
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 from tests._runs import tiny_config
-from tests.training.test_rundir import tree_digest
+from tests.runfiles.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from daskhps.table import open_shard_store
 from daskhps.training.inspection import describe
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config
-from tests.training.test_rundir import tree_digest
+from tests.runfiles.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 

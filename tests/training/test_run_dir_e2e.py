@@ -28,7 +28,7 @@ from daskhps.runfiles.rundir import ASIDE
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here, tiny_config, write_config
 from tests._signals import default_dispositions
-from tests.training.test_rundir import tree_digest
+from tests.runfiles.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 

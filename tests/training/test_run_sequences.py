@@ -48,7 +48,7 @@ from daskhps.runfiles.checkpoint import list_checkpoints
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.version import Servable, load_servable
 from tests._runs import cli, cli_here, tiny_config, write_config
-from tests.training.test_rundir import tree_digest
+from tests.runfiles.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 
