@@ -30,6 +30,7 @@ from daskhps.errors import CheckpointError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain.days import DayPlan
 from daskhps.runfiles.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
+from daskhps.runfiles.replica import Replica
 from daskhps.training.changes import check_changes
 
 __all__ = ["Candidate", "candidate_config", "check_warm_start", "train_candidate"]
@@ -82,7 +83,7 @@ def candidate_config(
             replicate_to=(
                 None
                 if config.checkpoint.replicate_to is None
-                else f"{config.checkpoint.replicate_to.rstrip('/')}/attempts/{attempt_dir.name}"
+                else Replica.attempt_url(config.checkpoint.replicate_to, attempt_dir.name)
             ),
         ),
     )

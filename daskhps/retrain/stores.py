@@ -112,12 +112,11 @@ def commit_version(
     nothing is published."""
     if disks.client is None:
         return [_commit_rank(r, ckpt, name, meta) for r in range(ckpt.num_workers)]
-    url = ckpt.config.checkpoint.replicate_to
     placed = place_ranks(
         disks.client,
         disks.workers(),
         ckpt,
-        None if url is None else Replica(url),
+        Replica.of(ckpt.config),
         disks.source,
         doing=f"publish {version} from",
         advice=(

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from daskhps.errors import CheckpointError, ConfigError, StorageError, StoreNotFoundError
+from daskhps.errors import CheckpointError, StorageError, StoreNotFoundError
 from daskhps.runfiles.checkpoint import Checkpoint
 from daskhps.runfiles.replica import KEY, Replica
 from daskhps.tiers.store.check import CommitId, StoreCheck, StoreChecker
@@ -178,13 +178,10 @@ def _copy(
 ) -> tuple[Checkpoint, dict[str, tuple[StoreCheck, ...]]] | None:
     """The checkpoint's copy at ``checkpoint.replicate_to`` and its stores' checks; None when
     the run has no copy. Raises :class:`_Unusable` when it cannot be read."""
-    url = ckpt.config.checkpoint.replicate_to
-    if url is None:
+    replica = Replica.of(ckpt.config)
+    if replica is None:
         return None
-    try:
-        replica = Replica(url)
-    except ConfigError as e:
-        raise _Unusable(f"its copy cannot be read ({e})") from None
+    url = ckpt.config.checkpoint.replicate_to  # as the config names it
     # A published version's copy is the copy of the candidate checkpoint it was frozen from:
     # the same files and rows, under the candidate's name and commit.
     name = Path(str(ckpt.extra.get("trained_as", ckpt.name))).name

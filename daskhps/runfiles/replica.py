@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -44,6 +44,9 @@ from daskhps.runfiles.checkpoint import (
     check_checkpoint,
 )
 from daskhps.tiers.store.check import StoreChecker
+
+if TYPE_CHECKING:
+    from daskhps.config import RunConfig
 
 __all__ = ["KEY", "Copied", "Replica", "mirror_shards", "restore_stores"]
 
@@ -73,13 +76,23 @@ class Replica:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        try:
-            self.fs, self.root = storage.url_to_fs(url)
-        except (ImportError, ValueError) as e:  # an unknown protocol, a missing package
-            raise ConfigError(f"{KEY}: cannot use {url!r}: {e}") from None
+        # Its protocol was checked with the config (checkpoint.replicate_to).
+        self.fs, self.root = storage.url_to_fs(url)
         self.root = self.root.rstrip("/")
         if self.local and "://" not in url:  # a relative path means the driver's folder,
             self.url = os.path.abspath(url)  # also on workers started in other folders
+
+    @classmethod
+    def of(cls, config: RunConfig) -> Replica | None:
+        """The copy of ``config``'s run (``checkpoint.replicate_to``); None without one."""
+        url = config.checkpoint.replicate_to
+        return None if url is None else cls(url)
+
+    @staticmethod
+    def attempt_url(url: str, attempt: str) -> str:
+        """Where retrain attempt ``attempt`` of the run copied to ``url`` keeps its copy: a
+        folder of its own, so that attempts never prune each other's files."""
+        return f"{url.rstrip('/')}/attempts/{attempt}"
 
     def __repr__(self) -> str:
         return f"Replica({self.url!r})"
@@ -101,19 +114,29 @@ class Replica:
     # -- before a run ------------------------------------------------------------------
 
     def check_writable(self, source: str) -> None:
-        """One line naming :data:`KEY` when the copy cannot be written; nothing is left. A
-        folder is tried as every folder a run writes is (:func:`writing_problem`: the workers
-        that share it may try it at once)."""
-        why = writing_problem(self.root) if self.local else self._probe(source)
-        if why is not None:
-            raise ConfigError(
-                f"{source}: {KEY}: cannot write checkpoints to {self.url} ({why}); set it to a "
-                "writable folder or URL, or remove it"
-            )
+        """One line naming :data:`KEY` when the copy cannot be written (:meth:`unwritable`)."""
+        problem = self.unwritable()
+        if problem is not None:
+            raise ConfigError(f"{source}: {KEY}: {problem}")
 
-    def _probe(self, source: str) -> str | None:
-        """Why a file cannot be written at the copy's URL (object storage); None: it can. A
-        bucket that does not exist is refused in words of its own: it is never created."""
+    def unwritable(self) -> str | None:
+        """Why checkpoints cannot be written to the copy, and what to do; None: they can, and
+        nothing is left. A folder is tried as every folder a run writes is
+        (:func:`writing_problem`: the workers that share it may try it at once)."""
+        if not self.local:
+            return self._probe()
+        why = writing_problem(self.root)
+        return None if why is None else self._cannot_write(why)
+
+    def _cannot_write(self, why: str) -> str:
+        return (
+            f"cannot write checkpoints to {self.url} ({why}); set it to a writable folder or "
+            "URL, or remove it"
+        )
+
+    def _probe(self) -> str | None:
+        """:meth:`unwritable` for a URL (object storage), tried with a file. A bucket that
+        does not exist is refused in words of its own: it is never created."""
         probe = self._path(f".daskhps-probe-{os.getpid()}")
         try:
             storage.make_folder(self.fs, self.root)
@@ -128,12 +151,12 @@ class Replica:
             ):
                 raise
             if storage.no_such_bucket(self.url, e):
-                raise ConfigError(
-                    f"{source}: {KEY}: the bucket {storage.bucket_of(self.url)!r} of "
+                return (
+                    f"the bucket {storage.bucket_of(self.url)!r} of "
                     f"{storage.shown(self.url)} does not exist: create it, or set {KEY} to a "
                     "bucket that exists (daskhps creates no bucket)"
-                ) from None
-            return storage.reason(self.url, e, "write")
+                )
+            return self._cannot_write(storage.reason(self.url, e, "write"))
         return None
 
     # -- writing ---------------------------------------------------------------------

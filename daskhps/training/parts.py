@@ -119,5 +119,4 @@ class RunParts:
 
     def replica(self) -> Replica | None:
         """The copy at ``checkpoint.replicate_to``; None without one."""
-        url = self.config.checkpoint.replicate_to
-        return None if url is None else Replica(url)
+        return Replica.of(self.config)

@@ -256,12 +256,7 @@ def _refuse_locked(
 
 def _look(survey: Survey, copy_url: str | None) -> tuple[DiskReport, str | None]:
     """On a worker: its disk's answer, and why it cannot write the copy (None: it can)."""
-    problem = None
-    if copy_url is not None:
-        try:
-            Replica(copy_url).check_writable("")
-        except ConfigError as e:
-            problem = str(e).removeprefix(": ").removeprefix(f"{KEY}: ")
+    problem = None if copy_url is None else Replica(copy_url).unwritable()
     return survey_disk(survey), problem
 
 
