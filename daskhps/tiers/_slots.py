@@ -29,43 +29,20 @@ share a cache without a lock).
 
 from __future__ import annotations
 
-import mmap
-
-import numpy as np
 import torch
 
 from daskhps.errors import CapacityError, ConfigError, DataError
 from daskhps.tiers.base import Cache, Evicted, Lookup, TierStats, check_keys, check_rows
 from daskhps.tiers.index import KeyIndex
+from daskhps.tiers.reserve import reserve_zeros
 
-__all__ = ["POLICIES", "SlotCache", "reserve_zeros"]
+__all__ = ["POLICIES", "SlotCache"]
 
 POLICIES = ("lru", "lfu")
 _NEVER = 2**63 - 1  # eviction score of slots that must not be chosen
 _STAMP_BITS = 40  # LFU score = count << 40 | stamp: counts first, then least recent
 _POOL_SHARE = 16  # an LRU scan keeps the oldest 1/16 of the slots as the next victims
 _INDEX_START = 1 << 16  # keys the index is first sized for; it doubles as keys arrive
-_RESERVE_MIN = 1 << 20  # bytes from which a CPU array is mapped rather than allocated
-
-
-def reserve_zeros(
-    *shape: int, dtype: torch.dtype, device: torch.device, pin_memory: bool = False
-) -> torch.Tensor:
-    """A zero tensor whose memory costs nothing until written.
-
-    ``torch.zeros`` writes every byte at once: a tier sized to a fraction of the worker's
-    memory limit would fault in (and zero) all of it when the table opens, gigabytes the
-    table may never fill. On the CPU a large array is mapped anonymously instead: the kernel
-    supplies zero pages as they are first written. GPU and page-locked memory are allocated
-    as before.
-    """
-    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-    if device.type != "cpu" or pin_memory or nbytes < _RESERVE_MIN:
-        return torch.zeros(*shape, dtype=dtype, device=device, pin_memory=pin_memory)
-    buf = mmap.mmap(-1, nbytes)
-    # numpy's array keeps the mapping alive; torch's tensor keeps the array alive.
-    np_dtype = torch.empty((), dtype=dtype).numpy().dtype
-    return torch.from_numpy(np.frombuffer(buf, dtype=np_dtype).reshape(shape))
 
 
 class SlotCache(Cache):

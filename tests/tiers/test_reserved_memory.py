@@ -6,7 +6,8 @@ import resource
 
 import torch
 
-from daskhps.tiers._slots import SlotCache, reserve_zeros
+from daskhps.tiers._slots import SlotCache
+from daskhps.tiers.reserve import reserve_zeros
 
 
 def _faults() -> int:
