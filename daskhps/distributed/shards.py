@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 __all__ = ["StageAhead", "WorkerShards", "droppable_commits"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -195,10 +197,13 @@ class WorkerShards:
 
     # -- a pass ----------------------------------------------------------------------------
 
-    def split(self, keys: Any) -> list[tuple[str, Any]]:
+    def split(self, keys: Any, table: str | None = None) -> list[tuple[str, Any]]:
         """``keys`` (int64 keys, or a frame with a ``key`` column) by table: ``(name, its
         keys)`` for every table, in order. Keys carry their table's index when ``tagged``;
-        otherwise the shards hold one table and it gets them all."""
+        otherwise the shards hold one table and it gets them all, as ``table`` does when
+        given."""
+        if table is not None:
+            return [(table, keys)]
         if not self.tagged:
             if len(self.order) != 1:
                 raise ClusterError(
@@ -212,11 +217,19 @@ class WorkerShards:
             out.append((name, keys[mask] if isinstance(keys, torch.Tensor) else keys[mask.numpy()]))
         return out
 
-    def _each(self, table: str | None, keys: Any, verb: Callable[[str, Any], Any]) -> list[Any]:
-        """``verb(name, keys)`` for ``table``, or for every table with its share of ``keys``."""
-        if table is not None:
-            return [verb(table, keys)]
-        return [verb(name, part) for name, part in self.split(keys)]
+    def _each(
+        self,
+        span: str,
+        parts: Sequence[tuple[str, Any]],
+        verb: Callable[[str, EmbeddingTable, Any, ShardMetrics | None], _T],
+    ) -> list[_T]:
+        """``verb(name, its shard, part, monitor)`` for every ``(name, part)`` of ``parts``,
+        holding the table's lock, timed as stage ``span``."""
+        out = []
+        for name, part in parts:
+            with stage_span(span), self.locked(name) as t:
+                out.append(verb(name, t, part, self.monitor))
+        return out
 
     def stage(self, table: str | None, keys: Any) -> StageReport:
         """Pin ``keys`` (a tensor or array of int64 keys, or a frame with a ``key`` column,
@@ -224,7 +237,7 @@ class WorkerShards:
         share, see :meth:`split`, the first such pass sizing the tables' shared budgets)."""
         if table is None:
             self.split_by_keys(keys)
-        return _summed(self._each(table, keys, self._stage))
+        return _summed(self._each("stage", self.split(keys, table), self._stage))
 
     def split_by_keys(self, keys: Any) -> dict[str, tuple[int, int]] | None:
         """Resize the tiers of tables that share a fractional budget by each one's count of
@@ -262,23 +275,24 @@ class WorkerShards:
         )
         return budgets
 
-    def _stage(self, table: str, keys: Any) -> StageReport:
-        with stage_span("stage"), self.locked(table) as t:
-            try:
-                report = t.stage(keys_of(keys))
-            except CapacityError as e:
-                if len(self.order) == 1:
-                    raise
-                # The run's budget is split between the tables by the first pass's keys,
-                # which a later pass may divide otherwise: say which lever moves one table's.
-                raise CapacityError(
-                    f"table {table!r}: {e}; the tables share table.tiers' budgets as the "
-                    "first pass's keys divide between them: give this table budgets of its "
-                    "own (its entry's tiers.device in tables:, listing its fields there if it "
-                    "is the default table) or raise table.tiers.device"
-                ) from e
-        if self.monitor is not None:
-            self.monitor.note_staged(table, report)
+    def _stage(
+        self, table: str, t: EmbeddingTable, keys: Any, monitor: ShardMetrics | None
+    ) -> StageReport:
+        try:
+            report = t.stage(keys_of(keys))
+        except CapacityError as e:
+            if len(self.order) == 1:
+                raise
+            # The run's budget is split between the tables by the first pass's keys, which
+            # a later pass may divide otherwise: say which lever moves one table's.
+            raise CapacityError(
+                f"table {table!r}: {e}; the tables share table.tiers' budgets as the "
+                "first pass's keys divide between them: give this table budgets of its "
+                "own (its entry's tiers.device in tables:, listing its fields there if it "
+                "is the default table) or raise table.tiers.device"
+            ) from e
+        if monitor is not None:
+            monitor.note_staged(table, report)
         return report
 
     def try_stage(self, table: str | None, keys: Any) -> StageAhead:
@@ -286,7 +300,7 @@ class WorkerShards:
         reports, refusal = [], None
         if table is None:
             self.split_by_keys(keys)
-        for name, part in [(table, keys)] if table is not None else self.split(keys):
+        for name, part in self.split(keys, table):
             try:
                 reports.append(self.stage(name, part))
             except CapacityError as e:  # an answer, not a failure: Dask would log it as one
@@ -298,34 +312,22 @@ class WorkerShards:
         without a row this pass admits; the others are frozen (no update) until the pass is
         counted. Returns how many were admitted and how many held back. Without an
         admission rule every key is admitted and nothing is done."""
-        return _added(self._each(table, keys, self._admit))
-
-    def _admit(self, table: str, keys: Any) -> dict[str, int]:
-        with stage_span("admit"), self.locked(table) as t:
-            return self.lifecycle.admit(table, t, keys, self.monitor)
+        return _added(self._each("admit", self.split(keys, table), self.lifecycle.admit))
 
     def record_seen(self, table: str | None, keys: Any) -> None:
         """Count a pass's owner partition (columns ``key``, ``count``, ``day``) once it
         trained: the keys with rows in the rows' statistics (its keys are pinned, so this
         moves no row), those held back by admission in the pending counts. A key admitted
         in this pass takes its pending count into its row."""
-        self._each(table, keys, self._record_seen)
-
-    def _record_seen(self, table: str, keys: Any) -> None:
-        with stage_span("count"), self.locked(table) as t:
-            self.lifecycle.record_seen(table, t, keys, self.monitor)
+        self._each("count", self.split(keys, table), self.lifecycle.record_seen)
 
     def expire(self, table: str | None, today: int) -> dict[str, int]:
         """The day boundary of log day ``today`` (a ``last_day`` number; the pass that ends it
         is counted): remove the rows the expiry rule expires from every tier, and drop the
         pending counts of keys not seen for ``ttl_days``. Returns how many of each (``table``
         None: of every table, summed)."""
-        names = self.order if table is None else [table]
-        return _added([self._expire(name, today) for name in names])
-
-    def _expire(self, table: str, today: int) -> dict[str, int]:
-        with stage_span("expire"), self.locked(table) as t:
-            return self.lifecycle.expire(table, t, today, self.monitor)
+        days = [(name, today) for name in (self.order if table is None else [table])]
+        return _added(self._each("expire", days, self.lifecycle.expire))
 
     def unpin(self, table: str | None) -> None:
         for name in self.order if table is None else [table]:
