@@ -33,7 +33,7 @@ from typing import Any, Literal
 from distributed import WorkerPlugin
 
 from daskhps.distributed import lease
-from daskhps.distributed._errors import ClusterError, CommError
+from daskhps.distributed._errors import ClusterError, CommError, required_rank
 from daskhps.distributed._pinned import missing_workers, run_pinned
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.rendezvous import form_group
@@ -121,12 +121,7 @@ class RunHost(WorkerPlugin):
     # -- what tasks read -------------------------------------------------------------------
 
     def require_rank(self) -> int:
-        if self.rank is None:
-            raise ClusterError(
-                "this worker is not one of the run's ranks; pin the run's tasks to the "
-                "addresses the run was started with"
-            )
-        return self.rank
+        return required_rank(self.rank)
 
     def require_comm(self) -> Comm:
         if self.comm is None:

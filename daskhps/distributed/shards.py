@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import torch
 
 from daskhps.data.keyspace import TABLE_SHIFT
-from daskhps.distributed._errors import ClusterError
+from daskhps.distributed._errors import ClusterError, required_rank
 from daskhps.distributed.key_lifecycle import KeyLifecycle
 from daskhps.distributed.partition_columns import keys_of
 from daskhps.errors import CapacityError
@@ -154,7 +154,7 @@ class WorkerShards:
         self._sized_by_keys = not self._splits_by_keys
 
     def store_path(self, table: str) -> Path:
-        return Path(self.stores_dir) / table / f"rank-{self._rank()}"
+        return Path(self.stores_dir) / table / f"rank-{required_rank(self.rank)}"
 
     def open(self) -> dict[str, dict[str, int]]:
         """Open every table's shard; returns each table's tier sizes."""
@@ -179,7 +179,11 @@ class WorkerShards:
                         store=self.store_options,
                     )
                     self.lifecycle.load(name, self.tables[name])
-            opened[name] = {"rank": self._rank(), "device_rows": rows, "host_bytes": host_bytes}
+            opened[name] = {
+                "rank": required_rank(self.rank),
+                "device_rows": rows,
+                "host_bytes": host_bytes,
+            }
         return opened
 
     @contextlib.contextmanager
@@ -446,14 +450,6 @@ class WorkerShards:
                         table.close(uncommitted=uncommitted)
                     except Exception as e:  # keep closing the others
                         log.error("closing table %r on rank %s: %s", name, self.rank, e)
-
-    def _rank(self) -> int:
-        if self.rank is None:
-            raise ClusterError(
-                "this worker is not one of the run's ranks; pin shard tasks to the addresses "
-                "the run was started with"
-            )
-        return self.rank
 
 
 def _summed(reports: list[StageReport]) -> StageReport:
