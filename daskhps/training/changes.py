@@ -50,6 +50,28 @@ _EXPIRY = (
     "the new rule from its first day boundary"
 )
 
+
+def _table_rules(section: str) -> tuple[Rule, ...]:
+    """One table's rules, for ``table`` and each entry of ``tables`` alike."""
+    optimizer = "settings of the stored optimizer state a resume continues"
+    return tuple(
+        Rule(f"{section}.{key}", resume, warm_start, why)
+        for key, resume, warm_start, why in (
+            ("name", False, False, _ROWS),
+            ("dim", False, False, _ROWS),
+            ("seed", False, False, "a new row's initial values: " + _ROWS),
+            ("init_scale", False, False, "a new row's initial values: " + _ROWS),
+            ("optimizer", False, True, optimizer),
+            ("optimizer.kind", False, False, "what the stored optimizer state means"),
+            ("optimizer.row_wise", False, False, "the stored optimizer state's shape"),
+            ("optimizer.lr", True, True, "a learning rate may be tuned"),
+            ("admission", False, True, _ADMISSION),
+            ("expiry", False, True, _EXPIRY),
+            ("tiers", True, True, _SPEED),
+        )
+    )
+
+
 POLICY: tuple[Rule, ...] = (
     Rule("run.name", True, True, "a label"),
     Rule("run.dir", True, True, "where the run writes; a candidate runs in its attempt's"),
@@ -62,26 +84,12 @@ POLICY: tuple[Rule, ...] = (
     Rule("passes.epochs", True, True, "may grow: more passes are appended to the plan"),
     Rule("passes.shuffle_method", True, True, "how the plan's shuffle is computed, not what"),
     Rule("passes.num_shards", False, False, "which worker owns a key (the stores' layout)"),
-    Rule("table.name", False, False, _ROWS),
-    Rule("table.dim", False, False, _ROWS),
-    Rule("table.seed", False, False, "a new row's initial values: " + _ROWS),
-    Rule("table.init_scale", False, False, "a new row's initial values: " + _ROWS),
+    *_table_rules("table"),
     Rule("table.expected_keys", False, True, "sizes the stores a resume reopens"),
-    Rule(
-        "table.optimizer", False, True, "settings of the stored optimizer state a resume continues"
-    ),
-    Rule("table.optimizer.kind", False, False, "what the stored optimizer state means"),
-    Rule("table.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
-    Rule("table.optimizer.lr", True, True, "a learning rate may be tuned"),
-    Rule("table.admission", False, True, _ADMISSION),
-    Rule("table.expiry", False, True, _EXPIRY),
-    Rule("table.tiers", True, True, _SPEED),
-    # A listed table is decided as the table section: what a row means may not change, its
-    # optimizer, admission and expiry as table's may. Adding or removing a table changes its
-    # name and features, and moves fields between tables.
+    # Adding or removing a listed table changes its name and features, and moves fields
+    # between tables.
     Rule("tables", False, False, "which table holds a field: " + _ROWS),
-    Rule("tables.name", False, False, _ROWS),
-    Rule("tables.dim", False, False, _ROWS),
+    *_table_rules("tables"),
     Rule("tables.features", False, False, "which fields' keys a table holds: " + _ROWS),
     Rule(
         "tables.shared_keys",
@@ -89,17 +97,6 @@ POLICY: tuple[Rule, ...] = (
         False,
         "whether two features' equal values are one row: " + _ROWS,
     ),
-    Rule("tables.seed", False, False, "a new row's initial values: " + _ROWS),
-    Rule("tables.init_scale", False, False, "a new row's initial values: " + _ROWS),
-    Rule(
-        "tables.optimizer", False, True, "settings of the stored optimizer state a resume continues"
-    ),
-    Rule("tables.optimizer.kind", False, False, "what the stored optimizer state means"),
-    Rule("tables.optimizer.row_wise", False, False, "the stored optimizer state's shape"),
-    Rule("tables.optimizer.lr", True, True, "a learning rate may be tuned"),
-    Rule("tables.admission", False, True, _ADMISSION),
-    Rule("tables.tiers", True, True, _SPEED),
-    Rule("tables.expiry", False, True, _EXPIRY),
     Rule("model", False, False, _MODEL),
     Rule("dense_optimizer.kind", False, False, "what the stored optimizer state means"),
     Rule("dense_optimizer.lr", True, True, "a learning rate may be tuned"),
