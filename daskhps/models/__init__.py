@@ -6,7 +6,7 @@ their own, and never import dask. See :mod:`daskhps.models.base` for the batch l
 
 from __future__ import annotations
 
-from daskhps.models.base import CTRModel
+from daskhps.models.base import CTRModel, InputLayout
 from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
@@ -23,6 +23,7 @@ __all__ = [
     "CTRModel",
     "DCNv2",
     "DeepFM",
+    "InputLayout",
     "ModelSpec",
     "WideDeep",
     "build_model",

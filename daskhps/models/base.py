@@ -34,14 +34,25 @@ table is needed. The gradient of ``sparse`` is what flows back to the tables' ro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from daskhps.errors import ConfigError, DataError
 
-__all__ = ["CTRModel", "UnequalWidthsError", "check_field_dims", "describe_widths", "list_widths"]
+if TYPE_CHECKING:  # typing.Self is Python 3.11's
+    from typing import Self
+
+__all__ = [
+    "CTRModel",
+    "InputLayout",
+    "UnequalWidthsError",
+    "check_field_dims",
+    "describe_widths",
+    "list_widths",
+]
 
 
 def list_widths(field_dims: Sequence[int]) -> str:
@@ -111,16 +122,9 @@ def check_field_dims(
     return dims
 
 
-class CTRModel(nn.Module):
-    """Base class of the built-in models; a user's model may follow the same interface without it.
-
-    Subclasses are built as ``Cls(num_dense=..., num_fields=..., embedding_dim=..., **options)``
-    (plus ``field_dims=...`` when the fields' widths differ) where the options are the remaining
-    keyword-only constructor arguments, each with a default and a type annotation (both are read
-    to validate a config). ``forward(dense, sparse)`` returns ``float32[B]`` logits, with the
-    input layout pictured in this module's docstring. Parameters are initialised from torch's
-    global generator only, so ``torch.manual_seed`` fixes them, and every worker of a
-    data-parallel run starts from the same model.
+@dataclass(frozen=True)
+class InputLayout:
+    """What a batch holds, as every model is built for it (pictured in this module's docstring).
 
     Parameters
     ----------
@@ -136,36 +140,87 @@ class CTRModel(nn.Module):
         input layout and outputs); unequal ones make ``sparse`` one flat row per example.
     """
 
+    num_dense: int
+    num_fields: int
+    embedding_dim: int
+    field_dims: Sequence[int] | None = None
+
+    @classmethod
+    def of_fields(cls, num_dense: int, field_dims: Sequence[int]) -> InputLayout:
+        """The layout of fields ``field_dims`` wide: ``embedding_dim`` is the widest of them."""
+        return cls(num_dense, len(field_dims), max(field_dims), tuple(field_dims))
+
+    def checked(self, model: str) -> InputLayout:
+        """This layout with ``field_dims`` a tuple, always filled.
+
+        Raises
+        ------
+        ConfigError
+            Naming ``model``: a count that is not an integer (``num_dense >= 0``, the others
+            ``>= 1``), or ``field_dims`` that :func:`check_field_dims` refuses.
+        """
+        for arg, least in (("num_dense", 0), ("num_fields", 1), ("embedding_dim", 1)):
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(
+                    f"model {model!r}: {arg} must be an integer >= {least}, got {value!r}"
+                )
+        dims = check_field_dims(model, self.num_fields, self.embedding_dim, self.field_dims)
+        return replace(self, field_dims=dims)
+
+    def keywords(self) -> dict[str, Any]:
+        """The constructor arguments of a model that follows the interface without subclassing
+        :class:`CTRModel`; ``field_dims`` only when the widths differ."""
+        out: dict[str, Any] = {
+            "num_dense": self.num_dense,
+            "num_fields": self.num_fields,
+            "embedding_dim": self.embedding_dim,
+        }
+        if self.field_dims is not None and len(set(self.field_dims)) > 1:
+            out["field_dims"] = tuple(self.field_dims)
+        return out
+
+
+class CTRModel(nn.Module):
+    """Base class of the built-in models; a user's model may follow the same interface without it.
+
+    A built-in model is built as ``Cls(layout, **options)`` from an :class:`InputLayout` (or
+    ``Cls.build(num_dense=..., num_fields=..., embedding_dim=..., **options)``), where the
+    options are the remaining keyword-only constructor arguments, each with a default and a
+    type annotation (both are read to validate a config). ``forward(dense, sparse)`` returns
+    ``float32[B]`` logits, with the input layout pictured in this module's docstring.
+    Parameters are initialised from torch's global generator only, so ``torch.manual_seed``
+    fixes them, and every worker of a data-parallel run starts from the same model.
+    """
+
     #: Name used in error messages and by :func:`daskhps.models.build_model`.
     name: ClassVar[str] = "model"
 
-    def __init__(
-        self,
+    def __init__(self, layout: InputLayout) -> None:
+        super().__init__()
+        layout = layout.checked(self.name)
+        self.num_dense = layout.num_dense
+        self.num_fields = layout.num_fields
+        self.embedding_dim = layout.embedding_dim
+        #: ``D_f`` of every field, always filled.
+        self.field_dims: tuple[int, ...] = tuple(layout.field_dims or ())
+        #: Whether ``sparse`` is ``[B, F, S]`` (True) or the flat ``[B, sum_f S_f]``.
+        self.equal_widths = len(set(self.field_dims)) == 1
+        #: ``S_f = sparse_dim(D_f)`` of every field: the widths of the fields' slices.
+        self.sparse_widths = tuple(self.sparse_dim(d) for d in self.field_dims)
+
+    @classmethod
+    def build(
+        cls,
         *,
         num_dense: int,
         num_fields: int,
         embedding_dim: int,
         field_dims: Sequence[int] | None = None,
-    ) -> None:
-        super().__init__()
-        for arg, value, least in (
-            ("num_dense", num_dense, 0),
-            ("num_fields", num_fields, 1),
-            ("embedding_dim", embedding_dim, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(
-                    f"model {self.name!r}: {arg} must be an integer >= {least}, got {value!r}"
-                )
-        self.num_dense = num_dense
-        self.num_fields = num_fields
-        self.embedding_dim = embedding_dim
-        #: ``D_f`` of every field, always filled.
-        self.field_dims = check_field_dims(self.name, num_fields, embedding_dim, field_dims)
-        #: Whether ``sparse`` is ``[B, F, S]`` (True) or the flat ``[B, sum_f S_f]``.
-        self.equal_widths = len(set(self.field_dims)) == 1
-        #: ``S_f = sparse_dim(D_f)`` of every field: the widths of the fields' slices.
-        self.sparse_widths = tuple(self.sparse_dim(d) for d in self.field_dims)
+        **options: Any,
+    ) -> Self:
+        """``cls(InputLayout(num_dense, num_fields, embedding_dim, field_dims), **options)``."""
+        return cls(InputLayout(num_dense, num_fields, embedding_dim, field_dims), **options)
 
     @classmethod
     def sparse_dim(cls, embedding_dim: int) -> int:

@@ -16,7 +16,6 @@ The paper's mixture of low-rank experts (DCN-Mix) is not implemented.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import torch
@@ -24,16 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from daskhps.errors import ConfigError
-from daskhps.models.base import CTRModel
+from daskhps.models.base import CTRModel, InputLayout
 from daskhps.models.layers import (
     MLP,
     Activation,
     Dropout,
     LayerSizes,
     OptionCheck,
-    check_activation,
-    check_dropout,
-    check_layer_sizes,
+    check_deep_mlp,
 )
 
 __all__ = [
@@ -135,8 +132,8 @@ class DCNv2(CTRModel):
 
     Parameters
     ----------
-    num_dense, num_fields, embedding_dim, field_dims:
-        Batch layout, see :class:`~daskhps.models.base.CTRModel`; fields of unequal widths
+    layout:
+        Batch layout, see :class:`~daskhps.models.base.InputLayout`; fields of unequal widths
         need nothing more (``x0`` holds every field's columns side by side).
     cross_layers:
         Number of cross layers, at least 1; ``L`` layers give crosses up to degree ``L + 1``.
@@ -158,11 +155,8 @@ class DCNv2(CTRModel):
 
     def __init__(
         self,
+        layout: InputLayout,
         *,
-        num_dense: int,
-        num_fields: int,
-        embedding_dim: int,
-        field_dims: Sequence[int] | None = None,
         cross_layers: CrossLayers = 3,
         low_rank: LowRank = None,
         # Stacked by default: the cross network feeds the MLP, as in TorchRec's DLRM_DCN (the
@@ -175,19 +169,12 @@ class DCNv2(CTRModel):
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
     ) -> None:
-        super().__init__(
-            num_dense=num_dense,
-            num_fields=num_fields,
-            embedding_dim=embedding_dim,
-            field_dims=field_dims,
-        )
+        super().__init__(layout)
         layers = check_cross_layers(self.name, "cross_layers", cross_layers)
         rank = check_low_rank(self.name, "low_rank", low_rank)
         self.structure = check_structure(self.name, "structure", structure)
-        hidden = check_layer_sizes(self.name, "deep_mlp", deep_mlp)
-        act = check_activation(self.name, "activation", activation)
-        p = check_dropout(self.name, "dropout", dropout)
-        self.width = sum(self.field_dims) + num_dense
+        hidden, act, p = check_deep_mlp(self.name, deep_mlp, activation, dropout)
+        self.width = sum(self.field_dims) + self.num_dense
         self.cross = nn.ModuleList(CrossLayer(self.width, rank) for _ in range(layers))
         self.deep: MLP | None = MLP(self.width, hidden, act, dropout=p) if hidden else None
         if self.deep is None:  # the cross network alone

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
+from daskhps.models.base import InputLayout
 from daskhps.models.layers import (
     Activation,
     Dropout,
@@ -49,28 +48,17 @@ class DeepFM(WideDeep):
 
     def __init__(
         self,
+        layout: InputLayout,
         *,
-        num_dense: int,
-        num_fields: int,
-        embedding_dim: int,
-        field_dims: Sequence[int] | None = None,
         deep_mlp: LayerSizes = (64, 32),
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
         field_projection: bool = True,
     ) -> None:
-        super().__init__(
-            num_dense=num_dense,
-            num_fields=num_fields,
-            embedding_dim=embedding_dim,
-            field_dims=field_dims,
-            deep_mlp=deep_mlp,
-            activation=activation,
-            dropout=dropout,
-        )
+        super().__init__(layout, deep_mlp=deep_mlp, activation=activation, dropout=dropout)
         # Last, so that equal widths create exactly the parameters they always did.
         self.project: FieldProjection | None = make_field_projection(
-            self.name, "the FM second-order term", self.field_dims, embedding_dim, field_projection
+            self, "the FM second-order term", field_projection
         )
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from daskhps.models.base import CTRModel
+from daskhps.models.base import CTRModel, InputLayout
 from daskhps.models.layers import (
     MLP,
     Activation,
@@ -64,8 +62,8 @@ class DLRM(CTRModel):
 
     Parameters
     ----------
-    num_dense, num_fields, embedding_dim, field_dims:
-        Batch layout, see :class:`~daskhps.models.base.CTRModel`.
+    layout:
+        Batch layout, see :class:`~daskhps.models.base.InputLayout`.
     bottom_mlp:
         Hidden widths of the bottom MLP; a last layer to ``embedding_dim`` is appended.
     top_mlp:
@@ -83,41 +81,33 @@ class DLRM(CTRModel):
 
     def __init__(
         self,
+        layout: InputLayout,
         *,
-        num_dense: int,
-        num_fields: int,
-        embedding_dim: int,
-        field_dims: Sequence[int] | None = None,
         bottom_mlp: LayerSizes = (64,),
         top_mlp: LayerSizes = (64, 32),
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
         field_projection: bool = True,
     ) -> None:
-        super().__init__(
-            num_dense=num_dense,
-            num_fields=num_fields,
-            embedding_dim=embedding_dim,
-            field_dims=field_dims,
-        )
+        super().__init__(layout)
         bottom = check_layer_sizes(self.name, "bottom_mlp", bottom_mlp)
         top = check_layer_sizes(self.name, "top_mlp", top_mlp)
         act = check_activation(self.name, "activation", activation)
         p = check_dropout(self.name, "dropout", dropout)
         self.bottom: MLP | None = None
-        n = num_fields
-        if num_dense > 0:
+        n = self.num_fields
+        if self.num_dense > 0:
             self.bottom = MLP(
-                num_dense, bottom, act, out_features=embedding_dim, out_activation=True
+                self.num_dense, bottom, act, out_features=self.embedding_dim, out_activation=True
             )
             n += 1
         # A buffer moves with .to(device); not persistent, so state_dict holds only weights.
         self.register_buffer("pairs", torch.triu_indices(n, n, offset=1), persistent=False)
-        top_in = n * (n - 1) // 2 + (embedding_dim if self.bottom is not None else 0)
+        top_in = n * (n - 1) // 2 + (self.embedding_dim if self.bottom is not None else 0)
         self.top = MLP(top_in, top, act, dropout=p, out_features=1)
         # Last, so that equal widths create exactly the parameters they always did.
         self.project: FieldProjection | None = make_field_projection(
-            self.name, "the pairwise interaction", self.field_dims, embedding_dim, field_projection
+            self, "the pairwise interaction", field_projection
         )
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:

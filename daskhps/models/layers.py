@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
-from daskhps.models.base import UnequalWidthsError
+from daskhps.models.base import CTRModel, UnequalWidthsError
 
 __all__ = [
     "ACTIVATIONS",
@@ -22,6 +22,7 @@ __all__ = [
     "LayerSizes",
     "OptionCheck",
     "check_activation",
+    "check_deep_mlp",
     "check_dropout",
     "check_layer_sizes",
     "make_field_projection",
@@ -80,6 +81,17 @@ def check_activation(model: str, option: str, activation: str) -> type[nn.Module
             f"got {activation!r}"
         )
     return ACTIVATIONS[activation]
+
+
+def check_deep_mlp(
+    model: str, deep_mlp: Sequence[int], activation: str, dropout: float
+) -> tuple[tuple[int, ...], type[nn.Module], float]:
+    """The options of a model's deep MLP (``deep_mlp``, ``activation``, ``dropout``), checked."""
+    return (
+        check_layer_sizes(model, "deep_mlp", deep_mlp),
+        check_activation(model, "activation", activation),
+        check_dropout(model, "dropout", dropout),
+    )
 
 
 # Option types of the built-in models: the annotation carries the check (see OptionCheck).
@@ -211,20 +223,22 @@ class FieldProjection(nn.Module):
 
 
 def make_field_projection(
-    model: str, interaction: str, field_dims: Sequence[int], width: int, enabled: bool
+    model: CTRModel, interaction: str, enabled: bool
 ) -> FieldProjection | None:
-    """The projection a pairwise ``interaction`` needs: None when all fields are ``width`` wide.
+    """The projection ``model``'s pairwise ``interaction`` needs: None when every field is
+    ``model.embedding_dim`` wide.
 
     Raises
     ------
     ConfigError
         The widths differ and the model's ``field_projection`` option is false.
     """
+    field_dims, width = model.field_dims, model.embedding_dim
     if all(d == width for d in field_dims):
         return None
     if not enabled:
         raise UnequalWidthsError(
-            f"model {model!r}: {interaction} needs one width for every field, but",
+            f"model {model.name!r}: {interaction} needs one width for every field, but",
             field_dims,
             "set model.options.field_projection to true (a learned linear map of each narrower "
             f"field to {width}), or give every table the same dim",

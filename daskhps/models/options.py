@@ -14,6 +14,7 @@ from daskhps.models.layers import OptionCheck
 
 __all__ = [
     "LAYOUT_ARGS",
+    "LAYOUT_PARAM",
     "WIDTHS_ARG",
     "OptionError",
     "check_options",
@@ -26,6 +27,9 @@ __all__ = [
 LAYOUT_ARGS = ("num_dense", "num_fields", "embedding_dim")
 #: The per-field widths, taken by the models that support fields of unequal widths.
 WIDTHS_ARG = "field_dims"
+#: The built-in models take the layout as one argument (daskhps.models.base.InputLayout).
+LAYOUT_PARAM = "layout"
+_NOT_OPTIONS = (*LAYOUT_ARGS, WIDTHS_ARG, LAYOUT_PARAM)
 
 _KW_OK = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _KW_ONLY = inspect.Parameter.KEYWORD_ONLY
@@ -56,7 +60,7 @@ def model_options(cls: type[nn.Module]) -> dict[str, Any] | None:
     return {
         n: p.default
         for n, p in params.items()
-        if n not in LAYOUT_ARGS and n != WIDTHS_ARG and p.kind in (_KW_OK, _KW_ONLY)
+        if n not in _NOT_OPTIONS and p.kind in (_KW_OK, _KW_ONLY)
     }
 
 

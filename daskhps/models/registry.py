@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from daskhps.errors import ConfigError
-from daskhps.models.base import UnequalWidthsError, check_field_dims
+from daskhps.models.base import InputLayout, UnequalWidthsError
 from daskhps.models.dcn import DCNv2
 from daskhps.models.deepfm import DeepFM
 from daskhps.models.dlrm import DLRM
@@ -27,6 +27,7 @@ from daskhps.models.wide_deep import WideDeep
 
 __all__ = [
     "BUILTIN_MODELS",
+    "build_for",
     "build_model",
     "resolve_model",
     "sparse_dim_of",
@@ -136,53 +137,51 @@ def build_model(
         model that takes no ``field_dims``, or a user model that breaks the interface: it is
         checked on a tiny probe batch and must return ``float32[B]`` logits.
     """
+    layout = InputLayout(num_dense, num_fields, embedding_dim, field_dims)
+    return build_for(name, layout, options)
+
+
+def build_for(name: str, layout: InputLayout, options: Mapping[str, Any]) -> nn.Module:
+    """:func:`build_model` of ``layout``: a built-in model gets it whole, a user's model its
+    :meth:`~InputLayout.keywords`."""
     cls = resolve_model(name)
     try:
         check_options(cls, name, options)
     except OptionError as e:
         raise ConfigError(e.message) from None
-    layout: dict[str, Any] = {
-        "num_dense": num_dense,
-        "num_fields": num_fields,
-        "embedding_dim": embedding_dim,
-    }
-    dims = None
-    if field_dims is not None:
-        dims = check_field_dims(name, num_fields, embedding_dim, field_dims)
-        if len(set(dims)) == 1:
-            dims = None  # the same model as without field_dims, for every model
-        elif not takes_keyword(constructor_params(cls), WIDTHS_ARG):
-            raise UnequalWidthsError(
-                f"model {name!r} takes one embedding_dim for every field, but",
-                dims,
-                f"give every table the same dim, or add a {WIDTHS_ARG} parameter to the model",
-                key="name",
-            )
-        else:
-            layout[WIDTHS_ARG] = dims
+    layout = layout.checked(name)
     if cls in BUILTIN_MODELS.values():
-        return cls(**layout, **options)
+        return cls(layout, **options)
+    keywords = layout.keywords()
+    if WIDTHS_ARG in keywords and not takes_keyword(constructor_params(cls), WIDTHS_ARG):
+        raise UnequalWidthsError(
+            f"model {name!r} takes one embedding_dim for every field, but",
+            keywords[WIDTHS_ARG],
+            f"give every table the same dim, or add a {WIDTHS_ARG} parameter to the model",
+            key="name",
+        )
     try:
-        model = cls(**layout, **options)
+        model = cls(**keywords, **options)
     except ConfigError:
         raise
     except Exception as e:
         raise ConfigError(
             f"model {name!r}: the constructor failed with {type(e).__name__}: {e}"
         ) from e
-    if dims is None:
-        sparse_shape = [num_fields, sparse_dim_of(model, embedding_dim)]
-    else:
-        sparse_shape = [sum(sparse_dim_of(model, d) for d in dims)]
-    _probe(model, name, num_dense, sparse_shape)
+    _probe(model, name, layout)
     return model
 
 
-def _probe(model: nn.Module, name: str, num_dense: int, sparse_shape: list[int]) -> None:
+def _probe(model: nn.Module, name: str, layout: InputLayout) -> None:
     """Run a user model once on a tiny batch and check the logits' shape and dtype."""
+    dims = layout.field_dims or ()
+    if len(set(dims)) == 1:
+        sparse_shape = [layout.num_fields, sparse_dim_of(model, layout.embedding_dim)]
+    else:
+        sparse_shape = [sum(sparse_dim_of(model, d) for d in dims)]
     # A private generator: probing must not move torch's global RNG, which seeds the run.
     gen = torch.Generator().manual_seed(0)
-    dense = torch.randn(_PROBE_BATCH, num_dense, generator=gen)
+    dense = torch.randn(_PROBE_BATCH, layout.num_dense, generator=gen)
     sparse = torch.randn(_PROBE_BATCH, *sparse_shape, generator=gen)
     where = (
         f"model {name!r}: forward(dense {list(dense.shape)}, sparse {list(sparse.shape)}) on a "

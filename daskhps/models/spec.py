@@ -9,8 +9,9 @@ from typing import Any
 from torch import nn
 
 from daskhps.errors import ConfigError, ConfigKeyError
+from daskhps.models.base import InputLayout
 from daskhps.models.options import OptionError, check_options
-from daskhps.models.registry import BUILTIN_MODELS, build_model, resolve_model, sparse_dim_of
+from daskhps.models.registry import BUILTIN_MODELS, build_for, resolve_model, sparse_dim_of
 
 __all__ = ["FrozenOptions", "ModelSpec"]
 
@@ -147,15 +148,12 @@ class ModelSpec:
         embedding_dim: int,
         field_dims: Sequence[int] | None = None,
     ) -> nn.Module:
-        """:func:`build_model` with this spec; errors are prefixed with the spec's origin."""
+        """:meth:`build_for` the layout of these arguments (as :func:`build_model` takes them)."""
+        return self.build_for(InputLayout(num_dense, num_fields, embedding_dim, field_dims))
+
+    def build_for(self, layout: InputLayout) -> nn.Module:
+        """:func:`build_for` with this spec; errors are prefixed with the spec's origin."""
         try:
-            return build_model(
-                self.name,
-                num_dense=num_dense,
-                num_fields=num_fields,
-                embedding_dim=embedding_dim,
-                field_dims=field_dims,
-                **_thaw(self.options),
-            )
+            return build_for(self.name, layout, _thaw(self.options))
         except ConfigError as e:
             raise ConfigError(f"{self.origin}: {e}") from e

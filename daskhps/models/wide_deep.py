@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from daskhps.models.base import CTRModel
+from daskhps.models.base import CTRModel, InputLayout
 from daskhps.models.layers import (
     MLP,
     Activation,
     DenseLinear,
     Dropout,
     LayerSizes,
-    check_activation,
-    check_dropout,
-    check_layer_sizes,
+    check_deep_mlp,
     split_fields,
 )
 
@@ -31,8 +27,8 @@ class WideDeep(CTRModel):
 
     Parameters
     ----------
-    num_dense, num_fields, embedding_dim:
-        Batch layout, see :class:`~daskhps.models.base.CTRModel`.
+    layout:
+        Batch layout, see :class:`~daskhps.models.base.InputLayout`.
     deep_mlp:
         Hidden widths of the deep part; a last layer to 1 logit is appended.
     activation:
@@ -45,26 +41,16 @@ class WideDeep(CTRModel):
 
     def __init__(
         self,
+        layout: InputLayout,
         *,
-        num_dense: int,
-        num_fields: int,
-        embedding_dim: int,
-        field_dims: Sequence[int] | None = None,
         deep_mlp: LayerSizes = (64, 32),
         activation: Activation = "relu",
         dropout: Dropout = 0.0,
     ) -> None:
-        super().__init__(
-            num_dense=num_dense,
-            num_fields=num_fields,
-            embedding_dim=embedding_dim,
-            field_dims=field_dims,
-        )
-        hidden = check_layer_sizes(self.name, "deep_mlp", deep_mlp)
-        act = check_activation(self.name, "activation", activation)
-        p = check_dropout(self.name, "dropout", dropout)
-        self.wide = DenseLinear(num_dense)
-        self.deep = MLP(sum(self.field_dims) + num_dense, hidden, act, p, out_features=1)
+        super().__init__(layout)
+        hidden, act, p = check_deep_mlp(self.name, deep_mlp, activation, dropout)
+        self.wide = DenseLinear(self.num_dense)
+        self.deep = MLP(sum(self.field_dims) + self.num_dense, hidden, act, p, out_features=1)
 
     @classmethod
     def sparse_dim(cls, embedding_dim: int) -> int:

@@ -92,7 +92,7 @@ def test_forward_matches_the_paper(seed: int, rank: int | None, structure: str) 
     """x0 = [e_1..e_F, dense]; L cross layers; then the deep MLP and the logit layer as the
     structure says: w . MLP(x_L) + c, or w . [x_L, MLP(x0)] + c."""
     torch.manual_seed(seed)
-    model = DCNv2(
+    model = DCNv2.build(
         num_dense=3,
         num_fields=5,
         embedding_dim=D,
@@ -242,4 +242,4 @@ def test_bad_options_give_one_clear_line(
 )
 def test_direct_construction_checks_too(options: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=f"model 'dcnv2': {match}"):
-        DCNv2(num_dense=3, num_fields=4, embedding_dim=D, **options)  # type: ignore[arg-type]
+        DCNv2.build(num_dense=3, num_fields=4, embedding_dim=D, **options)  # type: ignore[arg-type]

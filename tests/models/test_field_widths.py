@@ -121,16 +121,16 @@ def test_unequal_widths_train(name: str) -> None:
 
 def test_parameters_for_unequal_widths() -> None:
     torch.manual_seed(0)
-    dlrm = DLRM(num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
+    dlrm = DLRM.build(num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
     keys = list(dlrm.state_dict())
     # One projection per narrower field, created after every other parameter.
     assert keys[-3:] == [f"project.by_field.{f}.weight" for f in (0, 2, 4)]
     assert [tuple(dlrm.state_dict()[k].shape) for k in keys[-3:]] == [(D, 3), (D, 5), (D, 1)]
     n = len(DIMS) + 1
     assert dlrm.top[0].in_features == D + n * (n - 1) // 2  # as for equal widths
-    deepfm = DeepFM(num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
+    deepfm = DeepFM.build(num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
     assert list(deepfm.state_dict())[-3:] == keys[-3:]
-    wide = WideDeep(num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
+    wide = WideDeep.build(num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
     assert wide.deep[0].in_features == sum(DIMS) + 3
     assert not any(isinstance(m, FieldProjection) for m in wide.modules())
     dcn = build_model("dcnv2", num_dense=3, num_fields=len(DIMS), embedding_dim=D, field_dims=DIMS)
@@ -186,7 +186,9 @@ def test_projected_interaction_matches_reference(
 ) -> None:
     assume(len(set(dims)) > 1)
     torch.manual_seed(seed)
-    model = cls(num_dense=num_dense, num_fields=len(dims), embedding_dim=max(dims), field_dims=dims)
+    model = cls.build(
+        num_dense=num_dense, num_fields=len(dims), embedding_dim=max(dims), field_dims=dims
+    )
     dense, sparse = _flat_inputs(model, batch, num_dense, dims, seed=seed)
     with torch.no_grad():
         got = model(dense, sparse).double().numpy()

@@ -88,7 +88,7 @@ def test_dot_interaction_matches_naive_loop() -> None:
 
 def test_dlrm_forward_matches_reference() -> None:
     torch.manual_seed(0)
-    model = DLRM(num_dense=4, num_fields=3, embedding_dim=D)
+    model = DLRM.build(num_dense=4, num_fields=3, embedding_dim=D)
     dense, sparse = _inputs(model, 5, 4, 3)
     x = model.bottom(dense)  # type: ignore[misc]
     vecs = [x, *sparse.unbind(1)]
@@ -99,7 +99,7 @@ def test_dlrm_forward_matches_reference() -> None:
 
 
 def test_dlrm_without_dense_interacts_fields_only() -> None:
-    model = DLRM(num_dense=0, num_fields=4, embedding_dim=D)
+    model = DLRM.build(num_dense=0, num_fields=4, embedding_dim=D)
     assert model.bottom is None
     assert model.top[0].in_features == 4 * 3 // 2
 
@@ -114,7 +114,7 @@ def test_fm_interaction_matches_pairwise_sum() -> None:
 @pytest.mark.parametrize("cls", [DeepFM, WideDeep])
 def test_wide_models_match_reference(cls: type[DeepFM] | type[WideDeep]) -> None:
     torch.manual_seed(0)
-    model = cls(num_dense=4, num_fields=3, embedding_dim=D)
+    model = cls.build(num_dense=4, num_fields=3, embedding_dim=D)
     dense, sparse = _inputs(model, 5, 4, 3)
     emb, w = sparse[..., :D], sparse[..., D]
     linear = model.wide  # DeepFM is Wide & Deep plus the FM term
@@ -141,7 +141,7 @@ def test_initialisation_is_deterministic_given_seed(name: str) -> None:
 
 
 def test_state_dict_holds_only_weights() -> None:
-    model = DLRM(num_dense=3, num_fields=4, embedding_dim=D)
+    model = DLRM.build(num_dense=3, num_fields=4, embedding_dim=D)
     assert "pairs" not in model.state_dict()
 
 
