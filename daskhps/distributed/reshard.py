@@ -208,29 +208,9 @@ def reshard_on_workers(
     t0 = time.perf_counter()
     addresses = list(addresses)
     out_dir = Path(out_dir)
-    if not addresses or len(set(addresses)) != len(addresses):
-        raise ResumeError(
-            f"cannot re-shard {ckpt.name}: the new workers must be distinct and at least one, "
-            f"got {addresses}"
-        )
-    if block_rows < 1:
-        raise ResumeError(f"cannot re-shard {ckpt.name}: block_rows must be >= 1, got {block_rows}")
-    if os.path.abspath(out_dir) == os.path.abspath(ckpt.stores_dir):
-        raise ResumeError(
-            f"cannot re-shard {ckpt.name} into {out_dir}: its own stores are there, and the "
-            "new ones would replace them while they are read; give another folder"
-        )
-    ShardMap(ckpt.num_shards, len(addresses))  # refuses more workers than virtual shards
-    held = _held_ranks(ckpt, holders, addresses)
-    rank_args = [(h,) for h in held]
-    problems = run_pinned(
-        client, addresses, _check_rank, ckpt, out_dir, rank_args=rank_args, what="re-shard check"
-    )
-    for j, problem in enumerate(problems):
-        if problem is not None:
-            raise ResumeError(
-                f"cannot re-shard {ckpt.name} on worker {addresses[j]} (new rank {j}): {problem}"
-            )
+    _check_request(ckpt, addresses, out_dir, block_rows)
+    rank_args = [(h,) for h in _held_ranks(ckpt, holders, addresses)]
+    _check_workers(client, ckpt, addresses, out_dir, rank_args)
     with RunGroup.start(client, addresses, timeout_s=timeout_s) as group:
         done = group.run(
             _reshard_rank, ckpt, out_dir, block_rows, rank_args=rank_args, what="re-shard"
@@ -254,6 +234,42 @@ def reshard_on_workers(
         *(report.bytes_moved, report.min_bytes),
     )
     return report
+
+
+def _check_request(ckpt: Checkpoint, addresses: list[str], out_dir: Path, block_rows: int) -> None:
+    """:class:`ResumeError` for what the arguments alone rule out."""
+    if not addresses or len(set(addresses)) != len(addresses):
+        raise ResumeError(
+            f"cannot re-shard {ckpt.name}: the new workers must be distinct and at least one, "
+            f"got {addresses}"
+        )
+    if block_rows < 1:
+        raise ResumeError(f"cannot re-shard {ckpt.name}: block_rows must be >= 1, got {block_rows}")
+    if os.path.abspath(out_dir) == os.path.abspath(ckpt.stores_dir):
+        raise ResumeError(
+            f"cannot re-shard {ckpt.name} into {out_dir}: its own stores are there, and the "
+            "new ones would replace them while they are read; give another folder"
+        )
+    ShardMap(ckpt.num_shards, len(addresses))  # refuses more workers than virtual shards
+
+
+def _check_workers(
+    client: Any,
+    ckpt: Checkpoint,
+    addresses: list[str],
+    out_dir: Path,
+    rank_args: list[tuple[list[int]]],
+) -> None:
+    """:class:`ResumeError` for the first new rank whose worker cannot take part
+    (:func:`_check_rank` on every worker at once)."""
+    problems = run_pinned(
+        client, addresses, _check_rank, ckpt, out_dir, rank_args=rank_args, what="re-shard check"
+    )
+    for j, problem in enumerate(problems):
+        if problem is not None:
+            raise ResumeError(
+                f"cannot re-shard {ckpt.name} on worker {addresses[j]} (new rank {j}): {problem}"
+            )
 
 
 def _held_ranks(
