@@ -27,7 +27,7 @@ from daskhps.config.tables import TableEntry, default_table, parse_tables, taken
 from daskhps.config.training import DenseOptimizerConfig, EvalConfig, PassesConfig
 from daskhps.data.keyspace import FieldKeys
 from daskhps.errors import ConfigError
-from daskhps.models.base import UnequalWidthsError, list_widths
+from daskhps.models.base import InputLayout, UnequalWidthsError, list_widths
 from daskhps.models.spec import ModelSpec
 from daskhps.options import Ctx, values_written
 from daskhps.storage import use_options
@@ -150,17 +150,15 @@ class RunConfig:
         """A :class:`TableSpec` per :meth:`embedding_tables` entry (row width from the model)."""
         return tuple(t.spec(self.model) for t in self.embedding_tables())
 
+    def input_layout(self) -> InputLayout:
+        """What the run's model reads: the schema's dense features and categorical fields,
+        each as wide as its table (``embedding_dim`` the widest)."""
+        return InputLayout.of_fields(len(self.data.schema.dense_names), self.field_dims())
+
     def build_model(self) -> nn.Module:
-        """The run's dense model as :meth:`ModelSpec.build` makes it for the schema's fields
-        and the tables' widths (from torch's global generator: seed it first)."""
-        schema = self.data.schema
-        dims = self.field_dims()
-        return self.model.build(
-            num_dense=len(schema.dense_names),
-            num_fields=len(dims),
-            embedding_dim=max(dims),
-            field_dims=dims,
-        )
+        """The run's dense model for :meth:`input_layout`, as every rank builds it (from
+        torch's global generator: seed it first)."""
+        return self.model.build_for(self.input_layout())
 
     def tier_sizing(self) -> TierSizing:
         """Every worker's tier budgets: ``table.tiers``, shared by the tables, and the budgets

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from daskhps.data.schema import Schema
 from daskhps.distributed import Exchange, RunHost, WorkerShards
 from daskhps.distributed.exchange import KeyWidths
-from daskhps.models import ModelSpec
+from daskhps.models import InputLayout, ModelSpec
 from daskhps.monitor.network import PassKeys, RankTraffic, take_routed
 from daskhps.monitor.progress import report_batches
 from daskhps.sharding import ShardMap
@@ -77,7 +77,7 @@ class TrainSetup:
     table: str
     schema: Schema
     model: ModelSpec
-    embedding_dim: int
+    layout: InputLayout  # RunConfig.input_layout: what the model is built for
     num_shards: int
     seed: int
     optimizer: str
@@ -86,11 +86,10 @@ class TrainSetup:
     grad_clip_norm: float | None
     threads: int | None = None
     # Several tables: their names by index (keys carry it) and each one's row width as the
-    # model reads it; empty for one table (``table``). Per field: its embedding width, and
-    # the floats of its row the model reads (RunConfig.sparse_widths).
+    # model reads it; empty for one table (``table``). Per field: the floats of its row the
+    # model reads (RunConfig.sparse_widths).
     tables: tuple[str, ...] = ()
     table_widths: tuple[int, ...] = ()
-    field_dims: tuple[int, ...] = ()
     field_widths: tuple[int, ...] = ()
 
     @property
@@ -108,7 +107,7 @@ class TrainSetup:
             table=config.table_specs()[0].name,
             schema=config.data.schema,
             model=config.model,
-            embedding_dim=max(config.field_dims()),
+            layout=config.input_layout(),
             num_shards=config.passes.plan.num_shards,
             seed=config.run.seed,
             optimizer=opt.kind,
@@ -117,7 +116,6 @@ class TrainSetup:
             grad_clip_norm=opt.grad_clip_norm,
             tables=tuple(t.name for t in config.embedding_tables()) if several else (),
             table_widths=tuple(s.dim for s in config.table_specs()) if several else (),
-            field_dims=config.field_dims(),
             field_widths=config.sparse_widths(),
         )
 
@@ -125,14 +123,8 @@ class TrainSetup:
 def build_dense(setup: TrainSetup) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The dense model and optimizer a run starts from: seeded, so every rank builds the
     same weights, and ``daskhps import`` writes the same start into its checkpoint."""
-    schema = setup.schema
     torch.manual_seed(setup.seed)
-    model = setup.model.build(
-        num_dense=len(schema.dense_names),
-        num_fields=len(schema.categorical_names),
-        embedding_dim=setup.embedding_dim,
-        field_dims=setup.field_dims or None,
-    )
+    model = setup.model.build_for(setup.layout)  # as RunConfig.build_model builds it
     params = list(model.parameters())
     kind, lr, wd = setup.optimizer, setup.lr, setup.weight_decay
     opt: torch.optim.Optimizer
@@ -162,7 +154,7 @@ class _Replica:
         self.shards: WorkerShards = host.require_shards()
         self.pooling = bag_pooling(setup.schema)
         self.columns = field_columns(setup.field_widths) if setup.several_tables else None
-        self.widest = max(setup.table_widths, default=0)
+        self.widest = widths.widest if widths is not None else 0
         self.step = 0
 
     def lookup(self, keys: torch.Tensor, *, read_only: bool = False) -> torch.Tensor:
@@ -352,7 +344,7 @@ def _mean_row_bytes(setup: TrainSetup) -> int:
     """Bytes of a row or gradient on the wire (float32): with several tables, a field's row
     on average (the figure prices unique keys, whatever their table)."""
     if not setup.several_tables:
-        return setup.embedding_dim * 4
+        return setup.layout.embedding_dim * 4
     widths = setup.field_widths
     return round(4 * sum(widths) / len(widths))
 

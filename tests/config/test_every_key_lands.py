@@ -124,12 +124,7 @@ class Built:
     @cached_property
     def model(self) -> torch.nn.Module:
         s = self.setup  # built on each rank exactly so (daskhps.training.worker._Replica)
-        return s.model.build(
-            num_dense=len(s.schema.dense_names),
-            num_fields=len(s.schema.categorical_names),
-            embedding_dim=s.embedding_dim,
-            field_dims=s.field_dims,
-        )
+        return s.model.build_for(s.layout)
 
     @cached_property
     def host(self) -> Any:
@@ -297,7 +292,7 @@ def table_stores(b: Built) -> tuple[list[str], str]:
 
 
 def embedding_width(b: Built) -> tuple[int, int]:
-    return b.table.lookup(torch.arange(3), read_only=True).shape[1], b.setup.embedding_dim
+    return b.table.lookup(torch.arange(3), read_only=True).shape[1], b.setup.layout.embedding_dim
 
 
 def initial_rows(b: Built) -> tuple[float, ...]:
@@ -507,7 +502,7 @@ def table_layouts(b: Built) -> list[tuple[str, int, int]]:
 
 def field_tables(b: Built) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
     """Each field's table, as the parser tags its keys, and its width, as the model reads it."""
-    return b.setup.schema.field_keys.tables, b.setup.field_dims
+    return b.setup.schema.field_keys.tables, b.setup.layout.field_dims
 
 
 def shared_keys(b: Built) -> tuple[str, ...]:
