@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         flat_table = index._table.view(-1).numpy()
         args_ = (flat_table, index._spill.numpy(), index._buckets, probe.numpy(),
                  cache.rows.view(-1).numpy(), WIDTH, fused_out.numpy(),
-                 cache._stamp.numpy(), 1, rows)  # fmt: skip
+                 cache._policy.stamp.numpy(), 1, rows)  # fmt: skip
         t0 = time.perf_counter()
         fused(*args_)
         rep.emit("numba fused lookup: compile", time.perf_counter() - t0, "s")

@@ -423,8 +423,9 @@ class PersistentStore(Tier):
         self.close()
 
 
-def check_keys(keys: object, where: str) -> torch.Tensor:
-    """Validate a key array: 1-D int64 torch tensor (numpy int64 arrays are accepted)."""
+def check_keys(keys: object, where: str, device: torch.device | None = None) -> torch.Tensor:
+    """Validate a key array: 1-D int64 torch tensor (numpy int64 arrays are accepted); moved
+    to ``device`` if given."""
     if not isinstance(keys, torch.Tensor):
         import numpy as np
 
@@ -442,7 +443,7 @@ def check_keys(keys: object, where: str) -> torch.Tensor:
         )
     if keys.dim() != 1:
         raise DataError(f"{where}: keys must be 1-D, got shape {tuple(keys.shape)}; flatten first")
-    return keys
+    return keys if device is None else keys.to(device)
 
 
 def check_rows(rows: object, n: int, width: int, where: str) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from daskhps.errors import ConfigError
-from daskhps.tiers._slots import SlotCache
+from daskhps.tiers._slots import SlotCache, bytes_per_row
 from daskhps.tiers.index import KeyIndex
 
 __all__ = ["HostMemory"]
@@ -27,10 +27,10 @@ def rows_for_bytes(
 
     def cost(rows: int) -> int:
         fixed = 4 * width + 8 + (8 if policy == "lfu" else 0)  # zero row and sink entries
-        per_row = SlotCache.bytes_per_row(width, policy)
+        per_row = bytes_per_row(width, policy)
         return fixed + rows * per_row + KeyIndex.nbytes_for(rows, load_factor)
 
-    lo, hi = 0, max(0, capacity_bytes) // SlotCache.bytes_per_row(width, policy) + 1
+    lo, hi = 0, max(0, capacity_bytes) // bytes_per_row(width, policy) + 1
     while lo < hi:  # cost is monotone in rows
         mid = (lo + hi + 1) // 2
         if cost(mid) <= capacity_bytes:
@@ -67,7 +67,7 @@ class HostMemory(SlotCache):
         if rows < 1:
             raise ConfigError(
                 f"{name}: {capacity_bytes} bytes hold no row of width {width} (a row with its "
-                f"metadata and index takes about {SlotCache.bytes_per_row(width, policy) + 64} "
+                f"metadata and index takes about {bytes_per_row(width, policy) + 64} "
                 f"bytes); give the host tier a larger share of the worker's memory"
             )
         if pin_memory is None:

@@ -11,7 +11,7 @@ import torch
 from hypothesis import settings
 
 from daskhps.errors import ConfigError
-from daskhps.tiers._slots import SlotCache
+from daskhps.tiers._slots import bytes_per_row
 from daskhps.tiers.host import HostMemory, rows_for_bytes
 from daskhps.tiers.index import KeyIndex
 from tests.tiers.conformance import CacheConformance, MakeCache, odd_bits_rows, same_bits
@@ -23,7 +23,7 @@ MiB = 1 << 20
 def budget_for(width: int, rows: int, policy: str = "lru") -> int:
     """Bytes a HostMemory needs for ``rows`` rows: slab, metadata and index."""
     sinks = 4 * width + 8 + (8 if policy == "lfu" else 0)  # the zero row, stamp/count sinks
-    return sinks + rows * SlotCache.bytes_per_row(width, policy) + KeyIndex.nbytes_for(rows)
+    return sinks + rows * bytes_per_row(width, policy) + KeyIndex.nbytes_for(rows)
 
 
 class TestConformance(CacheConformance):
