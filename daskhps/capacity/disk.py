@@ -23,9 +23,16 @@ from typing import Any
 
 from daskhps._paths import free_bytes
 
-__all__ = ["DiskEstimate", "checkpoints_dense_bytes", "store_disk", "summed_disk"]
+__all__ = [
+    "SNAPSHOT_BYTES_PER_KEY",
+    "DiskEstimate",
+    "checkpoints_dense_bytes",
+    "row_disk_bytes",
+    "store_disk",
+    "summed_disk",
+]
 
-_SNAPSHOT_BYTES_PER_KEY = 16  # key and location, int64 each
+SNAPSHOT_BYTES_PER_KEY = 16  # key and location, int64 each
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ class DiskEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total": self.total}
+
+
+def row_disk_bytes(width: int) -> int:
+    """One stored row of ``width`` float32 values and its int64 key."""
+    return 4 * width + 8
 
 
 def _enabled(checkpoint: Any) -> bool:
@@ -103,7 +115,7 @@ def store_disk(
     passes, epochs and owners); ``pass_rows`` the largest one pass writes over all owners;
     ``checkpoint`` the config's checkpoint section, or None where this version has none.
     """
-    row = 4 * width + 8
+    row = row_disk_bytes(width)
     live = None if distinct_keys is None else distinct_keys * row
     enabled = _enabled(checkpoint)
     history: int | None = None
@@ -122,7 +134,7 @@ def store_disk(
         kept = 1
         if enabled:
             kept = -(-checkpoint.keep // snapshot_every) + 1
-        snapshots = kept * distinct_keys * _SNAPSHOT_BYTES_PER_KEY
+        snapshots = kept * distinct_keys * SNAPSHOT_BYTES_PER_KEY
     headroom = (live or 0) if enabled else 0
     dense = checkpoints_dense_bytes(checkpoint, dense_state_bytes)
     where, free = free_bytes(store_dir)

@@ -44,6 +44,7 @@ import numpy as np
 from tqdm import tqdm
 
 from daskhps._paths import check_writable_dir, free_bytes, tree_bytes
+from daskhps.capacity.disk import SNAPSHOT_BYTES_PER_KEY, row_disk_bytes
 from daskhps.config import RunConfig
 from daskhps.errors import (
     CapacityError,
@@ -76,7 +77,6 @@ log = logging.getLogger(__name__)
 COMMIT = checkpoint_name(0)  # the checkpoint (and store commit) of a run 0 passes in
 CHUNK_ROWS = 1 << 18  # rows read, checked and routed at a time: bounds memory
 _STAGING = ".import"
-_INDEX_BYTES_PER_KEY = 16  # the commit's index snapshot: key and location
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,9 @@ def _preflight(
             "table.tiers.store_dir to new folders"
         )
     rows = sum(s.rows for s in sources.values())
-    need = sum(s.rows * (s.spec.row_bytes + 8 + _INDEX_BYTES_PER_KEY) for s in sources.values())
+    need = sum(
+        s.rows * (row_disk_bytes(s.spec.width) + SNAPSHOT_BYTES_PER_KEY) for s in sources.values()
+    )
     where, free = free_bytes(store_dir)
     if need > free:
         raise CapacityError(
