@@ -80,7 +80,9 @@ class KeyLifecycle:
     def admit(
         self, table: str, t: EmbeddingTable, keys: Any, monitor: ShardMetrics | None
     ) -> dict[str, int]:
-        """See :meth:`WorkerShards.admit`."""
+        """Freeze the keys of ``keys`` (a pass's owner partition, columns ``key`` and
+        ``count``) that have no row and that the table's rule holds back this pass
+        (:meth:`WorkerShards.admit`)."""
         rule = self.admission.get(table)
         if rule is None:
             return {"admitted": 0, "held_back": 0}
@@ -100,7 +102,7 @@ class KeyLifecycle:
     def record_seen(
         self, table: str, t: EmbeddingTable, keys: Any, monitor: ShardMetrics | None
     ) -> None:
-        """See :meth:`WorkerShards.record_seen`."""
+        """:meth:`WorkerShards.record_seen` of one table."""
         k = keys_of(keys)
         counts = column_of(keys, "count", torch.int64)
         days = column_of(keys, "day", torch.int32)
@@ -125,7 +127,8 @@ class KeyLifecycle:
     def expire(
         self, table: str, t: EmbeddingTable, today: int, monitor: ShardMetrics | None
     ) -> dict[str, int]:
-        """See :meth:`WorkerShards.expire`."""
+        """Remove the rows the table's rule expires on day ``today``, and the stale pending
+        counts (:meth:`WorkerShards.expire`)."""
         rule = self.expiry.get(table)
         if rule is None:
             return {"expired": 0, "pending_expired": 0}
