@@ -22,7 +22,9 @@ class TableSpec:
     name:
         Table name; appears in every error message and in store paths.
     dim:
-        Embedding width.
+        Floats per key the model reads, the row's first ``dim`` columns: a config's embedding
+        width plus the model's own columns (``ModelSpec.sparse_dim``: DeepFM's and Wide &
+        Deep's first-order weight). The optimizer's state and the initialisation follow it.
     optimizer:
         Sparse optimizer; its kind decides how much state each row carries.
     seed:
