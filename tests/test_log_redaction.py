@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from daskhps import _redact
+from tests._clusters import WORKER_MEMORY
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config
 from tests._s3 import KEY, SECRET, s3_server
@@ -66,7 +67,7 @@ def task():
 
 
 with start_cluster(
-    n_workers=1, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None,
+    n_workers=1, threads_per_worker=1, memory_limit={WORKER_MEMORY!r}, dashboard_address=None,
     storage_options=options,
 ) as handle:
     try:

@@ -18,6 +18,7 @@ import pytest
 from daskhps import _forkserver as forkserver
 from daskhps.config.cluster import ClusterConfig
 from daskhps.distributed import start_cluster
+from tests._clusters import WORKER_MEMORY
 
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no forkserver here")
 
@@ -47,7 +48,7 @@ def test_forked_workers_start_loaded_and_see_the_drivers_environment_and_folder(
     with start_cluster(
         n_workers=2,
         threads_per_worker=1,
-        memory_limit="1GiB",
+        memory_limit=WORKER_MEMORY,
         processes=True,
         gpus=False,
         dashboard_address=None,

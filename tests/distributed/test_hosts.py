@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
+from tests._clusters import WORKER_MEMORY
 from tests._hosts import Hosts
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config
@@ -113,7 +114,7 @@ def test_a_run_on_hosts_is_the_run_on_an_embedded_cluster_bit_for_bit(
         logs,
         data={"holdout": {"day": "last"}},
         passes={"examples_per_pass": 300},
-        cluster={"n_workers": HOSTS, "threads_per_worker": 2, "memory_limit": "1GiB"},
+        cluster={"n_workers": HOSTS, "threads_per_worker": 2, "memory_limit": WORKER_MEMORY},
     )
     run = cli("train", str(write_config(tmp_path / "embedded.yaml", embedded)), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
