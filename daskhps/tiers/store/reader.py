@@ -13,6 +13,7 @@ may keep appending and committing meanwhile.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
@@ -44,7 +45,40 @@ from daskhps.tiers.store.segments import Segment, load_segment, runs
 __all__ = ["StoreReader"]
 
 
-class StoreReader(PersistentStore):
+class _RefusesWrites(PersistentStore):
+    """What a store opened for reading answers to every call that would change it: the
+    writes of the interface, refused (a reader's flush has nothing to make durable)."""
+
+    name: str
+    path: Path
+    _read_only_as = "read-only (mode='r')"  # how a refused write describes the store
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise StoreReadOnlyError(
+            f"{self.name}: cannot {what}: {self.path} is open {self._read_only_as}; reopen it "
+            f"with mode='a' or 'r+' to write"
+        )
+
+    def upsert(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        self._refuse("upsert")
+
+    def delete(self, keys: torch.Tensor) -> int:
+        self._refuse("delete")
+
+    def flush(self) -> None:
+        """Nothing to make durable: a reader writes nothing."""
+
+    def commit(self, name: str, meta: CommitMeta = None, attach: Attachments = None) -> CommitInfo:
+        self._refuse("commit")
+
+    def drop_commits(self, keep: int) -> list[CommitInfo]:
+        self._refuse("drop_commits")
+
+    def compact(self, min_stale: float = 0.5, merge_below: int = 0) -> CompactReport:
+        self._refuse("compact")
+
+
+class StoreReader(_RefusesWrites):
     """One commit of a store, read-only; open it with :func:`~daskhps.tiers.store.open_store`
     (``mode="r"``). Writes raise :class:`StoreReadOnlyError`.
 
@@ -55,8 +89,6 @@ class StoreReader(PersistentStore):
     commit:
         The commit to open; None: the latest.
     """
-
-    _read_only_as = "read-only (mode='r')"  # how a refused write describes the store
 
     def __init__(self, folder: StoreFolder, commit: str | None = None) -> None:
         self.folder = folder
@@ -278,29 +310,3 @@ class StoreReader(PersistentStore):
 
     def _forget_segment(self, sid: int) -> None:
         self._segments.pop(sid, None)
-
-    # -- writes: refused -------------------------------------------------------------------
-
-    def _refuse(self, what: str) -> NoReturn:
-        raise StoreReadOnlyError(
-            f"{self.name}: cannot {what}: {self.path} is open {self._read_only_as}; reopen it "
-            f"with mode='a' or 'r+' to write"
-        )
-
-    def upsert(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        self._refuse("upsert")
-
-    def delete(self, keys: torch.Tensor) -> int:
-        self._refuse("delete")
-
-    def flush(self) -> None:
-        """Nothing to make durable: a reader writes nothing."""
-
-    def commit(self, name: str, meta: CommitMeta = None, attach: Attachments = None) -> CommitInfo:
-        self._refuse("commit")
-
-    def drop_commits(self, keep: int) -> list[CommitInfo]:
-        self._refuse("drop_commits")
-
-    def compact(self, min_stale: float = 0.5, merge_below: int = 0) -> CompactReport:
-        self._refuse("compact")
