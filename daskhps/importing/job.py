@@ -56,14 +56,9 @@ from daskhps.importing.checks import check_chunk, check_table_keys, duplicate_er
 from daskhps.importing.source import Source
 from daskhps.importing.staged import RepeatedKey, StagedStores
 from daskhps.runfiles import rundir
-from daskhps.runfiles.checkpoint import (
-    checkpoint_name,
-    checkpoints_dir,
-    finish_checkpoint,
-    remove_checkpoint,
-    write_payload,
-)
+from daskhps.runfiles.checkpoint import checkpoint_name, checkpoints_dir
 from daskhps.runfiles.locations import recorded_stores_dir
+from daskhps.runfiles.writing import finish_checkpoint, remove_checkpoint, write_payload
 from daskhps.sharding import ShardMap
 from daskhps.table.spec import TableSpec
 from daskhps.tiers.lock import WriterLock

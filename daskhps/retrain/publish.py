@@ -25,13 +25,10 @@ from typing import Any
 
 from daskhps.errors import CheckpointError
 from daskhps.retrain.stores import Disks, commit_version
-from daskhps.runfiles.checkpoint import (
-    Checkpoint,
-    finish_checkpoint,
-    remove_checkpoint,
-)
+from daskhps.runfiles.checkpoint import Checkpoint
 from daskhps.runfiles.locations import recorded_stores_dir
 from daskhps.runfiles.published import VERSION_PREFIX
+from daskhps.runfiles.writing import finish_checkpoint, remove_checkpoint
 from daskhps.tiers.base import CommitInfo
 from daskhps.tiers.store.check import CommitId
 

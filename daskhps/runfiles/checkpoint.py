@@ -20,27 +20,23 @@ loaded; :func:`scan_checkpoints` says which were skipped and why, and
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
 import re
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from daskhps._version import __version__
 from daskhps.errors import CheckpointError
 from daskhps.runfiles.locations import stores_of
 from daskhps.runfiles.manifest import FORMAT, CheckpointManifest, ManifestError
 from daskhps.table.table import open_shard_store
 from daskhps.tiers.store import StoreReader
 from daskhps.tiers.store.check import CommitId, StoreChecker
-from daskhps.tiers.store.durable import file_sha256, fsync_dir
+from daskhps.tiers.store.durable import file_sha256
 from daskhps.tiers.store.layout import layout_of_today
 
 if TYPE_CHECKING:
@@ -59,15 +55,11 @@ __all__ = [
     "checkpoints_dir",
     "commit_record",
     "find_checkpoint",
-    "finish_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
-    "remove_checkpoint",
     "scan_checkpoints",
-    "start_checkpoint",
     "store_damage",
-    "write_payload",
 ]
 
 log = logging.getLogger(__name__)
@@ -428,103 +420,3 @@ def store_damage(ckpt: Checkpoint, *, verify: bool = False) -> list[str]:
         lines = checker.rank_damage(ranks, ckpt.commit, ckpt.recorded_commits(table))
         out += [f"table {table}, {line}" if ckpt.tables else line for line in lines]
     return out
-
-
-# -- writing (the trainer's side; crash-safe order: payload, store commits, manifest) ------
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write every byte of ``data`` (a separate function so tests can inject a full disk)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _write_file(path: Path, data: bytes) -> dict[str, Any]:
-    """Write ``path`` durably through a ``.tmp`` file and a rename; its size and sha256."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def remove_checkpoint(folder: Path) -> None:
-    """Delete a checkpoint: its manifest first, so a crash part-way leaves a torn folder
-    (never loaded), not a checkpoint with missing files."""
-    if (folder / MANIFEST).exists():
-        (folder / MANIFEST).unlink()
-        fsync_dir(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def start_checkpoint(run_dir: str | os.PathLike[str], name: str) -> Path:
-    """An empty folder for checkpoint ``name`` (a torn or superseded one there is removed)."""
-    folder = checkpoints_dir(run_dir) / name
-    if folder.exists():
-        remove_checkpoint(folder)
-    folder.mkdir(parents=True)
-    fsync_dir(folder.parent)
-    return folder
-
-
-def write_payload(
-    folder: Path,
-    *,
-    model: dict[str, torch.Tensor],
-    optimizer: dict[str, Any],
-    rng: list[torch.Tensor],
-    state: dict[str, Any],
-) -> dict[str, dict[str, Any]]:
-    """Write ``dense.pt`` and ``state.json``; returns their sizes and sha256 sums."""
-    import io
-
-    buf = io.BytesIO()
-    torch.save({"model": model, "optimizer": optimizer, "rng": rng}, buf)
-    try:
-        files = {DENSE: _write_file(folder / DENSE, buf.getvalue())}
-        files[STATE] = _write_file(folder / STATE, json.dumps(state, indent=1).encode())
-    except OSError as e:
-        raise CheckpointError(
-            f"writing checkpoint {folder} failed: {e}; nothing of it is visible and earlier "
-            "checkpoints are intact: free disk space, then resume with --resume"
-        ) from e
-    return files
-
-
-def finish_checkpoint(
-    folder: Path, files: dict[str, dict[str, Any]], fields: dict[str, Any]
-) -> Checkpoint:
-    """Write ``MANIFEST.json`` last (fsync, atomic rename): the checkpoint becomes visible.
-
-    ``fields`` holds everything but ``format``, ``daskhps_version``, ``name``, ``created`` and
-    ``files``, which are filled in here.
-    """
-    manifest = {
-        "format": FORMAT if fields.get("tables") else 1,
-        "daskhps_version": __version__,
-        "name": folder.name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **fields,
-        "files": files,
-    }
-    try:
-        ckpt = Checkpoint.at(folder, manifest)
-    except ManifestError as e:
-        raise CheckpointError(f"checkpoint {folder}: the manifest {e}") from None
-    try:
-        _write_file(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
-        fsync_dir(folder)
-    except OSError as e:
-        raise CheckpointError(
-            f"writing {folder / MANIFEST} failed: {e}; the checkpoint is not visible and "
-            "earlier ones are intact: free disk space, then resume with --resume"
-        ) from e
-    return ckpt

@@ -29,18 +29,15 @@ from daskhps.config import RunConfig
 from daskhps.distributed import RunGroup, WorkerShards
 from daskhps.distributed.disks import remove_folder
 from daskhps.errors import CheckpointError, first_line
-from daskhps.runfiles.checkpoint import (
-    Checkpoint,
-    checkpoint_name,
-    commit_record,
+from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name, commit_record, list_checkpoints
+from daskhps.runfiles.locations import recorded_stores_dir
+from daskhps.runfiles.replica import Copied, Replica, mirror_shards
+from daskhps.runfiles.writing import (
     finish_checkpoint,
-    list_checkpoints,
     remove_checkpoint,
     start_checkpoint,
     write_payload,
 )
-from daskhps.runfiles.locations import recorded_stores_dir
-from daskhps.runfiles.replica import Copied, Replica, mirror_shards
 from daskhps.training import worker
 from daskhps.training.killpoints import kill_point
 from daskhps.training.records import PassRecord

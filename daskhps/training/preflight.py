@@ -42,10 +42,10 @@ from daskhps.runfiles.checkpoint import (
     find_checkpoint,
     latest_checkpoint,
     list_checkpoints,
-    remove_checkpoint,
     store_damage,
 )
 from daskhps.runfiles.replica import Replica
+from daskhps.runfiles.writing import remove_checkpoint
 from daskhps.training import resume as resuming
 from daskhps.training.killpoints import check_env
 from daskhps.training.recovery import restore_from_copy

@@ -49,6 +49,7 @@ from daskhps.passes import build_plan, plan_owner_keys
 from daskhps.passes.scan import scan_log
 from daskhps.retrain.guard import judge
 from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles import writing
 from daskhps.sharding import ShardMap
 from daskhps.table.optimizers import apply_update
 from daskhps.table.read_path import initial_rows as table_initial_rows
@@ -449,8 +450,8 @@ def checkpoints_kept(b: Built) -> list[str]:
     """Checkpoint names left after the checkpointer prunes five."""
     cfg = b.cfg
     for n in range(1, 6):
-        folder = ck.start_checkpoint(b.trainer.run_dir, ck.checkpoint_name(n))
-        files = ck.write_payload(folder, model={}, optimizer={}, rng=[], state={})
+        folder = writing.start_checkpoint(b.trainer.run_dir, ck.checkpoint_name(n))
+        files = writing.write_payload(folder, model={}, optimizer={}, rng=[], state={})
         fields = {
             "kind": "base",
             "passes_done": n,
@@ -462,7 +463,7 @@ def checkpoints_kept(b: Built) -> list[str]:
             "table": cfg.table_spec().layout(),
             "config": cfg.to_dict(),
         }
-        ck.finish_checkpoint(folder, files, fields)
+        writing.finish_checkpoint(folder, files, fields)
     b.checkpointer.prune()
     return [c.name for c in ck.list_checkpoints(b.trainer.run_dir)]
 

@@ -13,12 +13,8 @@ from daskhps.errors import CheckpointError
 from daskhps.retrain import Attempt, Registry, Version, VersionNotFoundError
 from daskhps.retrain.job import rollback
 from daskhps.retrain.publish import commit_name, freeze_version
-from daskhps.runfiles.checkpoint import (
-    finish_checkpoint,
-    load_checkpoint,
-    start_checkpoint,
-    write_payload,
-)
+from daskhps.runfiles.checkpoint import load_checkpoint
+from daskhps.runfiles.writing import finish_checkpoint, start_checkpoint, write_payload
 from daskhps.table import open_shard_store
 from daskhps.tiers.store import StoreReader
 

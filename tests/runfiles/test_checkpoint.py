@@ -14,6 +14,7 @@ import torch
 from daskhps.config import RunConfig
 from daskhps.errors import CheckpointError, DaskHPSError, StoreNotFoundError
 from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles import writing
 from daskhps.runfiles.checkpoint import (
     Checkpoint,
     checkpoint_name,
@@ -47,15 +48,15 @@ def _model_and_opt(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def _write(run_dir: Path, passes_done: int, seed: int = 0) -> Checkpoint:
     cfg = _config(run_dir)
     model, opt = _model_and_opt(seed)
-    folder = ck.start_checkpoint(run_dir, checkpoint_name(passes_done))
-    files = ck.write_payload(
+    folder = writing.start_checkpoint(run_dir, checkpoint_name(passes_done))
+    files = writing.write_payload(
         folder,
         model=model.state_dict(),
         optimizer=opt.state_dict(),
         rng=[torch.get_rng_state()],
         state={"epoch": 1, "pass": passes_done, "step": 10 * passes_done},
     )
-    return ck.finish_checkpoint(
+    return writing.finish_checkpoint(
         folder,
         files,
         {
@@ -211,16 +212,16 @@ def test_full_disk_leaves_the_previous_checkpoint_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = _write(tmp_path, 1)
-    real = ck._write_all
+    real = writing._write_all
 
     def half_then_full(fd: int, data: bytes) -> None:
         real(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ck, "_write_all", half_then_full)
+    monkeypatch.setattr(writing, "_write_all", half_then_full)
     with pytest.raises(CheckpointError, match=r"No space left on device.*earlier checkpoints"):
         _write(tmp_path, 2)
-    monkeypatch.setattr(ck, "_write_all", real)
+    monkeypatch.setattr(writing, "_write_all", real)
     assert [c.name for c in list_checkpoints(tmp_path)] == [before.name]
     assert load_checkpoint(tmp_path).dense_state().keys() == before.dense_state().keys()
     torn = tmp_path / "checkpoints" / checkpoint_name(2)
@@ -235,14 +236,14 @@ def test_full_disk_while_writing_the_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _write(tmp_path, 1)
-    real = ck._write_file
+    real = writing._write_file
 
     def manifest_fails(path: Path, data: bytes) -> dict:
         if path.name == ck.MANIFEST:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(path, data)
 
-    monkeypatch.setattr(ck, "_write_file", manifest_fails)
+    monkeypatch.setattr(writing, "_write_file", manifest_fails)
     with pytest.raises(CheckpointError, match=r"MANIFEST.json failed: .*No space left"):
         _write(tmp_path, 2)
     assert [c.passes_done for c in list_checkpoints(tmp_path)] == [1]
@@ -250,7 +251,7 @@ def test_full_disk_while_writing_the_manifest(
 
 def test_remove_checkpoint_deletes_the_manifest_first(tmp_path: Path) -> None:
     c = _write(tmp_path, 1)
-    ck.remove_checkpoint(c.path)
+    writing.remove_checkpoint(c.path)
     assert not c.path.exists()
     assert list_checkpoints(tmp_path) == []
 
@@ -275,7 +276,7 @@ def test_inspect_lists_checkpoints_and_unfinished_folders(
     _write(tmp_path, 1)
     _write(tmp_path, 2)
     _stores(tmp_path, ["pass-000001", "pass-000002"])
-    ck.start_checkpoint(tmp_path, checkpoint_name(3))  # killed before its manifest
+    writing.start_checkpoint(tmp_path, checkpoint_name(3))  # killed before its manifest
     info = describe(tmp_path)
     assert [c["passes_done"] for c in info["checkpoints"]] == [1, 2]
     assert info["incomplete"] == ["pass-000003"]

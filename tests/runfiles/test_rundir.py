@@ -14,7 +14,7 @@ import torch
 from daskhps.errors import ConfigError, RunExistsError
 from daskhps.retrain.versions import Attempt, Registry
 from daskhps.runfiles import rundir
-from daskhps.runfiles.checkpoint import finish_checkpoint, start_checkpoint, write_payload
+from daskhps.runfiles.writing import finish_checkpoint, start_checkpoint, write_payload
 from daskhps.table import OptimizerSpec, TableSpec, open_shard_store
 
 
