@@ -326,7 +326,7 @@ def admitted_keys(b: Built) -> list[int]:
     b.host.stage(name, keys)
     part = pd.DataFrame({"key": keys.numpy(), "count": keys.numpy() % 4 + 1})
     b.host.admit(name, part)
-    held = b.host._admitting.get(name)
+    held = b.host.lifecycle._admitting.get(name)
     return sorted(set(range(400)) - set(held.held.tolist() if held else []))[::40]
 
 
@@ -547,7 +547,7 @@ def listed_admitted(b: Built) -> list[int]:
     """Which of 400 keys without rows, seen 1-4 times, the shards admit to the first listed
     table (all of them without a rule)."""
     keys = np.arange(400)
-    rule = b.host.admission.get(_listed(b))
+    rule = b.host.lifecycle.admission.get(_listed(b))
     if rule is None:
         return keys.tolist()[::40]
     ok = rule.admitted(keys, np.zeros(400), keys % 4 + 1)
@@ -558,7 +558,7 @@ def listed_expired(b: Built) -> list[int]:
     """Which of 300 rows (as expired_keys) the shards expire from the first listed table at
     day 704 (none without a rule)."""
     keys = np.arange(300)
-    rule = b.host.expiry.get(_listed(b))
+    rule = b.host.lifecycle.expiry.get(_listed(b))
     if rule is None:
         return []
     out = rule.expired(keys, keys % 7 + 1, 700 + keys % 5, 704)
