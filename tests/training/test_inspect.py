@@ -15,6 +15,7 @@ import torch
 from daskhps.cli import main
 from daskhps.config import RunConfig
 from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles import writing
 from daskhps.runfiles.checkpoint import checkpoint_name
 from daskhps.table import open_shard_store
 from daskhps.tiers.store.check import CommitId
@@ -62,10 +63,12 @@ def _commit(run_dir: Path, passes_done: int) -> dict[str, Any]:
 def _checkpoint(run_dir: Path, passes_done: int) -> None:
     cfg = _config(run_dir)
     shard = _commit(run_dir, passes_done)
-    folder = ck.start_checkpoint(run_dir, checkpoint_name(passes_done))
-    files = ck.write_payload(folder, model={}, optimizer={}, rng=[], state={"step": passes_done})
+    folder = writing.start_checkpoint(run_dir, checkpoint_name(passes_done))
+    files = writing.write_payload(
+        folder, model={}, optimizer={}, rng=[], state={"step": passes_done}
+    )
     specs = cfg.table_specs()
-    ck.finish_checkpoint(
+    writing.finish_checkpoint(
         folder,
         files,
         {

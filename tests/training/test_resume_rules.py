@@ -12,7 +12,7 @@ import torch
 
 from daskhps.config import RunConfig
 from daskhps.errors import ResumeError
-from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles import writing
 from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name
 from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable
@@ -44,12 +44,12 @@ def _config(run_dir: Path, **over: Any) -> RunConfig:
 
 
 def _checkpoint(run_dir: Path, cfg: RunConfig, *, workers: int = 1, plan: Any = None) -> Checkpoint:
-    folder = ck.start_checkpoint(run_dir, checkpoint_name(1))
+    folder = writing.start_checkpoint(run_dir, checkpoint_name(1))
     model = torch.nn.Linear(2, 1)
-    files = ck.write_payload(
+    files = writing.write_payload(
         folder, model=model.state_dict(), optimizer={}, rng=[], state={"step": 10}
     )
-    return ck.finish_checkpoint(
+    return writing.finish_checkpoint(
         folder,
         files,
         {
