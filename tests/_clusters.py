@@ -20,10 +20,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from daskhps.capacity.estimate import CUDA_BUILD_BYTES
+
 if TYPE_CHECKING:
     from distributed import LocalCluster
 
-__all__ = ["WORKER_MEMORY", "SharedClusters"]
+__all__ = ["PLANNED_MEMORY", "WORKER_MEMORY", "SharedClusters"]
 
 # Each test worker's memory limit. A warm worker (torch, pandas, zarr and daskhps imported, a
 # run trained) sits at about 0.5 GiB with the CPU build of torch and 0.85 GiB with the CUDA
@@ -31,6 +33,10 @@ __all__ = ["WORKER_MEMORY", "SharedClusters"]
 # past Dask's pause line (80%), and a paused worker's tasks wait for ever. 2 GiB leaves either
 # build a margin (tests/distributed/test_worker_margin.py measures it).
 WORKER_MEMORY = "2GiB"
+# The memory limit of the 1 GiB worker the sizing tests plan for, plus what the installed torch
+# build adds to a worker's own memory (the plan counts it too): their figures then hold with
+# either build.
+PLANNED_MEMORY = (1 << 30) + CUDA_BUILD_BYTES
 
 
 class SharedClusters:

@@ -16,6 +16,7 @@ from daskhps.capacity import scan_key_stats, size_run
 from daskhps.config import load_config
 from daskhps.data.readers import read_click_log
 from daskhps.sharding import ShardMap
+from tests._clusters import PLANNED_MEMORY
 from tests._logs import generated_logs
 from tests._runs import cli_here
 
@@ -31,7 +32,7 @@ def _write(tmp: Path, logs: Path, **table: object) -> Path:
         "data": {"train": {"paths": [str(logs)]}},
         "passes": {"examples_per_pass": 1000, "global_batch_size": 100, "num_shards": 8},
         "table": {"dim": 8, "tiers": {"device": {"rows": 5000}, "host": {"fraction": 0.05}}},
-        "cluster": {"n_workers": 2, "memory_limit": "1GiB", "gpu": False},
+        "cluster": {"n_workers": 2, "memory_limit": PLANNED_MEMORY, "gpu": False},
     }
     cfg["table"].update(table)  # type: ignore[union-attr]
     path = tmp / "run.yaml"
@@ -142,7 +143,7 @@ def test_a_peak_over_the_pause_threshold_is_refused_naming_the_key(tmp_path: Pat
             "tiers": {"device": {"rows": 20_000}, "host": {"fraction": 0.01}},
         },
         "eval": {"batch_size": 100_000},
-        "cluster": {"n_workers": 2, "memory_limit": "1GiB", "gpu": False},
+        "cluster": {"n_workers": 2, "memory_limit": PLANNED_MEMORY, "gpu": False},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))

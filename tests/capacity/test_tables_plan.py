@@ -26,7 +26,7 @@ from daskhps.sharding import ShardMap
 from daskhps.table import EmbeddingTable
 from daskhps.tiers.host import rows_for_bytes
 from daskhps.training.trainer import Trainer
-from tests._clusters import SharedClusters
+from tests._clusters import PLANNED_MEMORY, SharedClusters
 from tests._runs import set_keys
 
 TABLES = [
@@ -55,7 +55,7 @@ def _config(tmp: Path, logs: Path | None = None, **keys: Any) -> RunConfig:
         "table": {"dim": 4, "tiers": {"device": {"rows": 5000}, "host": {"fraction": 0.05}}},
         "tables": TABLES,
         "model": {"name": "dlrm", "options": {"bottom_mlp": [8, 2], "top_mlp": [8]}},
-        "cluster": {"n_workers": WORKERS, "memory_limit": "1GiB", "gpu": False},
+        "cluster": {"n_workers": WORKERS, "memory_limit": PLANNED_MEMORY, "gpu": False},
     }
     return RunConfig.from_dict(set_keys(d, keys), source="run.yaml")
 
@@ -146,7 +146,7 @@ def test_each_tables_memory_and_disk_add_up_to_the_workers(
     assert None not in largest.values()
     pass_keys = {name: int(k or 0) for name, k in largest.items()}
     assert len(set(pass_keys.values())) == 3
-    budgets = cfg.tier_sizing().resolve(specs, 1 << 30, keys=pass_keys)
+    budgets = cfg.tier_sizing().resolve(specs, PLANNED_MEMORY, keys=pass_keys)
     assert [(t.device.rows, t.host.rows if t.host else 0) for t in parts] == [
         (budgets[s.name][0], rows_for_bytes(s.width, budgets[s.name][1])) for s in specs
     ]
@@ -239,7 +239,7 @@ def test_a_resume_sizes_each_tables_stores_by_the_rows_they_hold(
                 held[spec.name].append(len(t.store))
     assert dict(stored.tables) == {name: tuple(rows) for name, rows in held.items()}
     assert list(stored.rows_per_rank) == [sum(r[k] for r in held.values()) for k in (0, 1)]
-    report = size_run(cfg, workers=WORKERS, memory_limit=1 << 30)  # what --resume opens
+    report = size_run(cfg, workers=WORKERS, memory_limit=PLANNED_MEMORY)  # what --resume opens
     assert report.memory is not None
     for part in report.memory.tables:
         assert stored.busiest_of(part.name) == max(held[part.name])
