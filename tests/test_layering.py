@@ -222,11 +222,26 @@ def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def every_import(name: str, path: Path) -> list[tuple[int, str]]:
+def every_import(name: str, path: Path, *, type_only: bool = True) -> list[tuple[int, str]]:
     """``(line, dotted name)`` of every import in a module, at any depth (in functions, under
-    ``if TYPE_CHECKING:``); ``from P import x`` is ``P.x``, relative imports made absolute."""
+    ``if TYPE_CHECKING:`` unless ``type_only`` is false: a type-only import loads nothing);
+    ``from P import x`` is ``P.x``, relative imports made absolute."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = (
+        set()
+        if type_only
+        else {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and _is_type_checking(node.test)
+            for stmt in node.body
+            for inner in ast.walk(stmt)
+        }
+    )
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -297,29 +312,6 @@ def test_layer_check_sees_imports_at_any_depth(tmp_path: Path) -> None:
 # --- packages import each other one way; a package's private parts stay its own -------------
 
 
-def _imports_that_load(name: str, path: Path) -> list[tuple[int, str]]:
-    """Like :func:`every_import`, less the imports under ``if TYPE_CHECKING:`` (a type-only
-    import loads nothing; an import inside a function does, when it runs)."""
-    tree = ast.parse(path.read_text(), str(path))
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and _is_type_checking(node.test)
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            source = _source(name, path, node)
-            found += [(node.lineno, f"{source}.{a.name}") for a in node.names]
-    return found
-
-
 def _package_of(name: str) -> str | None:
     """The package of daskhps a module belongs to (``daskhps.training.loop`` -> ``training``;
     a module at the top, ``daskhps.storage``, is a package of its own), None outside."""
@@ -335,7 +327,7 @@ def package_graph(names: dict[str, Path]) -> dict[str, dict[str, str]]:
         if me is None:
             continue
         edges = graph.setdefault(me, {})
-        for line, target in _imports_that_load(name, path):
+        for line, target in every_import(name, path, type_only=False):
             other = _package_of(target)
             # a name of daskhps itself (``from daskhps import __version__``) is no package
             if other is not None and other != me and f"daskhps.{other}" in names:
@@ -357,7 +349,7 @@ def private_imports(names: dict[str, Path]) -> list[str]:
     (a part after the package's own name that starts with one underscore)."""
     found = []
     for name, path in sorted(names.items()):
-        for line, target in _imports_that_load(name, path) + every_import(name, path):
+        for line, target in every_import(name, path):
             parts = target.split(".")
             owner = _package_of(target)
             if owner is None or owner == _package_of(name) or len(parts) < 3:
