@@ -18,8 +18,14 @@ not. In data-flow order:
 from __future__ import annotations
 
 from daskhps._gpu import cuda_available
-from daskhps.distributed._errors import ClusterError, CommError, WorkerLostError
-from daskhps.distributed._pinned import run_pinned
+from daskhps.distributed._errors import (
+    ClusterError,
+    CommError,
+    WaitStopped,
+    WorkerLostError,
+    WorkerPausedError,
+)
+from daskhps.distributed._pinned import run_pinned, stop_waits_when
 from daskhps.distributed.cluster import ClusterHandle, start_cluster
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
@@ -42,11 +48,14 @@ __all__ = [
     "RunHost",
     "StageAhead",
     "TierSizing",
+    "WaitStopped",
     "WorkerLostError",
+    "WorkerPausedError",
     "WorkerShards",
     "cuda_available",
     "local_host",
     "reshard_on_workers",
     "run_pinned",
     "start_cluster",
+    "stop_waits_when",
 ]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from daskhps.errors import DaskHPSError
 
-__all__ = ["ClusterError", "CommError", "WorkerLostError", "required_rank"]
+__all__ = [
+    "ClusterError",
+    "CommError",
+    "WaitStopped",
+    "WorkerLostError",
+    "WorkerPausedError",
+    "required_rank",
+]
 
 
 class ClusterError(DaskHPSError, RuntimeError):
@@ -17,6 +24,15 @@ class CommError(DaskHPSError, RuntimeError):
 
 class WorkerLostError(CommError):
     """A rank's Dask worker left the cluster (died, was killed or restarted) during a run."""
+
+
+class WorkerPausedError(ClusterError):
+    """A rank's Dask worker stayed paused for memory: its tasks cannot start. Not a
+    :class:`CommError`: a restart would meet the same memory, so it is not retried."""
+
+
+class WaitStopped(ClusterError):
+    """A wait on pinned tasks was told to stop (the run is closing: Ctrl-C or a failure)."""
 
 
 def required_rank(rank: int | None) -> int:

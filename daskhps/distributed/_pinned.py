@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from distributed import wait
 
 from daskhps._scheduler import scheduler_workers
-from daskhps.distributed._errors import WorkerLostError
+from daskhps.distributed._errors import WaitStopped, WorkerLostError
+from daskhps.distributed.paused import PAUSED_FOR_S, PauseWatch
 
-__all__ = ["gather_pinned", "missing_workers", "run_pinned"]
+__all__ = ["gather_pinned", "missing_workers", "run_pinned", "stop_waits_when"]
 
 _POLL_S = 0.25
+
+# The stop event of the waits of this thread (stop_waits_when); a thread-local rather than an
+# argument, so that a thread's waits reached through any call (RunGroup.on_shards, ...) obey it.
+_local = threading.local()
+
+
+@contextmanager
+def stop_waits_when(event: threading.Event) -> Iterator[None]:
+    """Within the block, a wait on pinned tasks in this thread fails with
+    :class:`WaitStopped` within a poll of ``event`` being set (and cancels its tasks)."""
+    before = getattr(_local, "stop", None)
+    _local.stop = event
+    try:
+        yield
+    finally:
+        _local.stop = before
 
 
 def missing_workers(client: Any, addresses: Sequence[str]) -> list[int]:
@@ -30,6 +49,7 @@ def run_pinned(
     rank_args: Sequence[Sequence[Any]] | None = None,
     what: str = "task",
     timeout_s: float | None = None,
+    paused_for_s: float = PAUSED_FOR_S,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(*rank_args[r], *args, **kwargs)`` on worker ``addresses[r]`` for every rank.
@@ -37,7 +57,9 @@ def run_pinned(
     The tasks run concurrently (gang scheduled: each worker needs a free thread), never move
     to another worker, and are never cached (``pure=False``). A rank whose worker leaves the
     cluster fails the call at once with :class:`WorkerLostError` instead of leaving its task
-    waiting for a worker that will never return; the first task error is re-raised as is.
+    waiting for a worker that will never return; the first task error is re-raised as is. A
+    rank whose worker stays paused for memory longer than ``paused_for_s`` fails it with
+    :class:`WorkerPausedError`.
     """
     lost = missing_workers(client, addresses)
     if lost:
@@ -55,7 +77,7 @@ def run_pinned(
         )
         for r, addr in enumerate(addresses)
     ]
-    return gather_pinned(client, futures, addresses, what, timeout_s)
+    return gather_pinned(client, futures, addresses, what, timeout_s, paused_for_s)
 
 
 def gather_pinned(
@@ -64,14 +86,20 @@ def gather_pinned(
     addresses: Sequence[str],
     what: str,
     timeout_s: float | None = None,
+    paused_for_s: float = PAUSED_FOR_S,
 ) -> list[Any]:
     """The results of ``futures`` (rank ``r`` pinned to ``addresses[r]``), in rank order.
 
     Each result is fetched as soon as its task finishes. A rank whose worker leaves, before or
     after its task finished, fails the call with :class:`WorkerLostError`; so does a rank not
-    done within ``timeout_s``. Whatever has not finished is cancelled when the call fails.
+    done within ``timeout_s``. A worker paused for memory is warned about at once, and a rank
+    whose worker stays paused for ``paused_for_s`` fails the call (:class:`WorkerPausedError`);
+    so does this thread's stop event (:func:`stop_waits_when`), within a poll. Whatever has
+    not finished is cancelled when the call fails.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    watch = PauseWatch(str(client.scheduler.address), addresses, what, paused_for_s)
+    stop: threading.Event | None = getattr(_local, "stop", None)
     results: dict[int, Any] = {}
     try:
         while len(results) < len(futures):
@@ -83,14 +111,11 @@ def gather_pinned(
                     _fetch(f, r, results)
             if len(results) == len(futures):
                 break
-            # A pinned task of a vanished worker never runs, and a finished one whose worker
-            # left before its result was fetched is rescheduled onto that same vanished worker:
-            # either waits forever. Fail now, naming the rank.
-            lost = missing_workers(client, addresses)
-            if lost:
-                raise _lost_error(lost, addresses, what)
+            ranks = [r for r in range(len(futures)) if r not in results]
+            if stop is not None and stop.is_set():
+                raise WaitStopped(f"{what}: stopped while waiting on rank(s) {ranks}")
+            _check_workers(scheduler_workers(client), addresses, ranks, what, watch)
             if deadline is not None and time.monotonic() > deadline:
-                ranks = [r for r in range(len(futures)) if r not in results]
                 raise WorkerLostError(
                     f"{what}: rank(s) {ranks} did not finish within {timeout_s:g} s "
                     f"(workers {[addresses[r] for r in ranks]}); a worker is stuck or has "
@@ -100,6 +125,25 @@ def gather_pinned(
     finally:
         # Nothing may keep running or waiting after a failure (or Ctrl-C).
         client.cancel([f for f in futures if not f.done()])
+
+
+def _check_workers(
+    workers: Mapping[str, Any],
+    addresses: Sequence[str],
+    pending: list[int],
+    what: str,
+    watch: PauseWatch,
+) -> None:
+    """Fail the wait where a rank's worker has left, or stayed paused too long.
+
+    A pinned task of a vanished worker never runs, and a finished one whose worker left before
+    its result was fetched is rescheduled onto that same vanished worker: either waits forever.
+    So does a task pinned to a worker Dask paused for memory, which says nothing (no-worker).
+    """
+    lost = [r for r, a in enumerate(addresses) if a not in workers]
+    if lost:
+        raise _lost_error(lost, addresses, what)
+    watch.observe(workers, pending)
 
 
 def _fetch(future: Any, rank: int, results: dict[int, Any]) -> None:

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from daskhps.data.readers import ClickLog
-from daskhps.distributed import RunGroup, StageAhead, WorkerShards
+from daskhps.distributed import RunGroup, StageAhead, WorkerShards, stop_waits_when
 from daskhps.monitor.network import RouteAccount
 from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
@@ -45,6 +46,10 @@ from daskhps.training.killpoints import kill_point
 __all__ = ["PassContext", "PassPipeline", "PreparedPass", "prepare_pass"]
 
 log = logging.getLogger(__name__)
+
+# How long closing the pipeline waits for a pass being prepared: its waits on the workers stop
+# within a poll once told to, so this is seconds; past it the (daemon) thread is left behind.
+CLOSE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -217,11 +222,27 @@ class PassPipeline:
         self.schedule = list(schedule)
         self.start = start
         self.overlap = overlap
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="daskhps-prepare")
+        self._stop = threading.Event()  # set by close: the preparing thread's waits end
+        self._preparing: Future[PreparedPass] | None = None
         self._ahead: Future[PreparedPass] | None = None
 
     def _prepare(self, position: int) -> Future[PreparedPass]:
-        return self._pool.submit(prepare_pass, self.ctx, self.schedule[position], position)
+        """Prepare pass ``position`` on its own thread (one at a time: each is waited for
+        before the next starts). A daemon thread, unlike an executor's, which the interpreter
+        joins at exit without a deadline: a thread stuck in a wait must not keep the process."""
+        future: Future[PreparedPass] = Future()
+
+        def run() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                with stop_waits_when(self._stop):
+                    future.set_result(prepare_pass(self.ctx, self.schedule[position], position))
+            except BaseException as e:  # handed to whoever waits on the pass
+                future.set_exception(e)
+
+        threading.Thread(target=run, name="daskhps-prepare", daemon=True).start()
+        self._preparing = future
+        return future
 
     def __iter__(self) -> Iterator[PreparedPass]:
         n = len(self.schedule)
@@ -248,7 +269,14 @@ class PassPipeline:
         return time.perf_counter() - t
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the pass being prepared, if any (Ctrl-C, a failure), and wait for it at most
+        :data:`CLOSE_S`: its waits on the workers end within a poll."""
+        self._stop.set()
+        preparing = self._preparing
+        if preparing is None or preparing.done():
+            return
+        if not wait([preparing], timeout=CLOSE_S).done:
+            log.warning("the pass being prepared did not stop within %g s; left behind", CLOSE_S)
 
     def __enter__(self) -> PassPipeline:
         return self
