@@ -12,8 +12,8 @@ The cost is memory the process keeps after freeing it: at most ``TRIM_THRESHOLD`
 heap's live data, plus the blocks between ``128 KiB`` and ``MMAP_THRESHOLD`` that fragmentation
 strands; large tensors (a pass's keys, the tiers) are still mapped and returned whole. So that
 Dask's memory monitor does not count that memory against the worker (at 80% of its limit it
-pauses the worker, and a run waiting on a paused rank waits for ever), every task that ends
-gives the free memory back (:func:`give_back_free_memory`, ``malloc_trim``).
+pauses the worker, and a run waiting on a paused rank fails: ``distributed.paused``), every
+task that ends gives the free memory back (:func:`give_back_free_memory`, ``malloc_trim``).
 """
 
 from __future__ import annotations
