@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.perf_counter()
         torch.index_select(cache.rows, 0, s, out=out)
         t2 = time.perf_counter()
-        cache._touch(s)
+        cache._policy.touch(s)
         t3 = time.perf_counter()
         steps["probe"].append(t1 - t0)
         steps["gather"].append(t2 - t1)

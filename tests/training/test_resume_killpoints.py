@@ -33,6 +33,7 @@ from daskhps.cli import main as cli_main
 from daskhps.config import RunConfig, load_config
 from daskhps.errors import CheckpointError
 from daskhps.runfiles import checkpoint as ck
+from daskhps.runfiles import writing
 from daskhps.runfiles.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, list_checkpoints
 from daskhps.table import EmbeddingTable
 from daskhps.tiers.store import open_store
@@ -263,21 +264,21 @@ def test_full_disk_at_a_checkpoint_stops_the_run_then_resume_ends_the_same(
     ref, ref_ckpt, ref_rows = reference
     cfg = _in_process(_write_config(tmp_path, logs), shared_clusters)
     run_dir = tmp_path / "run"
-    real_file, real_all = ck._write_file, ck._write_all
-    writing: list[Path] = []
+    real_file, real_all = writing._write_file, writing._write_all
+    opened: list[Path] = []
 
     def tracked(path: Path, data: bytes) -> dict[str, Any]:
-        writing.append(path)
+        opened.append(path)
         return real_file(path, data)
 
     def full_disk(fd: int, data: bytes) -> None:
-        if writing[-1].parent.name == "pass-000002" and writing[-1].name == ck.DENSE:
+        if opened[-1].parent.name == "pass-000002" and opened[-1].name == ck.DENSE:
             real_all(fd, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_all(fd, data)
 
-    monkeypatch.setattr(ck, "_write_file", tracked)
-    monkeypatch.setattr(ck, "_write_all", full_disk)
+    monkeypatch.setattr(writing, "_write_file", tracked)
+    monkeypatch.setattr(writing, "_write_all", full_disk)
     with pytest.raises(CheckpointError, match=r"pass-000002 failed: .*No space left.*intact"):
         Trainer(cfg, progress=False).run()
     monkeypatch.undo()
