@@ -10,7 +10,7 @@ its own variant, and golden vectors pin every one of them:
 * ``data.hashing``: numpy uint64 in and out (feature hashes, field salts);
 * ``sharding``: int64 keys XOR a salt, the result masked to 63 bits (numpy, cupy or torch);
 * ``table.init``: torch int64, unmasked (counter-based initial values);
-* ``tiers._index``: torch int64 XOR a seed, without the last xor-shift (only the top bits are
+* ``tiers.index``: torch int64 XOR a seed, without the last xor-shift (only the top bits are
   used and that step changes low bits only), in place in caller-owned buffers.
 
 The variants are the parameters below (``final``, the in-place torch form), not copies of

@@ -69,7 +69,7 @@ def fused_lookup_kernel() -> Callable[..., Any] | None:
 
         return types.void(arr, idx), codegen
 
-    # The index's own hash (tiers._index._home): its seed, then fmix64 without the last step.
+    # The index's own hash (tiers.index._home): its seed, then fmix64 without the last step.
     seed, m1, m2 = np.uint64(_SEED), np.uint64(M1), np.uint64(M2)
     s1, s2, s32 = np.uint64(SHIFTS[0]), np.uint64(SHIFTS[1]), np.uint64(32)
     row = 2 * _PAIRS  # int64s per bucket: the compares below are unrolled for four pairs

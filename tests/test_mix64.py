@@ -94,7 +94,7 @@ def test_callers_match_reference(device: str, xs: list[int], buckets: int) -> No
     assert mix(keys).tolist() == routed
     # table.init: torch int64, unmasked.
     assert init_mix64(keys).tolist() == _as_int64([_reference(v) for v in xs])
-    # tiers._index: top 32 bits of the finaliser (without its last step) of key XOR seed,
+    # tiers.index: top 32 bits of the finaliser (without its last step) of key XOR seed,
     # scaled to the bucket count; with and without caller-owned buffers.
     homes = [((_reference(v ^ _SEED, final=False) >> 32) * buckets) >> 32 for v in xs]
     assert _home(keys, buckets).tolist() == homes

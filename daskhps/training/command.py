@@ -71,7 +71,7 @@ def run_train(args: argparse.Namespace) -> int:
 def train_interrupted(args: argparse.Namespace) -> str:
     """The line Ctrl-C during ``daskhps train`` ends with: how far the run's checkpoints got
     and the command that resumes it (or that nothing was checkpointed)."""
-    # Here, not at the top: training.checkpoint loads torch, which `daskhps config` and a
+    # Here, not at the top: runfiles.checkpoint loads torch, which `daskhps config` and a
     # train that fails its config check never need.
     from daskhps.runfiles.checkpoint import MANIFEST, latest_checkpoint
 
