@@ -21,7 +21,7 @@ from typing import Any
 
 from daskhps import __version__
 from daskhps import _redact as redact
-from daskhps.errors import DaskHPSError
+from daskhps.errors import ConfigError, DaskHPSError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -131,7 +131,6 @@ def _config(args: argparse.Namespace) -> int:
     """Print the resolved config (every default filled in) as YAML, or the JSON schema."""
     from daskhps.config.json_schema import render_json_schema
     from daskhps.config.runconfig import load_config
-    from daskhps.errors import ConfigError
 
     if args.schema:
         print(render_json_schema(), end="")
