@@ -91,7 +91,21 @@ class EvalConfig(Options):
     8 KiB a row for the quickstart's DLRM; `daskhps plan` measures the configured model);
     predictions do not depend on it."""
     metrics: Seq[Metric] = METRICS
-    """Of `auc`, `logloss`, `ne`, `calibration`."""
+    """Of `auc`, `logloss`, `ne`, `calibration` (`best_by`, and `logloss` while
+    `diverge_factor` is set, are measured and recorded too)."""
+    best_by: Annotated[Literal["auc", "logloss", "ne"], Noun("metric")] | None = "auc"
+    """The run's model is its checkpoint with the best holdout value of this metric: what
+    `predict`, `serve`, `export`, `inspect` and a retrain's publish take from the run, never
+    removed by `checkpoint.keep`; null: its last checkpoint."""
+    patience: Int | None = Field(None, ge=1)
+    """Stop early after this many evaluations in a row without a better `best_by`; null:
+    train every scheduled pass."""
+    min_delta: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    """A holdout value counts as better only when it beats the best by more than this."""
+    diverge_factor: float | None = Field(1.5, gt=1.0, allow_inf_nan=False)
+    """The run stops as diverged (exit status 3, its best checkpoint kept) when the holdout
+    logloss exceeds this many times its best so far; a training loss or holdout metric that
+    is NaN or infinite always stops it; null: only those."""
 
     @field_validator("metrics")
     @classmethod
@@ -99,6 +113,27 @@ class EvalConfig(Options):
         if len(set(metrics)) != len(metrics):
             raise Problem("", "lists a metric twice")
         return metrics
+
+    @model_validator(mode="after")
+    def _patience_has_a_measure(self) -> EvalConfig:
+        if self.patience is not None and self.best_by is None:
+            raise Problem(
+                "patience", "counts evaluations without a better best_by: set eval.best_by"
+            )
+        if self.patience is not None and not self.every_pass:
+            raise Problem(
+                "patience",
+                "counts evaluations after each pass, but eval.every_pass is false: set "
+                "every_pass: true, or leave patience out",
+            )
+        return self
+
+    @property
+    def measured(self) -> tuple[str, ...]:
+        """The metrics each evaluation computes: ``metrics``, and what ``best_by`` and
+        ``diverge_factor`` read (recorded beside them)."""
+        wanted = [*self.metrics, self.best_by, "logloss" if self.diverge_factor else None]
+        return tuple(dict.fromkeys(m for m in wanted if m is not None))
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> EvalConfig:

@@ -150,7 +150,8 @@ def _config_error(e: ValidationError, model: type[Options], ctx: Ctx, prefix: st
     if kind == "literal_error" and field is not None:
         choices, noun = literals(field), noun_of(field)
         if noun is not None:
-            return ctx.error(key, f"{value!r} is not a {noun}; choose from {', '.join(choices)}")
+            named = ", ".join(_yaml_repr(c) if c is None else str(c) for c in choices)
+            return ctx.error(key, f"{value!r} is not a {noun}; choose from {named}")
         shown = ", ".join(_yaml_repr(c) for c in choices)
         return ctx.error(key, f"{_yaml_repr(value)} is not allowed; choose one of {shown}")
     if kind in ("string_too_short", "string_too_long"):

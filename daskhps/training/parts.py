@@ -115,7 +115,7 @@ class RunParts:
         return holdout is not None and self.config.eval.every_pass
 
     def score(self, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
-        return evaluate_predictions(pred, label, self.config.eval.metrics)
+        return evaluate_predictions(pred, label, self.config.eval.measured)
 
     def replica(self) -> Replica | None:
         """The copy at ``checkpoint.replicate_to``; None without one."""

@@ -98,6 +98,12 @@ CASES = [
     (MINIMAL + "eval:\n  metrics: [auc, f1]\n", "eval.metrics[1]", 4, "'f1' is not a metric"),
     (MINIMAL + "eval:\n  batch_size: 0\n", "eval.batch_size", 4, ">= 1"),
     (MINIMAL + "eval: []\n", "eval", 3, "expected a mapping"),
+    (MINIMAL + "eval:\n  best_by: calibration\n", "eval.best_by", 4, "choose from null, auc, logloss, ne"),
+    (MINIMAL + "eval:\n  patience: 2\n  best_by: null\n", "eval.patience", 4, "set eval.best_by"),
+    (MINIMAL + "eval:\n  patience: 2\n  every_pass: false\n", "eval.patience", 4,
+     "every_pass: true"),
+    (MINIMAL + "eval:\n  patience: 0\n", "eval.patience", 4, ">= 1"),
+    (MINIMAL + "eval:\n  diverge_factor: 1\n", "eval.diverge_factor", 4, "> 1"),
 ]  # fmt: skip
 
 
