@@ -17,7 +17,9 @@ from daskhps.monitor.progress import Progress, quiet_run
 from daskhps.monitor.report import write_report
 from daskhps.training.trainer import RunResult, Trainer
 
-__all__ = ["run", "train"]
+__all__ = ["DIVERGED", "run", "summary_lines", "train"]
+
+DIVERGED = 3  # exit status of a run that diverged (1: a user error, 2: no pipeline)
 
 log = logging.getLogger("daskhps.pipelines.train")
 
@@ -77,22 +79,51 @@ def run(
     if result.complete is not None:  # nothing trained: nothing to report or rewrite
         print(result.complete, file=sys.stderr)
         return 0
-    final = result.final_eval
     ceiling = _ceiling(config)
     report = _report(result, ceiling)
+    print("\n".join(summary_lines(result, ceiling, report)))
+    stopped = result.stopped or {}
+    if stopped.get("kind") == "diverged":
+        print(f"daskhps train: error: {stopped['line']}", file=sys.stderr)
+        return DIVERGED
+    return 0
+
+
+def summary_lines(result: RunResult, ceiling: float | None, report: Path | None) -> list[str]:
+    """What ``daskhps train`` prints at the end: the run's model and its holdout first."""
     lines = [f"run directory: {result.run_dir}"]
     if result.passes:
         lines.append(
             f"passes: {len(result.passes)}, final train loss {result.passes[-1]['train_loss']:.4f}"
         )
-    if final:
+    stopped = result.stopped or {}
+    if stopped.get("kind") == "early":
+        lines.append(f"stopped early after pass {stopped['passes_done']}: {stopped['why']}")
+    elif stopped.get("kind") == "diverged":
+        lines.append(f"diverged at pass {stopped['passes_done']}: {stopped['why']}")
+    model, shown = result.model or {}, result.model_eval
+    if model:
         lines.append(
-            "holdout: "
-            + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k not in ("examples",))
+            f"model: {model['checkpoint']} (best holdout {model['metric']}, of pass "
+            f"{model['passes_done']})"
+        )
+    if shown:
+        lines.append("holdout: " + _metrics(shown))
+    if model and result.final_eval and result.final_eval != shown:
+        lines.append("holdout of the last pass: " + _metrics(result.final_eval))
+    ne = shown.get("ne")
+    if ne is not None and ne >= 1.0:
+        lines.append(
+            f"warning: the model predicts worse than the holdout's average click rate would "
+            f"(NE {ne:.4f} >= 1): lower the learning rates, or admit keys only after a few "
+            "sightings (table.admission.min_count)"
         )
     if ceiling is not None:
         lines.append(f"ceiling AUC of the generating function: {ceiling:.4f}")
     if report is not None:
         lines.append(f"report: {report}")
-    print("\n".join(lines))
-    return 0
+    return lines
+
+
+def _metrics(evaluation: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in evaluation.items() if k != "examples")

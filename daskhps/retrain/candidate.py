@@ -29,7 +29,7 @@ from daskhps.distributed.cluster import KeptCluster
 from daskhps.errors import CheckpointError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain.days import DayPlan
-from daskhps.runfiles.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
+from daskhps.runfiles.checkpoint import Checkpoint, load_checkpoint, model_checkpoint
 from daskhps.runfiles.replica import Replica
 from daskhps.training.changes import check_changes
 
@@ -43,9 +43,10 @@ _ONLY_AT_THE_END = 1 << 30  # checkpoint.every_passes: a checkpoint after the la
 class Candidate:
     """A trained candidate: its checkpoint and both models' metrics on the scored day."""
 
-    checkpoint: Checkpoint
+    checkpoint: Checkpoint  # the candidate run's model (its best by eval.best_by)
     metrics: dict[str, float]
     baseline: dict[str, float]
+    diverged: str | None = None  # why its training diverged: never published
 
 
 def candidate_config(
@@ -124,11 +125,13 @@ def train_candidate(
         cluster=cluster,
     )
     result = trainer.run()
-    ckpt = latest_checkpoint(attempt_dir)
+    ckpt = model_checkpoint(attempt_dir)
     if ckpt is None:
         raise CheckpointError(
             f"the candidate trained in {attempt_dir} left no complete checkpoint; "
             "nothing was published (see the run's log)"
         )
     baseline: dict[str, Any] = dict(result.initial_eval)
-    return Candidate(ckpt, dict(result.final_eval), baseline)
+    stopped = result.stopped or {}
+    diverged = stopped.get("why") if stopped.get("kind") == "diverged" else None
+    return Candidate(ckpt, result.model_eval, baseline, diverged)

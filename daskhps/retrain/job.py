@@ -147,6 +147,8 @@ def retrain(
         with KeptCluster() as cluster:
             cand = _train(run, echo, progress, cluster)
             verdict = judge(cand.metrics, cand.baseline, config.retrain, run.baseline_name)
+            if cand.diverged is not None:  # whatever its best scored: its training broke
+                verdict = Verdict(False, failed=(f"the candidate diverged: {cand.diverged}",))
             attempt = _judged_attempt(run, cand, verdict)
             if not verdict.publish:
                 return _reject(run, cand, verdict, attempt)

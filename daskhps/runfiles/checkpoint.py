@@ -58,6 +58,8 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "model_among",
+    "model_checkpoint",
     "scan_checkpoints",
     "store_damage",
 ]
@@ -353,6 +355,36 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Checkpoint | None:
     return found[-1] if found else None
 
 
+def model_checkpoint(run_dir: str | os.PathLike[str]) -> Checkpoint | None:
+    """The run's model: the checkpoint the latest names as its best (``eval.best_by``,
+    never removed by retention), else the latest; None without a complete checkpoint."""
+    found, skipped = scan_checkpoints(run_dir)
+    for s in skipped:
+        log.warning("skipping %s", s)
+    return model_among(found)
+
+
+def model_among(found: list[Checkpoint]) -> Checkpoint | None:
+    """Of a run's complete checkpoints (oldest first), the one its latest names its model;
+    the latest when it names none, or one that is not among them (said in a warning)."""
+    if not found:
+        return None
+    latest = found[-1]
+    named = (latest.model or {}).get("checkpoint")
+    if named is None or named == latest.name:
+        return latest
+    for c in found:
+        if c.name == named:
+            return c
+    log.warning(
+        "%s names %s its best checkpoint, which is not complete here: taking %s instead",
+        latest.path,
+        named,
+        latest.name,
+    )
+    return latest
+
+
 def find_checkpoint(run_dir: str | os.PathLike[str], name: str) -> Checkpoint:
     """The checkpoint ``name`` (``pass-000003``, or just ``3``) of a run directory.
 
@@ -386,12 +418,12 @@ def find_checkpoint(run_dir: str | os.PathLike[str], name: str) -> Checkpoint:
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """A checkpoint folder, or a run directory (its latest complete checkpoint)."""
+    """A checkpoint folder, or a run directory (its model: :func:`model_checkpoint`)."""
     p = Path(path)
     if (p / MANIFEST).exists() or _NAME.match(p.name):
         return _verify(p)
     if checkpoints_dir(p).is_dir() or (p / "config.yaml").is_file():
-        latest = latest_checkpoint(p)
+        latest = model_checkpoint(p)
         if latest is None:
             raise CheckpointError(
                 f"run directory {p} has no complete checkpoint in {checkpoints_dir(p)}; "

@@ -232,8 +232,21 @@ class CopyCache:
         return total
 
 
-def _newest(url: str) -> str:
-    """The name of the newest complete checkpoint of the copy at ``url``."""
+def _model_of(url: str) -> str:
+    """The name of the run's model in the copy at ``url``: the checkpoint its newest complete
+    one names as the best (``eval.best_by``) when the copy holds it, else the newest."""
+    fs, root = storage.filesystem(url)
+    names = _complete(url)
+    try:
+        manifest = json.loads(fs.cat_file(f"{root.rstrip('/')}/checkpoints/{names[-1]}/{MANIFEST}"))
+    except Exception as e:
+        raise storage.failure(url, e, "read") from None
+    named = (manifest.get("model") or {}).get("checkpoint")
+    return named if named in names else names[-1]
+
+
+def _complete(url: str) -> list[str]:
+    """The names of the complete checkpoints of the copy at ``url``, oldest first."""
     fs, root = storage.filesystem(url)
     folder = f"{root.rstrip('/')}/checkpoints"
     try:
@@ -252,7 +265,7 @@ def _newest(url: str) -> str:
             f"{storage.shown(url)} holds no complete checkpoint (no checkpoints/*/{MANIFEST}): "
             "give the URL of a checkpoint copy (checkpoint.replicate_to of a run)"
         )
-    return names[-1]
+    return names
 
 
 def fetched_model(model: str, checkpoint: str | None = None) -> tuple[str, str | None]:
@@ -272,7 +285,7 @@ def fetched_model(model: str, checkpoint: str | None = None) -> tuple[str, str |
             )
         root, name = head[: -len("/checkpoints")], last
     else:
-        root, name = url, checkpoint or _newest(url)
+        root, name = url, checkpoint or _model_of(url)
         if name.isdigit():
             name = checkpoint_name(int(name))
     return str(CopyCache().checkpoint(root, name).path), None

@@ -62,6 +62,12 @@ class CheckpointManifest:
     lifecycle: dict[str, dict[str, int]] = field(default_factory=dict)
     # several tables: every table's layout, in index order (empty with one table: ``table``)
     tables: list[dict[str, Any]] = field(default_factory=list)
+    # the run's model as of this checkpoint (eval.best_by): {"checkpoint", "metric", "value",
+    # "passes_done"}; None: the latest checkpoint is (daskhps.training.watch.Best)
+    model: dict[str, Any] | None = None
+    # the run stopped after this checkpoint's pass before its schedule ended (early, by
+    # eval.patience): {"kind", "passes_done", "why"} (daskhps.training.watch.Stop)
+    stopped: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -102,8 +108,8 @@ class CheckpointManifest:
             if f.name == "extra":
                 continue
             value = getattr(self, f.name)
-            if f.name == "tables" and not value:
-                continue  # one table: the manifest of format 1, unchanged
+            if f.name in ("tables", "model", "stopped") and not value:
+                continue  # one table: the manifest of format 1, unchanged; none: unsaid
             out[_KEYS.get(f.name, f.name)] = str(value) if isinstance(value, Path) else value
             if f.name == "passes_done":
                 out["pass"] = value

@@ -42,6 +42,7 @@ from daskhps.training import worker
 from daskhps.training.killpoints import kill_point
 from daskhps.training.records import PassRecord
 from daskhps.training.recovery import RECOVERABLE
+from daskhps.training.watch import Best, Stop
 
 __all__ = ["Checkpointer", "Position"]
 
@@ -92,9 +93,17 @@ class Checkpointer:
         ordinal = math.ceil(passes_done / c.every_passes) - 1
         return "base" if ordinal % c.full_every == 0 else "delta"
 
-    def take(self, pos: Position, record: PassRecord) -> Checkpoint:
+    def take(
+        self,
+        pos: Position,
+        record: PassRecord,
+        model: Best | None = None,
+        stopped: Stop | None = None,
+    ) -> Checkpoint:
         """Checkpoint the run after ``pos.passes_done`` passes; ``record`` is the last pass's
-        metrics line. Raises :class:`CheckpointError`; earlier checkpoints stay intact."""
+        metrics line, ``model`` the run's best checkpoint (None: this one, the latest),
+        ``stopped`` why the run ends here before its schedule does. Raises
+        :class:`CheckpointError`; earlier checkpoints stay intact."""
         t0 = time.perf_counter()
         name = checkpoint_name(pos.passes_done)
         kind = self.kind(pos.passes_done)
@@ -133,13 +142,15 @@ class Checkpointer:
             kill_point("checkpoint_commit", at)
             stats = self.group.on_shards(WorkerShards.stats, what="shard stats")
             fields = self._fields(pos, kind, record, stats, commits)
+            fields["model"] = model.to_json() if model is not None else None
+            fields["stopped"] = stopped.to_json() if stopped is not None else None
             fields["seconds"] = time.perf_counter() - t0  # to write it, all but the manifest
             ckpt = finish_checkpoint(folder, files, fields)
         except BaseException:
             remove_checkpoint(folder)  # never half of one on disk (it would not load anyway)
             raise
         kill_point("after_checkpoint", at)
-        self.prune()
+        self.prune(model.checkpoint if model is not None else None)
         self.replicate(ckpt)
         return ckpt
 
@@ -241,14 +252,16 @@ class Checkpointer:
             "lifecycle": self.lifecycle,
         }
 
-    def prune(self) -> list[str]:
-        """Delete checkpoints beyond ``checkpoint.keep`` (oldest first), the store commits
-        only they used, and stores no kept checkpoint uses; returns the removed names."""
-        kept = list_checkpoints(self.run_dir)
-        extra = kept[: max(0, len(kept) - self.config.checkpoint.keep)]
+    def prune(self, model: str | None = None) -> list[str]:
+        """Delete checkpoints beyond ``checkpoint.keep`` (oldest first) but the run's model
+        ``model``, the store commits only they used, and stores no kept checkpoint uses;
+        returns the removed names."""
+        found = list_checkpoints(self.run_dir)
+        newest = {c.name for c in found[max(0, len(found) - self.config.checkpoint.keep) :]}
+        extra = [c for c in found if c.name not in newest and c.name != model]
         for c in extra:
             remove_checkpoint(c.path)
-        kept = kept[len(extra) :]
+        kept = [c for c in found if c not in extra]
         live = self.stores_dir.resolve()
         ours = [c for c in kept if c.stores_dir.resolve() == live]
         if extra and ours:

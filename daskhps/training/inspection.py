@@ -29,6 +29,7 @@ from daskhps.runfiles.checkpoint import (
     check_checkpoint,
     checkpoints_dir,
     load_checkpoint,
+    model_among,
     scan_checkpoints,
 )
 from daskhps.runfiles.reading import stores_here
@@ -169,6 +170,8 @@ def describe_checkpoint(ckpt: Checkpoint, checker: StoreChecker | None = None) -
         "days": ckpt.days,
         "metrics": ckpt.metrics,
         "train_loss": ckpt.train_loss,
+        "best": ckpt.model,  # the run's model as of this checkpoint (eval.best_by)
+        "stopped": ckpt.stopped,
         "format": ckpt.format,
         "daskhps_version": ckpt.daskhps_version,
         "commit": ckpt.commit,
@@ -240,6 +243,9 @@ def describe(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str,
         described = [describe_checkpoint(c, checker) for c in found]
         _growth(described)
         run_dir: str | None = str(p)
+        model = model_among(found)
+        for d in described:  # the one predict, serve and export take from the run
+            d["run_model"] = model is not None and d["name"] == model.name
     else:
         # One checkpoint folder: a damaged or incomplete one is described, not refused.
         in_run = p.is_dir() and p.parent.name == "checkpoints"
@@ -318,10 +324,26 @@ def _header_lines(c: dict[str, Any]) -> list[str]:
         )
         + f", {counted(c['num_shards'], 'shard')} on {counted(c['num_workers'], 'worker')}",
         f"  metrics: {metrics or '-'}; train loss {_loss(c['train_loss'])}",
+        *_model_lines(c),
         "  files: "
         + ", ".join(f"{k} {_size(v)}" for k, v in c["files"].items())
         + (f"; written in {c['seconds']:.2f} s" if c.get("seconds") is not None else ""),
     ]
+
+
+def _model_lines(c: dict[str, Any]) -> list[str]:
+    """Whether the checkpoint is the run's model, what it names as the best, and why the
+    run stopped after it."""
+    lines = []
+    if c.get("run_model"):
+        lines.append("  the run's model: predict, serve and export take this checkpoint")
+    best = c.get("best")
+    if best and best.get("checkpoint") != c["name"]:
+        lines.append(f"  best so far: {best['checkpoint']} ({best['metric']} {best['value']:.4f})")
+    stopped = c.get("stopped")
+    if stopped:
+        lines.append(f"  the run stopped here ({stopped['kind']}): {stopped['why']}")
+    return lines
 
 
 def _store_bytes(c: dict[str, Any]) -> str:

@@ -43,7 +43,7 @@ from daskhps.monitor.worker_metrics import announce_network
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.plan import day_ends
 from daskhps.passes.scan import LogScan, remove_spill, scan_log
-from daskhps.runfiles.checkpoint import Checkpoint
+from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name, list_checkpoints
 from daskhps.runfiles.replica import Replica
 from daskhps.sharding import ShardMap
 from daskhps.table.stats import NO_DAY, day_string
@@ -55,6 +55,7 @@ from daskhps.training.killpoints import kill_when_running
 from daskhps.training.parts import RunParts
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
 from daskhps.training.records import Batches, PassRecord, RankPassResult, RunResult
+from daskhps.training.watch import Best, ModelWatch, Stop
 
 __all__ = ["HOLDOUT_SPILL", "PassLoop", "bad_rows_by_pass", "warn_rereads"]
 
@@ -156,6 +157,7 @@ class PassLoop:
         )
         specs = [spec for _, spec in begun.schedule]
         step = begun.step
+        watch = self._watch(result.passes, ckpt)
         admits = any(not t.admission_rule.admits_all for t in cfg.embedding_tables())
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
@@ -180,10 +182,64 @@ class PassLoop:
                 pos = Position(
                     active.position + 1, len(specs), epoch + 1, active.spec.index + 1, step
                 )
-                if checkpointer.due(pos):
-                    checkpointer.take(pos, rec)
+                stop = watch.observe(pos.passes_done, rec.train_loss, rec.eval)
+                if stop is not None and stop.kind == "diverged":
+                    # this pass's rows are never a checkpoint; the line names the levers
+                    result.stopped = {
+                        **stop.to_json(),
+                        "line": self.diverged_line(stop, watch.best),
+                    }
+                    log.warning("diverged at pass %d: %s", pos.passes_done, stop.why)
+                    break
+                if checkpointer.due(pos) or stop is not None:  # stopped early: its last pass
+                    name = checkpoint_name(pos.passes_done)
+                    best = watch.checkpointed(name, pos.passes_done, rec.eval)
+                    checkpointer.take(pos, rec, best, stop)
                     self.on_checkpoint()
+                if stop is not None:
+                    result.stopped = stop.to_json()
+                    log.warning("stopped early after pass %d: %s", pos.passes_done, stop.why)
+                    break
+        result.model = watch.best.to_json() if watch.best is not None else None
         self._end(group, begun.holdout, result)
+
+    def _watch(self, passes: list[dict[str, Any]], ckpt: Checkpoint | None) -> ModelWatch:
+        """The holdout's watch over this run: a resume's rebuilt from the passes done and the
+        checkpoints kept (the run's best among them); a warm start's starts afresh."""
+        rule = self.config.eval
+        if ckpt is None or self.warm_start:
+            return ModelWatch(rule)
+        watch = ModelWatch.resumed(rule, passes)
+        for c in list_checkpoints(self.run_dir):
+            if c.passes_done <= ckpt.passes_done:
+                watch.checkpointed(c.name, c.passes_done, c.metrics)
+        return watch
+
+    def diverged_line(self, stop: Stop, best: Best | None) -> str:
+        """The one line a diverged run ends with: where, why, what is kept, the levers."""
+        cfg = self.config
+        if cfg.several_tables:
+            sparse, lower = "tables[].optimizer.lr", ""
+        else:
+            lr = cfg.table.optimizer.lr
+            sparse, lower = (
+                f"table.optimizer.lr, now {lr:g}",
+                f" --set table.optimizer.lr={lr / 2:g}",
+            )
+        clip = cfg.dense_optimizer.grad_clip_norm
+        if best is None:
+            kept = "no checkpoint before it is better: start over (--overwrite) with them"
+        else:
+            kept = (
+                f"the run's model stays {best}; go on from it: daskhps train {cfg.source} "
+                f"--resume --checkpoint {best.checkpoint} --overwrite{lower}"
+            )
+        return (
+            f"{cfg.source}: the run diverged at pass {stop.passes_done}: {stop.why}; that pass "
+            f"was not checkpointed. Lower the sparse learning rate ({sparse}) or the dense one "
+            f"(dense_optimizer.lr, now {cfg.dense_optimizer.lr:g}), or clip the dense "
+            f"gradients (dense_optimizer.grad_clip_norm, now {clip or 'unset'}); {kept}"
+        )
 
     def _begin(
         self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult

@@ -149,6 +149,17 @@ class RunResult:
     restarts: list[dict[str, Any]] = field(default_factory=list)  # automatic, after lost workers
     # a resume found the run finished (nothing trained, nothing written): the line saying so
     complete: str | None = None
+    model: dict[str, Any] | None = None  # the run's model (training.watch.Best); None: its last
+    stopped: dict[str, Any] | None = None  # why it ended before its schedule (watch.Stop)
+
+    @property
+    def model_eval(self) -> dict[str, float]:
+        """The holdout evaluation of the run's model: its best pass's, else the final one."""
+        done = (self.model or {}).get("passes_done")
+        for rec in self.passes if done is not None else ():
+            if rec.get("pass") == done and rec.get("eval"):
+                return dict(rec["eval"])
+        return dict(self.final_eval)
 
     @property
     def pass_losses(self) -> list[float]:

@@ -147,6 +147,16 @@ def check_epochs(ckpt: Checkpoint, config: RunConfig) -> None:
 def complete_line(ckpt: Checkpoint, config: RunConfig, run_dir: Path) -> str | None:
     """The line that says the run is complete, when ``ckpt`` (the latest) ends the schedule of
     ``config``; None when passes are left to train."""
+    stopped = ckpt.stopped or {}
+    patience = config.eval.patience
+    if stopped.get("kind") == "early" and patience is not None:
+        since = int(stopped.get("since_best", patience))
+        if since >= patience:
+            return (
+                f"{run_dir} stopped early after {ckpt.name}: {stopped.get('why')}; nothing "
+                f"to resume. To train on: daskhps train {config.source} --resume --set "
+                f"eval.patience={since + 1} (or null)"
+            )
     total = scheduled_passes(ckpt, config)
     if total is None or ckpt.passes_done != total:
         return None
@@ -169,6 +179,8 @@ def finished_result(run_dir: Path, ckpt: Checkpoint | None, line: str) -> RunRes
         passes=passes,
         final_eval=dict(ckpt.metrics) if ckpt is not None else {},
         complete=line,
+        model=ckpt.model if ckpt is not None else None,
+        stopped=ckpt.stopped if ckpt is not None else None,
     )
 
 

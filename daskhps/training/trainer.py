@@ -231,9 +231,11 @@ class Trainer:
             except BaseException:
                 _close_lost(group, client, stores)
                 raise
-            # Finished: the rows changed since the last checkpoint are kept ("warn").
+            # Finished: the rows changed since the last checkpoint are kept ("warn"); a
+            # diverged run's are its broken passes' (dropped: the checkpoints hold the model).
+            diverged = (result.stopped or {}).get("kind") == "diverged"
             try:
-                group.close_shards("warn")
+                group.close_shards("drop" if diverged else "warn")
                 client.run(remove_spill, stores / HOLDOUT_SPILL)
             finally:
                 group.close()
@@ -371,6 +373,10 @@ class Trainer:
             "examples": int(sum(p["examples"] for p in result.passes)),
             "final_train_loss": result.passes[-1]["train_loss"] if result.passes else None,
             "final_eval": result.final_eval,
+            # the checkpoint predict, serve and export take from the run, and its evaluation
+            "model": result.model,
+            "model_eval": result.model_eval,
+            "stopped": result.stopped,
             "examples_per_s": (
                 float(np.mean([p["examples_per_s"] for p in result.passes]))
                 if result.passes

@@ -56,6 +56,7 @@ from daskhps.table.read_path import initial_rows as table_initial_rows
 from daskhps.training.checkpointer import Checkpointer, Position
 from daskhps.training.resume import stores_to_train_in
 from daskhps.training.trainer import Trainer
+from daskhps.training.watch import ModelWatch
 
 ADDRESSES = ["tcp://w:0", "tcp://w:1"]
 GiB = 1 << 30
@@ -439,6 +440,26 @@ def evaluation(b: Built) -> dict[str, Any]:
         "batch_size": parts.holdout_batch_size(2),
         "metrics": sorted(parts.score(pred, label)),
     }
+
+
+# Four evaluated passes: AUC rises then wavers while the logloss jumps at the last.
+_HOLDOUT = [(0.70, 0.50), (0.72, 0.52), (0.71, 0.49), (0.715, 0.80)]
+
+
+def holdout_watch(b: Built) -> dict[str, Any]:
+    """The run's model and where the run stops, as the trainer's holdout watch decides them
+    over :data:`_HOLDOUT` (each pass checkpointed, but a diverged one)."""
+    watch = ModelWatch(b.cfg.eval)
+    stops: list[str | None] = []
+    for n, (auc, loss) in enumerate(_HOLDOUT, start=1):
+        metrics = {"auc": auc, "logloss": loss, "ne": loss / 0.56, "ctr": 0.25}
+        stop = watch.observe(n, 0.5, metrics)
+        stops.append(stop.kind if stop is not None else None)
+        if stop is None or stop.kind == "early":
+            watch.checkpointed(ck.checkpoint_name(n), n, metrics)
+        if stop is not None:
+            break
+    return {"model": watch.best.checkpoint if watch.best else None, "stops": stops}
 
 
 def checkpoints_due(b: Built) -> list[tuple[int, str]]:
@@ -922,7 +943,33 @@ LANDINGS: dict[str, Landing] = {
         evaluation,
         "eval.metrics=[auc]",
         pick="metrics",
-        expect=["auc", "ctr", "examples"],
+        expect=["auc", "ctr", "examples", "logloss"],  # logloss: eval.diverge_factor reads it
+    ),
+    "eval.best_by": L(
+        "the trainer's holdout watch",
+        holdout_watch,
+        "eval.best_by=logloss",
+        expect={"model": "pass-000003", "stops": [None, None, None, "diverged"]},
+    ),
+    "eval.patience": L(
+        "the trainer's holdout watch",
+        holdout_watch,
+        "eval.patience=1",
+        expect={"model": "pass-000002", "stops": [None, None, "early"]},
+    ),
+    "eval.min_delta": L(
+        "the trainer's holdout watch",
+        holdout_watch,
+        "eval.min_delta=0.05",
+        pick="model",
+        expect="pass-000001",
+    ),
+    "eval.diverge_factor": L(
+        "the trainer's holdout watch",
+        holdout_watch,
+        "eval.diverge_factor=3",
+        pick="stops",
+        expect=[None, None, None, None],
     ),
     "checkpoint.every_passes": L("the checkpointer", checkpoints_due, "checkpoint.every_passes=2"),
     "checkpoint.full_every": L("the checkpointer", checkpoints_due, "checkpoint.full_every=2"),
