@@ -159,9 +159,42 @@ def _auc(r: RunRecords) -> Any:
     ax.plot(*zip(*pts, strict=True), "o-", color="#08519c", label="holdout AUC")
     if r.ceiling_auc is not None:
         ax.axhline(r.ceiling_auc, ls="--", color="#d94801", label="ceiling (true model)")
+    _mark_model(r, ax, "auc")
     ax.set(xlabel="pass", ylabel="AUC", title="Holdout AUC")
     ax.legend()
     return fig
+
+
+def _calibration(r: RunRecords) -> Any:
+    """Mean prediction over the holdout's click rate, per pass: 1 is calibrated."""
+    pts = [
+        (n, p["eval"]["calibration"])
+        for n, p in zip(_numbers(r), r.passes, strict=True)
+        if _ev(p, "calibration")
+    ]
+    if not pts:
+        return None
+    fig, ax = _figure()
+    ax.plot(*zip(*pts, strict=True), "o-", color="#08519c", label="mean prediction / CTR")
+    ax.axhline(1.0, ls="--", color="#636363", label="calibrated")
+    _mark_model(r, ax, "calibration")
+    ax.set(xlabel="pass", ylabel="calibration", title="Holdout calibration")
+    ax.legend()
+    return fig
+
+
+def _model_pass(r: RunRecords) -> int | None:
+    """The pass of the run's model (its best checkpoint, ``eval.best_by``), if it names one."""
+    model = r.summary.get("model") or {}
+    return int(model["passes_done"]) if "passes_done" in model else None
+
+
+def _mark_model(r: RunRecords, ax: Any, key: str) -> None:
+    """A star on the pass whose checkpoint is the run's model."""
+    best = _model_pass(r)
+    for n, p in zip(_numbers(r), r.passes, strict=True):
+        if n == best and _ev(p, key):
+            ax.plot([n], [p["eval"][key]], "*", ms=14, color="#d94801", label="the run's model")
 
 
 def _throughput(r: RunRecords) -> Any:
@@ -219,6 +252,7 @@ def _worker_times(r: RunRecords) -> Any:
 PLOTS = {
     "loss": _loss,
     "auc": _auc,
+    "calibration": _calibration,
     "throughput": _throughput,
     "hit_rates": _hit_rates,
     "stage_times": _stage_times,
@@ -260,13 +294,24 @@ def write_report(
 def _html(r: RunRecords, images: dict[str, bytes]) -> str:
     e = html.escape
     s = r.summary
-    final = s.get("final_eval") or r.passes[-1].get("eval") or {}
+    final = s.get("model_eval") or s.get("final_eval") or r.passes[-1].get("eval") or {}
     facts = [
         ("run", s.get("run", r.run_dir.name)),
         ("passes", len(r.passes)),
         ("examples", f"{sum(int(p.get('examples', 0)) for p in r.passes):,}"),
         ("final train loss", f"{r.passes[-1]['train_loss']:.4f}"),
     ]
+    model = s.get("model") or {}
+    if model:
+        facts.append(
+            (
+                "model",
+                f"{model['checkpoint']}: best holdout {model['metric']} (pass "
+                f"{model['passes_done']}, marked *)",
+            )
+        )
+    if s.get("stopped"):
+        facts.append((f"stopped ({s['stopped']['kind']})", s["stopped"]["why"]))
     facts += [(f"holdout {k}", f"{v:.4f}") for k, v in final.items() if k != "examples"]
     if r.ceiling_auc is not None:
         facts.append(("ceiling AUC", f"{r.ceiling_auc:.4f}"))
@@ -280,6 +325,9 @@ def _html(r: RunRecords, images: dict[str, bytes]) -> str:
                 p.get("examples", ""),
                 f"{p['train_loss']:.4f}",
                 f"{p['eval']['auc']:.4f}" if _ev(p, "auc") else "",
+                f"{p['eval']['logloss']:.4f}" if _ev(p, "logloss") else "",
+                f"{p['eval']['calibration']:.3f}" if _ev(p, "calibration") else "",
+                "*" if n == _model_pass(r) else "",
                 f"{p.get('examples_per_s', 0.0):,.0f}",
                 p.get("rows_staged", ""),
             )
@@ -302,7 +350,8 @@ figure{{margin:1em 0}}img{{max-width:100%}}</style></head><body>
 <table>{"".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in facts)}</table>
 <h2>Passes</h2>
 <table><tr><th>pass</th><th>epoch</th><th>examples</th><th>train loss</th><th>holdout AUC</th>
-<th>examples/s</th><th>rows staged</th></tr>{rows}</table>
+<th>holdout logloss</th><th>calibration</th><th>model</th><th>examples/s</th><th>rows staged</th>
+</tr>{rows}</table>
 <h2>Plots</h2>{missing}{figs}
 </body></html>
 """

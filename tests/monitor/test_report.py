@@ -38,7 +38,12 @@ def _record(i: int, *, auc: bool = True) -> dict[str, Any]:
         "worker_seconds": {"pull": 0.2, "forward_backward": 0.5 + 0.1 * i, "push": 0.2},
     }
     if auc:
-        rec["eval"] = {"auc": 0.6 + 0.05 * i, "logloss": 0.55 - 0.02 * i, "examples": 500.0}
+        rec["eval"] = {
+            "auc": 0.6 + 0.05 * i,
+            "logloss": 0.55 - 0.02 * i,
+            "calibration": 0.8 + 0.05 * i,
+            "examples": 500.0,
+        }
     return rec
 
 
@@ -91,6 +96,31 @@ def test_plots_and_table_number_passes_as_the_records_do(tmp_path):
     table = write_report(run).read_text().split("<h2>Passes</h2>")[1]
     cells = re.findall(r"<tr><td>(\d+)</td><td>(\d+)</td>", table)
     assert cells == [("1", "1"), ("2", "1"), ("3", "2"), ("4", "2")]
+
+
+def test_the_runs_model_is_marked_on_the_holdout_curves_and_in_the_table(tmp_path):
+    # the run's model is its best checkpoint (eval.best_by), not its last pass
+    run = _run_dir(tmp_path, [_record(i) for i in range(4)])
+    summary = json.loads((run / "summary.json").read_text())
+    summary["model"] = {"checkpoint": "pass-000002", "metric": "auc", "value": 0.65, "passes_done": 2}
+    summary["model_eval"] = _record(1)["eval"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    loaded = load_run(run)
+    for plot, value in (("auc", 0.65), ("calibration", 0.85)):
+        marks = [
+            line
+            for line in PLOTS[plot](loaded).axes[0].lines
+            if line.get_label() == "the run's model"
+        ]
+        assert len(marks) == 1, plot
+        assert list(marks[0].get_xdata()) == [2]
+        assert list(marks[0].get_ydata()) == pytest.approx([value])
+    text = write_report(run).read_text()
+    assert "pass-000002: best holdout auc (pass 2, marked *)" in text
+    rows = re.findall(r"<tr><td>(\d+)</td>.*?</tr>", text.split("<h2>Passes</h2>")[1])
+    starred = re.findall(r"<tr><td>(\d+)</td>(?:<td>[^<]*</td>){6}<td>\*</td>", text)
+    assert rows == ["1", "2", "3", "4"] and starred == ["2"]
+    assert "holdout auc</th><td>0.6500" in text  # the model's holdout, not the last pass's
 
 
 def test_without_evaluation_there_is_no_auc_plot(tmp_path):
