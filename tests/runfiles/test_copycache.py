@@ -110,3 +110,31 @@ def test_a_fetch_is_information_and_shows_a_bar_on_a_terminal_only(
         bar = "fetching pass-000001" in stderr.getvalue()
         assert bar == (terminal and n > 1), stderr.getvalue()
     fs.rm(root.rsplit("/", 1)[0], recursive=True)
+
+
+@pytest.mark.parametrize(
+    ("named", "taken"),
+    [("pass-000001", "pass-000001"), (None, "pass-000003"), ("pass-000002", "pass-000003")],
+)
+def test_a_copys_root_serves_the_model_its_newest_checkpoint_names(
+    named: str | None, taken: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the run's model (eval.best_by) of a copy: the one its newest manifest names when the
+    # copy holds it (pass-000002 was pruned from this one), else its newest
+    from daskhps.runfiles.copycache import CACHE_DIR_ENV, fetched_model
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    fs = fsspec.filesystem("memory")
+    root = f"/model-{os.urandom(4).hex()}"
+    for name in ("pass-000001", "pass-000003"):
+        manifest: dict = {"stores_dir": "../../stores/stores"}
+        if name == "pass-000003" and named is not None:
+            manifest["model"] = {"checkpoint": named, "metric": "auc", "value": 0.7}
+        fs.pipe_file(f"{root}/checkpoints/{name}/dense.pt", b"d")
+        fs.pipe_file(f"{root}/checkpoints/{name}/{MANIFEST}", json.dumps(manifest).encode())
+    fs.pipe_file(f"{root}/stores/stores/embeddings/rank-0/segments/0", b"r")
+    path, checkpoint = fetched_model(f"memory:/{root}")
+    assert Path(path).name == taken and checkpoint is None
+    # a name given still picks that one
+    assert Path(fetched_model(f"memory:/{root}", "1")[0]).name == "pass-000001"
+    fs.rm(root, recursive=True)
