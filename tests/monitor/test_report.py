@@ -102,7 +102,12 @@ def test_the_runs_model_is_marked_on_the_holdout_curves_and_in_the_table(tmp_pat
     # the run's model is its best checkpoint (eval.best_by), not its last pass
     run = _run_dir(tmp_path, [_record(i) for i in range(4)])
     summary = json.loads((run / "summary.json").read_text())
-    summary["model"] = {"checkpoint": "pass-000002", "metric": "auc", "value": 0.65, "passes_done": 2}
+    summary["model"] = {
+        "checkpoint": "pass-000002",
+        "metric": "auc",
+        "value": 0.65,
+        "passes_done": 2,
+    }
     summary["model_eval"] = _record(1)["eval"]
     (run / "summary.json").write_text(json.dumps(summary))
     loaded = load_run(run)

@@ -46,9 +46,7 @@ def _model_best(passes: list[tuple[float, float, bool]], by: str, upto: int) -> 
         return None
     sign = 1 if by == "auc" else -1
     top = max(sign * (passes[i][0] if by == "auc" else passes[i][1]) for i in kept)
-    return next(
-        i for i in kept if sign * (passes[i][0] if by == "auc" else passes[i][1]) == top
-    )
+    return next(i for i in kept if sign * (passes[i][0] if by == "auc" else passes[i][1]) == top)
 
 
 @settings(max_examples=300, deadline=None)
