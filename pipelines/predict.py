@@ -61,7 +61,9 @@ def run(
     print(
         f"scored {counted(result.rows, 'row')} of {counted(len(result.files), 'file')}"
         + (f" ({unlabelled} without a label column)" if unlabelled else "")
-        + f" with {result.model} (commit {result.commit}) in {result.seconds:.1f} s"
+        + f" with {result.model} (commit {result.commit}"
+        + (f"; {result.chosen}" if result.chosen else "")
+        + f") in {result.seconds:.1f} s"
         + (f"; skipped (bad input): {_counts(result.skipped)}" if skipped else "")
     )
     print(f"predictions: {result.out}/part-*.parquet (file, row, probability)")

@@ -105,15 +105,18 @@ def run_export(args: argparse.Namespace) -> int:
     from daskhps.serve import load_servable
     from daskhps.serve.export import export_model
 
-    res = export_model(
-        load_servable(args.model, args.checkpoint), args.out, overwrite=args.overwrite
-    )
+    servable = load_servable(args.model, args.checkpoint)
+    res = export_model(servable, args.out, overwrite=args.overwrite)
     rows = (
         f"{res.keys:,} keys x {res.sparse_dim} floats"
         if res.tables == 1
         else f"{res.keys:,} keys of {res.tables} tables (up to {res.sparse_dim} floats each)"
     )
-    print(f"exported {rows} and the TorchScript model to {res.out} ({res.bytes / 2**20:.1f} MiB)")
+    chosen = f" ({servable.chosen})" if servable.chosen else ""
+    print(
+        f"exported {servable.name}{chosen}: {rows} and the TorchScript model to {res.out} "
+        f"({res.bytes / 2**20:.1f} MiB)"
+    )
     return 0
 
 

@@ -87,10 +87,12 @@ class PredictResult:
     seconds: float = 0.0
     lookup: dict[str, int] = field(default_factory=dict)
     unlabelled: list[str] = field(default_factory=list)  # files read without a label column
+    chosen: str = ""  # why the run gave this checkpoint, when not its latest (Servable.chosen)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
+            "chosen": self.chosen,
             "commit": self.commit,
             "files": self.files,
             "rows": self.rows,
@@ -256,6 +258,7 @@ def predict(
     result = PredictResult(
         out=outp,
         model=servable.name,
+        chosen=servable.chosen,
         commit=servable.table.commit,
         files=files,
         rows=sum(int(r["rows"]) for r in results),

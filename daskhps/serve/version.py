@@ -28,6 +28,7 @@ from daskhps.table.spec import TableSpec
 
 if TYPE_CHECKING:
     from daskhps.config import RunConfig
+    from daskhps.runfiles.checkpoint import Checkpoint
 
 __all__ = ["Servable", "TableVersion", "load_servable"]
 
@@ -79,6 +80,9 @@ class Servable:
     tables:
         Every table's version, in the run's table order (a key's table index picks one);
         left out: ``(table,)``.
+    chosen:
+        Why a run directory gave this checkpoint when it is not the run's latest (its best
+        by the holdout); empty otherwise.
     """
 
     name: str
@@ -86,6 +90,7 @@ class Servable:
     dense_state: dict[str, torch.Tensor]
     table: TableVersion
     tables: tuple[TableVersion, ...] = ()
+    chosen: str = ""
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -151,8 +156,10 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
 
     local, checkpoint = fetched_model(str(path), checkpoint)  # a URL: the local cache's
     p = Path(local)
+    chosen = ""
     if checkpoint is None:
         ckpt = load_checkpoint(published_checkpoint(p) or p)
+        chosen = _which(p, ckpt)
     elif (p / MANIFEST).is_file():
         raise CheckpointError(
             f"a checkpoint name ({checkpoint!r}, --checkpoint) picks one of a run directory's "
@@ -184,4 +191,21 @@ def load_servable(path: str | Path, checkpoint: str | None = None) -> Servable:
             "another checkpoint"
         ) from e
     # the name of the checkpoint asked for (a published version's, not its copy's candidate)
-    return replace(servable, name=str(ckpt.name))
+    return replace(servable, name=str(ckpt.name), chosen=chosen)
+
+
+def _which(asked: Path, ckpt: Checkpoint) -> str:
+    """Why the run directory ``asked`` gave ``ckpt`` when it is not the run's latest: it is
+    its best by the holdout (``eval.best_by``, docs/checkpoints.md); empty otherwise."""
+    model = ckpt.model or {}
+    if ckpt.path.parent.parent != asked or model.get("checkpoint") != ckpt.name:
+        return ""  # a checkpoint or version asked for by its folder, or the run's latest
+    from daskhps.runfiles.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(asked)
+    if latest is None or latest.name == ckpt.name:
+        return ""
+    return (
+        f"the run's model: its best holdout {model['metric']} {float(model['value']):.4f}, of "
+        f"pass {ckpt.passes_done}; --checkpoint {latest.name} takes its latest"
+    )
