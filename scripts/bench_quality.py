@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _real_logs as real
 from _bench import Reporter
 
 from daskhps.config import RunConfig
@@ -234,13 +235,76 @@ def compare(
     return run_daskhps(cfg), run_baseline(cfg)
 
 
+def real_logs(
+    samples: list[str], seeds: int, rep: Reporter, overrides: tuple[str, ...] = ()
+) -> None:
+    """daskhps's defaults against the plain-PyTorch peers on real logs (scripts/_real_logs.py):
+    each side's holdout AUC and NE, the mean over ``seeds`` seeds (both sides seeded alike)."""
+    for given in samples:
+        name, _, file = given.partition("=")
+        if name not in real.SOURCES:
+            raise SystemExit(f"--real {given}: no such log; known: {', '.join(real.SOURCES)}")
+        with tempfile.TemporaryDirectory(prefix=f"bench_quality-{name}-") as d:
+            work = Path(d)
+            sample = Path(file) if file else real.fetch(name, work / "sample")
+            train, holdout, rows, held = real.split(name, sample, work / "logs")
+            ours: list[dict[str, Any]] = []
+            theirs: dict[str, list[dict[str, Any]]] = {k: [] for k in real.PEERS}
+            for seed in range(seeds):
+                run = work / f"run-{seed}"
+                cfg = real.daskhps_config(name, work / "logs", run, seed, rows, overrides)
+                res = Trainer(cfg, progress=False).run()
+                ours.append({**res.model_eval, "passes": len(res.passes), "stopped": res.stopped})
+                for peer, out in real.peers(name, train, holdout, seed).items():
+                    theirs[peer].append(out)
+            mean = {k: float(np.mean([o[k] for o in ours])) for k in ("auc", "ne", "logloss")}
+            peer_auc = {k: float(np.mean([o["auc"] for o in v])) for k, v in theirs.items()}
+            best = max(peer_auc, key=lambda k: peer_auc[k])
+            peer_ne = float(np.mean([o["ne"] for o in theirs[best]]))
+            rep.emit(
+                f"{name} ({rows:,} training rows, {held:,} holdout rows, time order): daskhps "
+                f"defaults' model, holdout AUC, mean of {seeds} seeds",
+                mean["auc"],
+                "AUC",
+                baseline=peer_auc[best],
+                baseline_name=f"plain PyTorch DLRM ({best}), its best epoch",
+                auc_difference=round(mean["auc"] - peer_auc[best], 5),
+                ne=round(mean["ne"], 4),
+                baseline_ne=round(peer_ne, 4),
+                goal="AUC >= the best peer's, NE < 1",
+                goal_met=bool(mean["auc"] >= peer_auc[best] and mean["ne"] < 1.0),
+                daskhps_auc_by_seed=[round(o["auc"], 4) for o in ours],
+                daskhps_stopped=[(o["stopped"] or {}).get("kind") for o in ours],
+                peers_auc={k: round(v, 4) for k, v in peer_auc.items()},
+                peers_auc_by_seed={k: [round(o["auc"], 4) for o in v] for k, v in theirs.items()},
+                peers_best_epoch={k: [o["best_epoch"] for o in v] for k, v in theirs.items()},
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not figures)")
     p.add_argument("--workers", type=int, nargs="+", default=[1], help="worker counts to run")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: 2)")
+    p.add_argument(
+        "--real",
+        nargs="+",
+        metavar="NAME[=FILE]",
+        help="real logs instead (criteo, avazu): the sample FILE, or downloaded",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="--real: seeds per side")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--real: daskhps's config changed so (another default tried)",
+    )
     args = p.parse_args(argv)
+    if args.real:
+        real_logs(args.real, args.seeds, Reporter(args.json), tuple(args.set))
+        return 0
     sizes = dict(QUICK if args.quick else FULL)
     if args.epochs:
         sizes["epochs"] = args.epochs

@@ -37,8 +37,8 @@ class OptimizerSpec(Options):
 
     kind: OptimizerKind = "adagrad"
     """Sparse optimizer kind."""
-    lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)
-    """Learning rate of the embeddings."""
+    lr: float = Field(0.05, gt=0.0, allow_inf_nan=False)
+    """Learning rate of the embeddings (the default suits Adagrad; Adam wants about 0.001)."""
     row_wise: bool = False
     """Adagrad with one accumulator per row."""
     eps: float = Field(1e-8, gt=0.0)
