@@ -324,6 +324,53 @@ def test_peer_torch_learns_a_small_day(tmp_path: Path) -> None:
     assert out["examples_per_s"] > 0 and out["first_step_at"] > 0
 
 
+@pytest.mark.parametrize("schema", ["criteo", "avazu"])
+def test_the_real_log_peers_split_in_time_order_and_learn(tmp_path: Path, schema: str) -> None:
+    """``bench_quality.py --real``'s split and peers (scripts/_real_logs.py, peer_real.py) on a
+    look-alike of each public sample (the samples' terms forbid committing them): generated
+    rows with a planted signal, written in the sample's format, 80% then 20% in file order."""
+    sys.path.insert(0, str(SCRIPTS))
+    import _real_logs as real
+
+    from daskhps.data.synthetic import GeneratorConfig, generate
+
+    generate(GeneratorConfig(days=1, rows_per_day=3000, parts_per_day=1, vocab_scale=0.01),
+             tmp_path / "gen", scheduler="sync")  # fmt: skip
+    rows = [
+        line.split("\t")
+        for line in next((tmp_path / "gen").glob("day=*/part-*")).read_text().splitlines()
+    ]
+    if schema == "criteo":
+        text = "".join("\t".join(r) + "\n" for r in rows)
+    else:  # Avazu's CSV: id, click, then categorical columns (Criteo's C1..C22 here)
+        head = "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
+        head += "app_category,device_id,device_ip,device_model,device_type,device_conn_type,"
+        head += ",".join(f"C{i}" for i in range(14, 22))
+        text = (
+            head
+            + "\n"
+            + "".join(",".join([str(i), r[0], *r[14:36]]) + "\n" for i, r in enumerate(rows))
+        )
+    sample = tmp_path / f"sample.{real.SOURCES[schema]['ext']}"
+    sample.write_text(text)
+    train, holdout, n_train, n_held = real.split(schema, sample, tmp_path / "logs")
+    assert (n_train, n_held) == (2400, 600)
+    body = text.splitlines(keepends=True)[1 if schema == "avazu" else 0 :]
+    head_line = text.splitlines(keepends=True)[:1] if schema == "avazu" else []
+    assert train.read_text() == "".join(head_line + body[:2400])  # the first 80%, in order
+    assert holdout.read_text() == "".join(head_line + body[2400:])
+    assert train.parent.name == "day=2024-01-01" and holdout.parent.name == "day=2024-01-02"
+    cfg = real.daskhps_config(schema, tmp_path / "logs", tmp_path / "run", 0, n_train)
+    assert cfg.table.optimizer.lr == 0.05 and cfg.passes.plan.global_batch_size == real.BATCH
+    out = real.peers(schema, train, holdout, seed=0)
+    for peer in real.PEERS:
+        epochs = out[peer]["epochs"]
+        assert len(epochs) == real.EPOCHS and out[peer]["train_rows"] == 2400
+        assert out[peer]["auc"] == max(e["auc"] for e in epochs), out[peer]
+    # Adagrad at 0.05 finds the planted signal in 2,400 rows; Adam at 0.001 moves slowly
+    assert out["adagrad"]["auc"] > 0.55 and out["adam"]["auc"] > 0.5, out
+
+
 @pytest.mark.slow
 def test_bench_tables_quick(tmp_path: Path) -> None:
     """One dim for every field against a dim for each field by its vocabulary, a tiny day
