@@ -38,6 +38,7 @@ from daskhps.runfiles.writing import (
     start_checkpoint,
     write_payload,
 )
+from daskhps.table.stats import day_string
 from daskhps.training import worker
 from daskhps.training.killpoints import kill_point
 from daskhps.training.records import PassRecord
@@ -83,6 +84,17 @@ class Checkpointer:
         self.plan = plan  # identifies the plan's input; a resume checks it
         self.replica = replica
         self.lifecycle: dict[str, dict[str, int]] = {}  # the trainer's, per log day
+
+    def note_lifecycle(self, rec: PassRecord, day: int | None) -> None:
+        """Add a pass's admitted keys (to ``day``, the last log day of its rows) and expired
+        rows (to the day that ended) to the run's figures per day (checkpoints and
+        ``inspect`` show them)."""
+        if rec.admission and day is not None:
+            per = self.lifecycle.setdefault(day_string(day) or "", {"admitted": 0, "expired": 0})
+            per["admitted"] += int(rec.admission["admitted"])
+        if rec.expiry and rec.expiry.get("day"):
+            per = self.lifecycle.setdefault(rec.expiry["day"], {"admitted": 0, "expired": 0})
+            per["expired"] += int(rec.expiry["expired"])
 
     def due(self, pos: Position) -> bool:
         return self.config.checkpoint.due(pos.passes_done, pos.passes_done == pos.total_passes)

@@ -46,7 +46,7 @@ from daskhps.passes.scan import LogScan, remove_spill, scan_log
 from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name, list_checkpoints
 from daskhps.runfiles.replica import Replica
 from daskhps.sharding import ShardMap
-from daskhps.table.stats import NO_DAY, day_string
+from daskhps.table.stats import NO_DAY
 from daskhps.training import resume as resuming
 from daskhps.training import worker
 from daskhps.training.checkpointer import Checkpointer, Position
@@ -54,8 +54,14 @@ from daskhps.training.holdout import HoldoutStream
 from daskhps.training.killpoints import kill_when_running
 from daskhps.training.parts import RunParts
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
-from daskhps.training.records import Batches, PassRecord, RankPassResult, RunResult
-from daskhps.training.watch import Best, ModelWatch, Stop
+from daskhps.training.records import (
+    Batches,
+    PassRecord,
+    RankPassResult,
+    RunResult,
+    tier_summary,
+)
+from daskhps.training.watch import ModelWatch, diverged_line
 
 __all__ = ["HOLDOUT_SPILL", "PassLoop", "bad_rows_by_pass", "warn_rereads"]
 
@@ -131,20 +137,7 @@ class PassLoop:
             None if cfg.several_tables else cfg.table_specs()[0].name,
             cfg.passes.plan.global_batch_size,
         )
-        checkpointer = Checkpointer(
-            cfg, self.run_dir, group, self.stores, begun.days, begun.fingerprint, self.replica
-        )
-        ckpt = self.ckpt
-        if (
-            checkpointer.replica is not None
-            and ckpt is not None
-            and not self.warm_start
-            and ckpt.stores_dir == self.stores  # not re-sharded: these stores are its
-            and not checkpointer.replica.has_checkpoint(ckpt.name)
-        ):
-            checkpointer.replicate(ckpt)  # a copy that failed or began with this resume
-        if ckpt is not None and not self.warm_start:  # a resume: the days so far
-            checkpointer.lifecycle = {d: dict(v) for d, v in ckpt.lifecycle.items()}
+        checkpointer = self._checkpointer(group, begun)
         last_day = [span[1] if span else None for span in begun.plan.pass_days()]
         progress = PassProgress(
             client,
@@ -157,7 +150,7 @@ class PassLoop:
         )
         specs = [spec for _, spec in begun.schedule]
         step = begun.step
-        watch = self._watch(result.passes, ckpt)
+        watch = self._watch(result.passes)
         admits = any(not t.admission_rule.admits_all for t in cfg.embedding_tables())
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
@@ -170,7 +163,7 @@ class PassLoop:
                 if active.position in begun.day_ends:  # a log day ends: rows expire
                     rec.expiry = active.expire(ctx, begun.day_ends[active.position])
                     rec.seconds["expire"] = active.seconds["expire"]  # after train copied them
-                _note_lifecycle(checkpointer.lifecycle, rec, last_day[active.spec.index])
+                checkpointer.note_lifecycle(rec, last_day[active.spec.index])
                 rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
                 announce_network(client, addresses, rec.network)  # dashboard, /metrics
@@ -182,64 +175,70 @@ class PassLoop:
                 pos = Position(
                     active.position + 1, len(specs), epoch + 1, active.spec.index + 1, step
                 )
-                stop = watch.observe(pos.passes_done, rec.train_loss, rec.eval)
-                if stop is not None and stop.kind == "diverged":
-                    # this pass's rows are never a checkpoint; the line names the levers
-                    result.stopped = {
-                        **stop.to_json(),
-                        "line": self.diverged_line(stop, watch.best),
-                    }
-                    log.warning("diverged at pass %d: %s", pos.passes_done, stop.why)
-                    break
-                if checkpointer.due(pos) or stop is not None:  # stopped early: its last pass
-                    name = checkpoint_name(pos.passes_done)
-                    best = watch.checkpointed(name, pos.passes_done, rec.eval)
-                    checkpointer.take(pos, rec, best, stop)
-                    self.on_checkpoint()
-                if stop is not None:
-                    result.stopped = stop.to_json()
-                    log.warning("stopped early after pass %d: %s", pos.passes_done, stop.why)
+                if self._judged(watch, checkpointer, pos, rec, result):
                     break
         result.model = watch.best.to_json() if watch.best is not None else None
         self._end(group, begun.holdout, result)
 
-    def _watch(self, passes: list[dict[str, Any]], ckpt: Checkpoint | None) -> ModelWatch:
+    def _checkpointer(self, group: RunGroup, begun: _Begun) -> Checkpointer:
+        """The run's checkpointer; a resume's copy caught up, its days' figures carried on."""
+        checkpointer = Checkpointer(
+            self.config,
+            self.run_dir,
+            group,
+            self.stores,
+            begun.days,
+            begun.fingerprint,
+            self.replica,
+        )
+        ckpt = self.ckpt
+        if (
+            checkpointer.replica is not None
+            and ckpt is not None
+            and not self.warm_start
+            and ckpt.stores_dir == self.stores  # not re-sharded: these stores are its
+            and not checkpointer.replica.has_checkpoint(ckpt.name)
+        ):
+            checkpointer.replicate(ckpt)  # a copy that failed or began with this resume
+        if ckpt is not None and not self.warm_start:  # a resume: the days so far
+            checkpointer.lifecycle = {d: dict(v) for d, v in ckpt.lifecycle.items()}
+        return checkpointer
+
+    def _judged(
+        self,
+        watch: ModelWatch,
+        checkpointer: Checkpointer,
+        pos: Position,
+        rec: PassRecord,
+        result: RunResult,
+    ) -> bool:
+        """What the holdout says of the pass just done (:mod:`daskhps.training.watch`): a
+        checkpoint when due, naming the run's model; whether the run stops here."""
+        stop = watch.observe(pos.passes_done, rec.train_loss, rec.eval)
+        if stop is not None and stop.kind == "diverged":
+            # this pass's rows are never a checkpoint; the line names the levers
+            line = diverged_line(self.config, stop, watch.best)
+            result.stopped = {**stop.to_json(), "line": line}
+            log.warning("diverged at pass %d: %s", pos.passes_done, stop.why)
+            return True
+        if checkpointer.due(pos) or stop is not None:  # stopped early: its last pass too
+            name = checkpoint_name(pos.passes_done)
+            best = watch.checkpointed(name, pos.passes_done, rec.eval)
+            checkpointer.take(pos, rec, best, stop)
+            self.on_checkpoint()
+        if stop is not None:
+            result.stopped = stop.to_json()
+            log.warning("stopped early after pass %d: %s", pos.passes_done, stop.why)
+        return stop is not None
+
+    def _watch(self, passes: list[dict[str, Any]]) -> ModelWatch:
         """The holdout's watch over this run: a resume's rebuilt from the passes done and the
         checkpoints kept (the run's best among them); a warm start's starts afresh."""
-        rule = self.config.eval
+        rule, ckpt = self.config.eval, self.ckpt
         if ckpt is None or self.warm_start:
             return ModelWatch(rule)
-        watch = ModelWatch.resumed(rule, passes)
-        for c in list_checkpoints(self.run_dir):
-            if c.passes_done <= ckpt.passes_done:
-                watch.checkpointed(c.name, c.passes_done, c.metrics)
-        return watch
-
-    def diverged_line(self, stop: Stop, best: Best | None) -> str:
-        """The one line a diverged run ends with: where, why, what is kept, the levers."""
-        cfg = self.config
-        if cfg.several_tables:
-            sparse, lower = "tables[].optimizer.lr", ""
-        else:
-            lr = cfg.table.optimizer.lr
-            sparse, lower = (
-                f"table.optimizer.lr, now {lr:g}",
-                f" --set table.optimizer.lr={lr / 2:g}",
-            )
-        clip = cfg.dense_optimizer.grad_clip_norm
-        if best is None:
-            kept = "no checkpoint before it is better: start over (--overwrite) with them"
-        else:
-            kept = (
-                f"the run's model stays {best}; go on from it: daskhps train {cfg.source} "
-                f"--resume --checkpoint {best.checkpoint} --overwrite{lower}"
-            )
-        return (
-            f"{cfg.source}: the run diverged at pass {stop.passes_done}: {stop.why}; that pass "
-            f"was not checkpointed. Lower the sparse learning rate ({sparse}) or the dense one "
-            f"(dense_optimizer.lr, now {cfg.dense_optimizer.lr:g}), or clip the dense "
-            f"gradients (dense_optimizer.grad_clip_norm, now {clip or 'unset'}); {kept}"
-        )
+        kept = [c for c in list_checkpoints(self.run_dir) if c.passes_done <= ckpt.passes_done]
+        return ModelWatch.resumed(rule, passes, [(c.name, c.passes_done, c.metrics) for c in kept])
 
     def _begin(
         self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
@@ -412,7 +411,7 @@ class PassLoop:
             rec.seconds["eval"] = time.perf_counter() - t
         stats = ctx.group.on_shards(WorkerShards.stats, what="shard stats")
         tables = [t.name for t in self.config.embedding_tables()]
-        rec.tiers = _tier_summary(stats, tables)
+        rec.tiers = tier_summary(stats, tables)
         if rec.admission:  # the keys waiting for admission after this pass, and their bytes
             pending = [s["tables"][t]["pending"] for s in stats for t in tables]
             rec.admission["pending_keys"] = sum(p["keys"] for p in pending)
@@ -431,17 +430,6 @@ class PassLoop:
             )
 
         return self.parts.score(*holdout.evaluate(run_chunk))
-
-
-def _note_lifecycle(lifecycle: dict[str, dict[str, int]], rec: PassRecord, day: int | None) -> None:
-    """Add a pass's admitted keys (to the last log day of its rows) and expired rows (to the
-    day that ended) to the run's figures per day (checkpoints and ``inspect`` show them)."""
-    if rec.admission and day is not None:
-        per = lifecycle.setdefault(day_string(day) or "", {"admitted": 0, "expired": 0})
-        per["admitted"] += int(rec.admission["admitted"])
-    if rec.expiry and rec.expiry.get("day"):
-        per = lifecycle.setdefault(rec.expiry["day"], {"admitted": 0, "expired": 0})
-        per["expired"] += int(rec.expiry["expired"])
 
 
 def bad_rows_by_pass(
@@ -505,33 +493,3 @@ def _overlaps(client: Any, addresses: list[str]) -> bool:
 def _min_threads(client: Any, addresses: list[str]) -> int:
     workers = scheduler_workers(client)
     return min(int(workers[a].get("nthreads", 1)) for a in addresses)
-
-
-def _tier_summary(stats: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
-    """Hit rates and store traffic of the run's tables, summed over tables and workers, and
-    the tables' resident bytes on each worker (tiers with their indexes, and the stores' key
-    indexes)."""
-    rows_from: dict[str, int] = {}
-    store_read = store_written = 0
-    resident = []
-    for s in stats:
-        here = 0
-        for t in (s["tables"][name] for name in tables):
-            here += int(
-                t.get("device", {}).get("bytes", 0)
-                + t.get("host", {}).get("bytes", 0)
-                + t.get("store", {}).get("index_bytes", 0)
-            )
-            for k, v in t.get("rows_from", {}).items():
-                rows_from[k] = rows_from.get(k, 0) + int(v)
-            store_read += int(t.get("store", {}).get("rows_read", 0))
-            store_written += int(t.get("store", {}).get("rows_written", 0))
-        resident.append(here)
-    total = sum(rows_from.values())
-    return {
-        "rows_from": rows_from,
-        "hit_rate": {k: (v / total if total else 0.0) for k, v in rows_from.items()},
-        "store_rows_read": store_read,
-        "store_rows_written": store_written,
-        "table_bytes": resident,
-    }

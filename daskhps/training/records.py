@@ -6,8 +6,9 @@
     RankPassResult ◄── each rank, once its share of the pass is trained
     PassRecord: the ranks' results, staging, evaluation, tiers and timings of one pass;
                 one line of metrics.jsonl (to_json), the record a checkpoint keeps
-    RunResult: every pass's line, the final evaluation and dense weights, the restarts;
-               summary.json
+    RunResult: every pass's line, the final evaluation and dense weights, the restarts,
+               the run's model and why it stopped; summary.json
+    tier_summary: a pass's tier figures (hit rates, store traffic, resident bytes)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from daskhps.monitor.network import RankTraffic, network_record
 
-__all__ = ["Batches", "PassRecord", "RankPassResult", "RunResult"]
+__all__ = ["Batches", "PassRecord", "RankPassResult", "RunResult", "tier_summary"]
 
 
 @dataclass(frozen=True)
@@ -164,3 +165,33 @@ class RunResult:
     @property
     def pass_losses(self) -> list[float]:
         return [p["train_loss"] for p in self.passes]
+
+
+def tier_summary(stats: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
+    """Hit rates and store traffic of the run's tables, summed over tables and workers, and
+    the tables' resident bytes on each worker (tiers with their indexes, and the stores' key
+    indexes)."""
+    rows_from: dict[str, int] = {}
+    store_read = store_written = 0
+    resident = []
+    for s in stats:
+        here = 0
+        for t in (s["tables"][name] for name in tables):
+            here += int(
+                t.get("device", {}).get("bytes", 0)
+                + t.get("host", {}).get("bytes", 0)
+                + t.get("store", {}).get("index_bytes", 0)
+            )
+            for k, v in t.get("rows_from", {}).items():
+                rows_from[k] = rows_from.get(k, 0) + int(v)
+            store_read += int(t.get("store", {}).get("rows_read", 0))
+            store_written += int(t.get("store", {}).get("rows_written", 0))
+        resident.append(here)
+    total = sum(rows_from.values())
+    return {
+        "rows_from": rows_from,
+        "hit_rate": {k: (v / total if total else 0.0) for k, v in rows_from.items()},
+        "store_rows_read": store_read,
+        "store_rows_written": store_written,
+        "table_bytes": resident,
+    }

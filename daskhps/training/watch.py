@@ -18,12 +18,14 @@ the pass records, so a resume rebuilds the same watch from ``metrics.jsonl``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from daskhps.config import RunConfig
 from daskhps.config.training import EvalConfig
 
-__all__ = ["HIGHER_IS_BETTER", "Best", "ModelWatch", "Stop"]
+__all__ = ["HIGHER_IS_BETTER", "Best", "ModelWatch", "Stop", "diverged_line"]
 
 HIGHER_IS_BETTER = {"auc": True, "logloss": False, "ne": False}
 
@@ -94,12 +96,20 @@ class ModelWatch:
         self.best_logloss: float | None = None
 
     @classmethod
-    def resumed(cls, rule: EvalConfig, passes: list[dict[str, Any]]) -> ModelWatch:
-        """The watch of a run continued after ``passes`` (its ``metrics.jsonl`` records); the
-        caller replays its kept checkpoints (:meth:`checkpointed`) for the best among them."""
+    def resumed(
+        cls,
+        rule: EvalConfig,
+        passes: list[dict[str, Any]],
+        kept: Sequence[tuple[str, int, dict[str, float]]] = (),
+    ) -> ModelWatch:
+        """The watch of a run continued after ``passes`` (its ``metrics.jsonl`` records),
+        whose checkpoints ``kept`` (name, passes done, holdout metrics; oldest first) hold
+        its best: retention never removed it."""
         watch = cls(rule)
         for rec in passes:
             watch.observe(int(rec.get("pass", 0)), rec.get("train_loss"), rec.get("eval"))
+        for name, done, metrics in kept:
+            watch.checkpointed(name, done, metrics)
         return watch
 
     def observe(
@@ -162,3 +172,27 @@ class ModelWatch:
         ):
             self.best = Best(name, by, float(value), passes_done)
         return self.best
+
+
+def diverged_line(config: RunConfig, stop: Stop, best: Best | None) -> str:
+    """The one line a diverged run ends with: where, why, what is kept, the levers and the
+    command that goes on from the best checkpoint."""
+    if config.several_tables:
+        sparse, lower = "tables[].optimizer.lr", ""
+    else:
+        lr = config.table.optimizer.lr
+        sparse, lower = f"table.optimizer.lr, now {lr:g}", f" --set table.optimizer.lr={lr / 2:g}"
+    clip = config.dense_optimizer.grad_clip_norm
+    if best is None:
+        kept = "no checkpoint before it is better: start over (--overwrite) with them"
+    else:
+        kept = (
+            f"the run's model stays {best}; go on from it: daskhps train {config.source} "
+            f"--resume --checkpoint {best.checkpoint} --overwrite{lower}"
+        )
+    return (
+        f"{config.source}: the run diverged at pass {stop.passes_done}: {stop.why}; that pass "
+        f"was not checkpointed. Lower the sparse learning rate ({sparse}) or the dense one "
+        f"(dense_optimizer.lr, now {config.dense_optimizer.lr:g}), or clip the dense "
+        f"gradients (dense_optimizer.grad_clip_norm, now {clip or 'unset'}); {kept}"
+    )
