@@ -160,8 +160,10 @@ class Server:
                 self._on_failure()
             return
         self.ready.set()
+        chosen = self.online.scorer.servable.chosen  # the run's best, when not its latest
         print(
-            f"daskhps serve: {self.online.version} ready on http://{o.host}:{o.port} "
+            f"daskhps serve: {self.online.version}{f' ({chosen})' if chosen else ''} ready on "
+            f"http://{o.host}:{o.port} "
             f"(pid {os.getpid()}, {time.perf_counter() - self._started:.1f} s)",
             flush=True,
         )

@@ -208,8 +208,9 @@ def test_tagged_shards_send_each_key_to_its_table(tmp_path):
     before = {n: shards.lookup(n, k) for n, k in (("small", small), ("wide", wide))}
     shards.apply_tagged(keys, grads)
     after_small = shards.lookup("small", small)
-    # sgd with lr 0.01 (OptimizerSpec's default) on a gradient of ones
-    assert torch.allclose(after_small, before["small"] - 0.01 * torch.ones(3, SMALL.dim))
+    # sgd at OptimizerSpec's default lr on a gradient of ones
+    lr = SMALL.optimizer.lr
+    assert torch.allclose(after_small, before["small"] - lr * torch.ones(3, SMALL.dim))
     after_wide = shards.lookup("wide", wide)
     assert torch.equal(after_wide[0], before["wide"][0])  # held back by admission: frozen
     assert not torch.equal(after_wide[1], before["wide"][1])

@@ -18,7 +18,7 @@ from daskhps.data.badrows import BadRowPolicy
 from daskhps.data.parse import read_shard
 from daskhps.data.schema import criteo_schema
 from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.runfiles.checkpoint import list_checkpoints
+from daskhps.runfiles.checkpoint import list_checkpoints, model_checkpoint
 from daskhps.serve.score import CacheSizes, Scorer
 from daskhps.serve.version import load_servable
 from tests._clusters import SharedClusters
@@ -103,6 +103,14 @@ def test_the_best_checkpoint_outlives_retention_and_is_what_the_run_serves(
     served = _scores(run, None, logs)
     assert np.array_equal(served, _scores(tmp_path / "every", "pass-000001", logs))
     assert not np.array_equal(served, _scores(run, "pass-000008", logs))
+    # predict, serve and export say why the run gave it (Servable.chosen)
+    chosen = load_servable(run).chosen
+    assert "the run's model: its best holdout auc" in chosen and "pass 1;" in chosen
+    assert "--checkpoint pass-000008 takes its latest" in chosen
+    assert load_servable(run, "pass-000008").chosen == ""
+    every = tmp_path / "every"  # says so only when its best is not its latest
+    latest = model_checkpoint(every).name == list_checkpoints(every)[-1].name  # type: ignore[union-attr]
+    assert (load_servable(every).chosen == "") == latest
     shown = cli_here(capfd, caplog, "inspect", str(run))
     assert shown.returncode == 0, shown.stderr
     head, _, tail = shown.stdout.partition("pass-000008 (")

@@ -91,6 +91,10 @@ POLICY: dict[str, tuple[bool, bool]] = {
     "eval.batch_size": (True, True),
     "eval.every_pass": (True, True),
     "eval.metrics": (True, True),
+    "eval.best_by": (True, True),
+    "eval.patience": (True, True),
+    "eval.min_delta": (True, True),
+    "eval.diverge_factor": (True, True),
     "model.name": (False, False),
     "model.options.bottom_mlp": (False, False),
     "passes.epochs": (True, True),
@@ -312,7 +316,7 @@ def test_a_table_added_or_removed_is_refused_and_one_table_is_as_before(tmp_path
     # the learning rate of a listed table may be tuned on resume
     tuned = RunConfig.from_dict(_tables(optimizer={"lr": 0.5}))
     ckpt = config_checkpoint(tmp_path / "pass-000002", new.to_dict())
-    assert check_resume(ckpt, tuned) == {"tables[0].optimizer.lr": (0.01, 0.5)}
+    assert check_resume(ckpt, tuned) == {"tables[0].optimizer.lr": (0.05, 0.5)}
 
 
 _FILE = """\
