@@ -349,19 +349,23 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Checkpoint]:
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Checkpoint | None:
     """The newest complete checkpoint of a run, or None. Logs a warning naming each folder
     it skipped and why: a damaged newest checkpoint must not pass unnoticed."""
+    found = _complete(run_dir)
+    return found[-1] if found else None
+
+
+def _complete(run_dir: str | os.PathLike[str]) -> list[Checkpoint]:
+    """:func:`list_checkpoints`, with a warning naming each folder skipped and why: where a
+    checkpoint is chosen, a damaged one must not pass unnoticed."""
     found, skipped = scan_checkpoints(run_dir)
     for s in skipped:
         log.warning("skipping %s", s)
-    return found[-1] if found else None
+    return found
 
 
 def model_checkpoint(run_dir: str | os.PathLike[str]) -> Checkpoint | None:
     """The run's model: the checkpoint the latest names as its best (``eval.best_by``,
     never removed by retention), else the latest; None without a complete checkpoint."""
-    found, skipped = scan_checkpoints(run_dir)
-    for s in skipped:
-        log.warning("skipping %s", s)
-    return model_among(found)
+    return model_among(_complete(run_dir))
 
 
 def model_among(found: list[Checkpoint]) -> Checkpoint | None:
@@ -423,13 +427,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if (p / MANIFEST).exists() or _NAME.match(p.name):
         return _verify(p)
     if checkpoints_dir(p).is_dir() or (p / "config.yaml").is_file():
-        latest = model_checkpoint(p)
-        if latest is None:
+        model = model_checkpoint(p)
+        if model is None:
             raise CheckpointError(
                 f"run directory {p} has no complete checkpoint in {checkpoints_dir(p)}; "
                 "train with checkpoint.every_passes >= 1 first"
             )
-        return latest
+        return model
     if not p.exists():
         raise CheckpointError(f"{p} does not exist; give a checkpoint folder or a run directory")
     raise CheckpointError(

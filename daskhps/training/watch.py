@@ -47,12 +47,6 @@ class Best:
             "passes_done": self.passes_done,
         }
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any] | None) -> Best | None:
-        if not d or "checkpoint" not in d:
-            return None
-        return cls(str(d["checkpoint"]), str(d["metric"]), float(d["value"]), int(d["passes_done"]))
-
     def __str__(self) -> str:
         return f"{self.checkpoint} ({self.metric} {self.value:.4f})"
 
@@ -122,7 +116,7 @@ class ModelWatch:
         if not metrics:
             return None
         broken = [k for k in self.rule.measured if k in metrics and not math.isfinite(metrics[k])]
-        if "examples" in metrics and metrics.get("ctr", 0.5) in (0.0, 1.0):
+        if metrics.get("ctr") in (0.0, 1.0):
             broken = []  # one class in the holdout: AUC and NE are undefined, not diverged
         if broken:
             return Stop("diverged", passes_done, f"the holdout {broken[0]} is {metrics[broken[0]]}")

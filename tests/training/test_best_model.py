@@ -38,6 +38,12 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture
+def section(shared_clusters: SharedClusters) -> dict[str, Any]:
+    """The cluster section of the session's warm 1-worker cluster."""
+    return shared_clusters.section(workers=1, threads=2)
+
+
 def _config(tmp_path: Path, name: str, logs: Path, section: dict[str, Any], **over: Any) -> Path:
     d = tiny_config(
         tmp_path / name,
@@ -71,11 +77,10 @@ def _passes(run: Path) -> list[dict[str, Any]]:
 def test_the_best_checkpoint_outlives_retention_and_is_what_the_run_serves(
     tmp_path: Path,
     logs: Path,
-    shared_clusters: SharedClusters,
+    section: dict[str, Any],
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    section = shared_clusters.section(workers=1, threads=2)
     # every checkpoint kept: the reference rows of each pass
     every = _config(tmp_path, "every", logs, section, checkpoint={"keep": 20})
     # one kept, every one a base (the stores compacted each time), and no later pass counts
@@ -121,11 +126,10 @@ def test_the_best_checkpoint_outlives_retention_and_is_what_the_run_serves(
 def test_an_early_stop_is_kept_by_a_resume_until_patience_is_raised(
     tmp_path: Path,
     logs: Path,
-    shared_clusters: SharedClusters,
+    section: dict[str, Any],
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    section = shared_clusters.section(workers=1, threads=2)
     # nothing after the first pass is better: the second evaluation without one stops the run
     config = _config(tmp_path, "early", logs, section, eval={"min_delta": 0.99, "patience": 2})
     run = tmp_path / "early"
@@ -153,11 +157,10 @@ def test_an_early_stop_is_kept_by_a_resume_until_patience_is_raised(
 def test_a_diverged_run_exits_non_zero_naming_the_levers_and_keeps_its_best(
     tmp_path: Path,
     logs: Path,
-    shared_clusters: SharedClusters,
+    section: dict[str, Any],
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    section = shared_clusters.section(workers=1, threads=2)
     # A holdout logloss above 1.01x its best so far counts as diverged here: on these logs the
     # second epoch overfits, its holdout logloss rising past that within a few passes.
     config = _config(tmp_path, "diverged", logs, section, eval={"diverge_factor": 1.01})
