@@ -5,9 +5,11 @@
 One worker process on a LocalCluster (2 GiB limit) trains once on small logs (so imports,
 the process group's first setup and the allocators' start are in its baseline), then trains
 the measured run while its peak resident memory is recorded (the kernel's high-water mark,
-:func:`daskhps.capacity.measured.measure_growth`): 3 times, each in its own run folder, and
-the largest growth counts, since a reading can only fall short (runs after the first read 10
-to 15 MiB lower here: they grow into pages the run before freed). Two figures, from
+:func:`daskhps.capacity.measured.measure_growth`): 3 times, each in a restarted worker
+warmed the same way and its own run folder, and the largest growth counts. A reading can
+only fall short: a second run in the same worker reads 10 to 15 MiB lower, growing into
+pages the first freed, and first runs differ by as much with how staging and training
+overlap. Two figures, from
 ``size_run`` with the keys counted by ``--scan``: the plan's growth (its total less the
 worker process) against the worker's peak growth, and the plan's total against the worker's
 peak RSS, which is what ``daskhps plan`` promises.
@@ -42,7 +44,7 @@ LIMIT = 2 << 30
 def _config(
     tmp: Path, logs: Path, address: str, *, warm_up: bool = False, run: int = 0
 ) -> RunConfig:
-    name = "warm-up" if warm_up else f"growth-{run}"
+    name = f"warm-up-{run}" if warm_up else f"growth-{run}"
     tiers = {"device": {"rows": 30_000}, "host": {"fraction": 0.0132}}
     if warm_up:
         tiers = {"device": {"rows": 8_000}, "host": {"fraction": 0.001}}
@@ -81,15 +83,19 @@ def measure(tmp: Path, rep: Reporter, repeat: int = 3) -> None:
         Client(cluster) as client,
     ):
         address = cluster.scheduler_address
-        Trainer(_config(tmp, small, address, warm_up=True), progress=False).run()
         cfg = _config(tmp, logs, address)
         report = size_run(cfg, scan=True, workers=1, memory_limit=LIMIT)
         memory = report.memory
         assert memory is not None and memory.host is not None
-        # A reading can only fall short of the run's true growth (a peak between samples, pages
-        # a previous run freed and this one reuses), so the largest of a few runs is taken.
+        # A reading can only fall short of the run's true growth (a run grows into pages the
+        # run before it freed), so each run has a fresh worker, warmed by the same small run,
+        # and the largest of a few counts (their peaks differ with how staging and training
+        # overlap).
         runs = []
         for i in range(repeat):
+            client.restart()
+            warm = _config(tmp, small, address, warm_up=True, run=i)
+            Trainer(warm, progress=False).run()
             run_cfg = _config(tmp, logs, address, run=i)
             result, growths = measure_growth(client, Trainer(run_cfg, progress=False).run)
             ((base, peak),) = growths.values()

@@ -25,6 +25,7 @@ __all__ = [
     "SyncCancelRaceFilter",
     "quiet_expected_errors",
     "quiet_sync_cancel_race",
+    "quiet_worker_close",
     "quiet_worker_kills",
 ]
 
@@ -119,3 +120,20 @@ def quiet_sync_cancel_race() -> None:
     logger = logging.getLogger("tornado.application")
     if not any(isinstance(f, SyncCancelRaceFilter) for f in logger.filters):
         logger.addFilter(SyncCancelRaceFilter())
+
+
+class _CloseCancelFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("Async instruction for") and msg.endswith("CancelledError"))
+
+
+def quiet_worker_close() -> None:
+    """Install a filter on this process's worker state machine logger (once) that drops its
+    WARNING for each task cancelled while the worker closes ("Async instruction for <Task
+    ...> ended with CancelledError", which Dask says happens only in ``Worker.close``).
+    After Ctrl-C, or when a run ends mid-shuffle, the cluster closes with tasks in flight;
+    the user has nothing to do about them and the lines would bury the driver's last line."""
+    logger = logging.getLogger("distributed.worker.state_machine")
+    if not any(isinstance(f, _CloseCancelFilter) for f in logger.filters):
+        logger.addFilter(_CloseCancelFilter())

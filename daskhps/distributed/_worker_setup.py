@@ -2,7 +2,8 @@
 how they reach object storage (``storage.options``).
 
 * ``Compute Failed`` blocks of errors daskhps raises on purpose are dropped
-  (:mod:`daskhps.distributed._expected`): the driver prints them as one line.
+  (:mod:`daskhps.distributed._expected`): the driver prints them as one line. So are the
+  warnings of tasks cancelled while a worker closes (after Ctrl-C, say).
 * Worker processes of a cluster the driver started ignore Ctrl-C. A terminal sends SIGINT to
   the whole process group, so without this every worker dies on the spot, the driver's
   cleanup finds its ranks gone, and the user reads a worker-lost error and a worker's
@@ -32,7 +33,7 @@ from distributed import WorkerPlugin
 
 from daskhps import _redact as redact
 from daskhps.distributed._allocator import give_back_free_memory, reuse_freed_memory
-from daskhps.distributed._expected import quiet_expected_errors
+from daskhps.distributed._expected import quiet_expected_errors, quiet_worker_close
 from daskhps.storage import use_options
 
 __all__ = ["PLUGIN_NAME", "WorkerSetup", "setup_workers"]
@@ -65,6 +66,7 @@ class WorkerSetup(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         quiet_expected_errors()
+        quiet_worker_close()
         # This run's options, and none of an earlier run's (a cluster outlives its runs).
         use_options(self.storage_options, replace=True)
         redact.install()
@@ -98,6 +100,7 @@ def setup_workers(
     with ``storage_options`` too (``storage.options``: the workers read the logs and write
     the checkpoint copy)."""
     quiet_expected_errors()
+    quiet_worker_close()
     use_options(storage_options or {})
     redact.install()  # Dask's handlers, added since the command line installed it
     client.register_plugin(WorkerSetup(ignore_sigint, storage_options, cwd), name=PLUGIN_NAME)

@@ -107,3 +107,32 @@ def test_the_sync_cancel_race_is_dropped_and_nothing_else() -> None:
     assert other is not None and f.filter(record(other))
     assert f.filter(record(KeyError("future")))
     assert f.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, "no exc", None, None))
+
+
+def test_a_task_cancelled_by_a_closing_worker_is_dropped_and_nothing_else() -> None:
+    import inspect
+
+    import distributed.worker_state_machine as wsm
+
+    from daskhps.distributed._expected import quiet_worker_close
+
+    # The wording filtered is Dask's own: the test fails when Dask rewords the warning.
+    assert 'f"Async instruction for {task} ended with CancelledError"' in inspect.getsource(wsm)
+    logger = logging.getLogger("distributed.worker.state_machine")
+    before = list(logger.filters)
+    quiet_worker_close()
+    quiet_worker_close()  # installed once
+    try:
+        installed = [f for f in logger.filters if type(f).__name__ == "_CloseCancelFilter"]
+        assert len(installed) == 1
+
+        def kept(msg: str) -> bool:
+            rec = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, msg, None, None)
+            return bool(installed[0].filter(rec))
+
+        task = "<Task cancelled name=\"execute(('shuffle-transfer-5a', 0))\" coro=<...>>"
+        assert not kept(f"Async instruction for {task} ended with CancelledError")
+        assert kept(f"Async instruction for {task} failed")
+        assert kept("Compute Failed ... CancelledError")
+    finally:
+        logger.filters[:] = before
