@@ -11,7 +11,11 @@ multi-host tests.
 
 A ``dask scheduler`` process and one ``dask worker`` (with its nanny) per host, as
 tests/_real_cluster.py starts them. Each worker process tree runs in a mount namespace of its
-own (``unshare -m``) with an empty tmpfs mounted at ``disk``: its private local disk. The driver
+own (``unshare -m``) with a folder of the real disk, empty at the start and its own, mounted at
+``disk``: its private local disk, whose page cache is the host's memory as on a machine (a
+tmpfs of ``disk_size`` instead, for a disk that fills). With ``memory``, each host's processes
+share a memory cgroup of that limit (tests/_cgroups.py): a host that outgrows it is killed by
+the kernel, and its nanny starts its worker again on the same disk. The driver
 (the test, or the ``daskhps`` command it starts) stays in the original namespace, where
 ``disk`` is an empty folder that nobody writes (a test asserts it stays empty: whatever the
 driver would write there lands on no worker's disk). Everything else (logs, ``run.dir``,
@@ -29,12 +33,15 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests._cgroups import MemoryCgroups, cgroups_unavailable
 from tests._real_cluster import RealCluster
 
 __all__ = ["Hosts", "namespaces_unavailable", "skip_without_namespaces"]
@@ -63,7 +70,13 @@ def skip_without_namespaces() -> None:
 
 
 class Hosts(RealCluster):
-    """``n`` hosts; host ``i`` is worker process ``i`` (lost hosts keep their index)."""
+    """``n`` hosts; host ``i`` is worker process ``i`` (lost hosts keep their index).
+
+    ``memory``: each host's memory (bytes), a cgroup limit the kernel enforces; its Dask
+    ``--memory-limit`` is then 90% of it, as docs/operations.md tells an operator, unless
+    ``memory_limit`` says otherwise. ``disk_size``: the disk is a tmpfs of that size (one that
+    can fill) instead of a folder of the real disk.
+    """
 
     def __init__(
         self,
@@ -72,21 +85,72 @@ class Hosts(RealCluster):
         *,
         disk: Path,
         readonly: Path | None = None,
-        disk_size: str = "128m",
-        **kwargs: object,
+        memory: int | None = None,
+        disk_size: str | None = None,
+        **kwargs: Any,
     ) -> None:
         skip_without_namespaces()
+        if memory is not None:
+            why = cgroups_unavailable()
+            if why is not None:
+                pytest.skip(f"hosts with their own memory: {why}")
         disk.mkdir(parents=True, exist_ok=True)  # the mount point, empty on the driver's side
         # ``readonly``: a shared folder the driver can write and the hosts cannot (the bad
         # input of a path only the driver's machine can write)
         ro = (readonly,) if readonly is not None else ()
         for path in ro:
             path.mkdir(parents=True, exist_ok=True)
-        super().__init__(  # type: ignore[arg-type]
-            folder, workers=n, hide=disk, readonly=ro, hide_size=disk_size, **kwargs
-        )
         self.disk = disk
         self.readonly_dir = readonly
+        self.memory = memory
+        self.disks = Path(folder) / "disks"  # the real disk's folders, one per host
+        self.cgroups = MemoryCgroups("hosts") if memory is not None else None
+        if memory is not None:
+            kwargs.setdefault("memory_limit", str(int(memory * 0.9)))
+            # The kernel, not the nanny, ends a host that outgrows its memory: Dask's own
+            # terminate line would restart the worker first, and no machine has a nanny for
+            # its RAM.
+            kwargs["env"] = {"DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False"}
+        try:
+            super().__init__(
+                folder, workers=n, hide=disk, readonly=ro, hide_size=disk_size, **kwargs
+            )
+        except BaseException:
+            if self.cgroups is not None:
+                self.cgroups.close()
+            raise
+
+    def _hidden_mount(self, i: int) -> str:
+        if self.hide_size is not None:
+            return super()._hidden_mount(i)
+        own = self.disks / f"host-{i}"
+        own.mkdir(parents=True)
+        return f"mount --bind {shlex.quote(str(own))} {shlex.quote(str(self.disk))}"
+
+    def _on_host(self, i: int, argv: list[str]) -> list[str]:
+        argv = super()._on_host(i, argv)
+        if self.cgroups is None:
+            return argv
+        assert self.memory is not None
+        self.cgroups.make(i, self.memory)
+        return ["sh", "-c", f'{self.cgroups.join(i)} && exec "$@"', "sh", *argv]
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.cgroups is not None:
+                self.cgroups.close()
+
+    def oom_kills(self, i: int) -> int:
+        """Processes of host ``i`` the kernel killed because the host ran out of memory."""
+        assert self.cgroups is not None, "a host without a memory cgroup"
+        return self.cgroups.oom_kills(i)
+
+    def peak_memory(self, i: int) -> int:
+        """Host ``i``'s highest memory use so far, page cache included (bytes)."""
+        assert self.cgroups is not None, "a host without a memory cgroup"
+        return self.cgroups.peak(i)
 
     def alive_hosts(self) -> list[int]:
         return [i for i, w in enumerate(self.workers) if w.poll() is None]

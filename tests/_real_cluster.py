@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests._signals import default_dispositions
 
@@ -48,6 +48,7 @@ class RealCluster:
         hide: Path | None = None,
         readonly: tuple[Path, ...] = (),
         hide_size: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.folder = Path(folder)
         self.cwd = cwd  # the folder the workers start in (default: this process's)
@@ -66,6 +67,7 @@ class RealCluster:
             "OMP_NUM_THREADS": "1",
             # the profile history daskhps's own clusters keep (docs/operations.md)
             "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "120",
+            **(env or {}),
         }
         self.workers: list[subprocess.Popen[bytes]] = []
         self._logs: list[Any] = []
@@ -116,16 +118,25 @@ class RealCluster:
                 "--nthreads", str(self.threads), "--memory-limit", self.memory_limit,
                 "--no-dashboard", "--local-directory", str(self.folder / f"worker-{i}"),
                 "--nanny" if self.nanny else "--no-nanny", *self._tls_args()]  # fmt: skip
-        if self.hide is not None:
-            size = f"-o size={self.hide_size} " if self.hide_size else ""
-            mount = f"mount -t tmpfs {size}none {shlex.quote(str(self.hide))}"
-            for ro in map(shlex.quote, map(str, self.readonly)):
-                mount += f" && mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
-            mount += ' && exec "$@"'
-            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
-        self.workers.append(self._spawn(f"worker-{i}", argv, self.cwd))
+        self.workers.append(self._spawn(f"worker-{i}", self._on_host(i, argv), self.cwd))
         if wait:
             self.wait_for_workers(self.alive())
+
+    def _hidden_mount(self, i: int) -> str:
+        """The shell command that puts worker ``i``'s own disk over ``hide``: an empty tmpfs."""
+        assert self.hide is not None
+        size = f"-o size={self.hide_size} " if self.hide_size else ""
+        return f"mount -t tmpfs {size}none {shlex.quote(str(self.hide))}"
+
+    def _on_host(self, i: int, argv: list[str]) -> list[str]:
+        """Worker ``i``'s command, in a mount namespace of its own when ``hide`` is set."""
+        if self.hide is None:
+            return argv
+        mount = self._hidden_mount(i)
+        for ro in map(shlex.quote, map(str, self.readonly)):
+            mount += f" && mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
+        mount += ' && exec "$@"'
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
 
     def _tls_args(self, scheduler: bool = False) -> list[str]:
         if self.tls is None:
@@ -178,7 +189,7 @@ class RealCluster:
         for log in self._logs:
             log.close()
 
-    def __enter__(self) -> RealCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

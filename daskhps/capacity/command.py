@@ -12,7 +12,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from daskhps._scheduler import scheduler_workers
 from daskhps.capacity.disk import DiskEstimate
 from daskhps.capacity.fit import SizingReport, TablePlan, size_run
 from daskhps.capacity.keystats import KeyStats
@@ -35,16 +34,17 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cluster_shape(address: str, security: ClusterSecurity | None) -> tuple[int, int | None]:
-    """Workers and the smallest memory limit of a running cluster."""
+    """Workers and the smallest memory limit of a running cluster (a worker's Dask limit, or
+    its memory cgroup's where that is lower: warned)."""
     from distributed import Client
 
+    from daskhps.distributed.cgroups import worker_memory_caps
     from daskhps.distributed.cluster import dask_security, probe_scheduler
 
     probe_scheduler(address)
     try:
         with Client(address, timeout="10s", security=dask_security(security)) as client:
-            workers = scheduler_workers(client).values()
-            limits = [int(w.get("memory_limit") or 0) for w in workers]
+            limits = [cap.limit for cap in worker_memory_caps(client).values()]
     except OSError as e:
         raise ConfigError(
             f"cluster.address {address}: cannot reach the scheduler ({e}); start it first or "

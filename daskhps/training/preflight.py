@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from daskhps._paths import check_writable_dir
-from daskhps._scheduler import scheduler_workers
 from daskhps._text import counted
 from daskhps.capacity import check_fits
 from daskhps.capacity.fit import check_cluster_fits as fits_cluster
@@ -33,6 +32,7 @@ from daskhps.config import RunConfig
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.readers import ClickLog
 from daskhps.data.source import day_of, resolve_files
+from daskhps.distributed.cgroups import worker_memory_caps
 from daskhps.errors import ConfigError, DataError, ResumeError, RunExistsError
 from daskhps.monitor.progress import Progress
 from daskhps.runfiles import rundir
@@ -313,8 +313,9 @@ def refuse_damaged_stores(ckpt: Checkpoint) -> None:
 
 def check_cluster_fits(config: RunConfig, client: Any, workers: int, resume: bool) -> None:
     """Refuse, in one line, a run that cannot fit the memory of the workers behind
-    ``cluster.address`` (the embedded cluster's was sized by the preflight)."""
-    limits = [int(w.get("memory_limit") or 0) for w in scheduler_workers(client).values()]
+    ``cluster.address`` (the embedded cluster's was sized by the preflight): each worker's
+    Dask limit, or its memory cgroup's where that is lower (said, with the lever)."""
+    limits = [cap.limit for cap in worker_memory_caps(client).values()]
     fits_cluster(
         config, workers=workers, memory_limit=min(limits, default=0) or None, resume=resume
     )

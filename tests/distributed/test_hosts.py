@@ -41,8 +41,14 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     root = tmp_path_factory.mktemp("hosts")
+    # A tmpfs of 128 MiB for each host's disk: one that fills (the disk-too-small case).
     with Hosts(
-        root / "processes", HOSTS, disk=root / "disk", readonly=root / "readonly", threads=2
+        root / "processes",
+        HOSTS,
+        disk=root / "disk",
+        readonly=root / "readonly",
+        disk_size="128m",
+        threads=2,
     ) as h:
         yield h
     assert h.driver_sees() == []  # nobody wrote the workers' store path on the driver's side
