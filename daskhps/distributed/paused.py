@@ -4,8 +4,9 @@ Dask pauses a worker whose process memory passes ``distributed.worker.memory.pau
 its memory limit by default): it starts no task until its memory falls below that line, and a
 task pinned to it waits (``no-worker``) without an error. A run waiting on such a worker would
 wait for ever, saying nothing. Here the driver reads each worker's status from the scheduler
-(the same call that tells a lost worker), says each pause once, as a warning naming the worker,
-its memory and the config keys that shrink it, and bounds a wait on a paused worker
+(the same call that tells a lost worker), says a worker's pause at once, as a warning naming
+the worker, its memory and the config keys that shrink it (a worker that keeps pausing is said
+again at most once a minute, with its pauses since), and bounds a wait on a paused worker
 (:class:`PauseWatch`): past :data:`PAUSED_FOR_S` it fails in one line instead.
 """
 
@@ -15,14 +16,16 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask.config
 from dask.utils import format_bytes
 
+from daskhps._text import counted
 from daskhps.distributed._errors import WorkerPausedError
 
-__all__ = ["LEVER", "PAUSED_FOR_S", "PauseWatch", "note_pauses", "pause_line"]
+__all__ = ["LEVER", "PAUSED_FOR_S", "REPEAT_S", "PauseWatch", "note_pauses", "pause_line"]
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +39,22 @@ LEVER = (
     "table.tiers.host.fraction or passes.examples_per_pass (docs/sizing.md)"
 )
 
-# The pauses already said, by scheduler: a pause is said once, not at every poll of every
-# wait; a worker that resumes and pauses again is said again.
-_said: dict[str, set[str]] = {}
+# A worker whose memory hovers at the pause line pauses and resumes every few seconds; saying
+# each pause flooded the terminal (194 lines in 5 minutes of a run on memory-limited hosts).
+# A worker's pause is said at once, then at most once every REPEAT_S, with the pauses since.
+REPEAT_S = 60.0
+
+
+@dataclass
+class _Said:
+    at: float  # when the worker's last pause was said (time.monotonic)
+    unsaid: int = 0  # its pauses since then
+
+
+# By scheduler: the workers paused at the last look (a pause is new when a worker was not),
+# and when each worker's pause was last said.
+_paused: dict[str, set[str]] = {}
+_said: dict[str, dict[str, _Said]] = {}
 _said_lock = threading.Lock()
 
 
@@ -63,20 +79,40 @@ def describe(address: str, info: Mapping[str, Any]) -> str:
     return f"worker {address} ({used}{of}{over})"
 
 
-def note_pauses(scheduler: str, workers: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Warn once for each worker of ``workers`` (the scheduler's ``{address: info}``) newly
-    paused; returns the addresses paused now."""
+def note_pauses(
+    scheduler: str,
+    workers: Mapping[str, Mapping[str, Any]],
+    repeat_s: float = REPEAT_S,
+    now: float | None = None,
+) -> list[str]:
+    """Warn for each worker of ``workers`` (the scheduler's ``{address: info}``) newly paused,
+    at most once every ``repeat_s`` per worker (a later line counts the pauses not said);
+    returns the addresses paused now."""
+    now = time.monotonic() if now is None else now
     paused = [a for a, info in workers.items() if info.get("status") == "paused"]
+    say: list[tuple[str, int]] = []
     with _said_lock:
-        said = _said.setdefault(scheduler, set())
-        new = [a for a in paused if a not in said]
-        said.intersection_update(paused)  # resumed or gone: a later pause is said again
-        said.update(new)
-    for address in new:
+        before = _paused.get(scheduler, set())
+        _paused[scheduler] = set(paused)
+        said = _said.setdefault(scheduler, {})
+        for address in (a for a in paused if a not in before):
+            last = said.get(address)
+            if last is None or now - last.at >= repeat_s:
+                say.append((address, last.unsaid if last else 0))
+                said[address] = _Said(now)
+            else:
+                last.unsaid += 1
+    for address, unsaid in say:
+        since = (
+            f" (it paused {counted(unsaid, 'more time')} since this was last said)"
+            if unsaid
+            else ""
+        )
         log.warning(
-            "%s is paused by Dask for memory: it starts no task until its memory falls, and a "
+            "%s is paused by Dask for memory%s: it starts no task until its memory falls, and a "
             "run waiting on it fails after %g s; %s",
             describe(address, workers[address]),
+            since,
             PAUSED_FOR_S,
             LEVER,
         )

@@ -21,7 +21,7 @@ import pytest
 
 from daskhps._scheduler import scheduler_workers
 from daskhps.distributed import WaitStopped, WorkerPausedError, run_pinned
-from daskhps.distributed.paused import note_pauses
+from daskhps.distributed.paused import REPEAT_S, note_pauses
 from tests.distributed import _memory
 
 LIMIT = 512 << 20
@@ -73,7 +73,7 @@ def test_a_paused_worker_is_said_once_naming_it_its_memory_and_the_lever(
     (said,) = _pause_warnings(caplog)
     assert address in said and "cluster.memory_limit" in said and "fraction" in said
     assert "MiB of its 512.00 MiB limit" in said, said
-    # A worker that resumes and pauses again is said again.
+    # A worker that resumes and pauses again is said again, once a minute at most.
     client.run(_memory.let_go)
     workers = scheduler_workers(client)
     deadline = time.monotonic() + 15
@@ -84,10 +84,34 @@ def test_a_paused_worker_is_said_once_naming_it_its_memory_and_the_lever(
     assert note_pauses(scheduler, workers) == []
     client.run(_memory.hold, int(LIMIT * 0.9))
     deadline = time.monotonic() + 15
-    while not note_pauses(scheduler, scheduler_workers(client)):
+    later = time.monotonic() + REPEAT_S
+    while not note_pauses(scheduler, scheduler_workers(client), now=later):
         assert time.monotonic() < deadline, "the worker was never paused again"
         time.sleep(0.1)
     assert len(_pause_warnings(caplog)) == 2
+
+
+def _workers(*paused: str) -> dict[str, dict[str, str]]:
+    return {a: {"status": "paused" if a in paused else "running"} for a in ("tcp://a", "tcp://b")}
+
+
+def test_a_worker_that_keeps_pausing_is_said_once_a_minute_with_its_pauses_since(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="daskhps")
+    scheduler = f"tcp://scheduler-{time.monotonic_ns()}"  # a scheduler of this test's own
+    t = 1000.0
+    assert note_pauses(scheduler, _workers("tcp://a"), now=t) == ["tcp://a"]
+    for k in range(1, 6):  # it resumes and pauses again every 5 s: counted, not said
+        note_pauses(scheduler, _workers(), now=t + 5 * k - 1)
+        note_pauses(scheduler, _workers("tcp://a"), now=t + 5 * k)
+    note_pauses(scheduler, _workers("tcp://b"), now=t + 30)  # another worker: said at once
+    note_pauses(scheduler, _workers(), now=t + 59)
+    note_pauses(scheduler, _workers("tcp://a"), now=t + REPEAT_S)  # a minute on: said
+    said = _pause_warnings(caplog)
+    assert [line.split(" ")[1] for line in said] == ["tcp://a", "tcp://b", "tcp://a"]
+    assert "since this was last said" not in said[0] and "since" not in said[1]
+    assert "paused by Dask for memory (it paused 5 more times since this was last said)" in said[2]
 
 
 def test_a_wait_on_a_paused_worker_fails_in_one_line_within_its_deadline(
