@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dask.utils import format_bytes
+
+from daskhps._paths import tree_bytes
 from daskhps.distributed import run_pinned
 from daskhps.distributed.disks import DiskReport, Survey, survey_disk, survey_workers
 from daskhps.distributed.reshard import reshard_on_workers
@@ -344,10 +348,14 @@ def _lost_line(
     )
 
 
-def _restore_rank(rank: int, ckpt: Checkpoint, url: str) -> str:
+def _restore_rank(rank: int, ckpt: Checkpoint, url: str) -> tuple[int, float]:
     """On the worker that takes ``rank``: download its store of ``ckpt`` from the copy onto
-    this worker's disk (a damaged or foreign store there is moved aside, never deleted)."""
-    return str(Replica(url).restore_store(ckpt, rank))
+    this worker's disk (a damaged or foreign store there is moved aside, never deleted); the
+    bytes its stores hold then, and the seconds it took."""
+    t0 = time.monotonic()
+    Replica(url).restore_store(ckpt, rank)
+    seconds = time.monotonic() - t0
+    return sum(tree_bytes(ckpt.store_path(rank, t)) for t in ckpt.table_names), seconds
 
 
 def _restore_on_workers(
@@ -355,7 +363,7 @@ def _restore_on_workers(
 ) -> None:
     ranks = sorted(where)
     try:
-        run_pinned(
+        done = run_pinned(
             client,
             [where[r] for r in ranks],
             _restore_rank,
@@ -366,8 +374,12 @@ def _restore_on_workers(
         )
     except (CheckpointError, OSError) as e:
         raise ResumeError(f"cannot continue from {ckpt.name}: {e}") from None
-    for r in ranks:
+    for r, (size, seconds) in zip(ranks, done, strict=True):
+        # The size and the time say whether a restore is bound by the copy's reads: at this
+        # size, a lost host's time to training again is mostly this.
         log.warning(
-            "restored rank %d's store of %s from %s onto %s (it was on no worker's disk)",
-            *(r, ckpt.name, replica.url, where[r]),
+            "restored rank %d's store of %s from %s onto %s (it was on no worker's disk): "
+            "%s in %.2f s (%s/s)",
+            *(r, ckpt.name, replica.url, where[r], format_bytes(size), seconds),
+            format_bytes(int(size / max(seconds, 1e-3))),
         )

@@ -10,6 +10,7 @@ trains in its own folders, and one that loses a host replaces it before it ends.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -226,7 +227,9 @@ def test_a_host_lost_with_its_disk_comes_back_from_the_copy(
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode == 0, err[-3000:]
-    assert "(it was on no worker's disk)" in err, err[-3000:]
+    assert "(it was on no worker's disk): " in err, err[-3000:]
+    restored = next(line for line in err.splitlines() if "on no worker's disk" in line)
+    assert re.search(r"disk\): \d[\d.]* [kKMGT]?i?B in \d+\.\d\d s \(", restored), restored
     a, b = _dense(run_dir), _dense(plain)
     assert all(torch.equal(a[k], b[k]) for k in a)
     _same_rows(tmp_path / "lost-copy", plain.parent / "plain-copy")
