@@ -5,14 +5,13 @@
 One worker process on a LocalCluster (2 GiB limit) trains once on small logs (so imports,
 the process group's first setup and the allocators' start are in its baseline), then trains
 the measured run while its peak resident memory is recorded (the kernel's high-water mark,
-:func:`daskhps.capacity.measured.measure_growth`): 3 times, each in a restarted worker
-warmed the same way and its own run folder, and the largest growth counts. A reading can
-only fall short: a second run in the same worker reads 10 to 15 MiB lower, growing into
-pages the first freed, and first runs differ by as much with how staging and training
-overlap. Two figures, from
-``size_run`` with the keys counted by ``--scan``: the plan's growth (its total less the
-worker process) against the worker's peak growth, and the plan's total against the worker's
-peak RSS, which is what ``daskhps plan`` promises.
+:func:`daskhps.capacity.measured.measure_growth`): 4 times, each on a cluster of its own
+whose worker is warmed the same way, in its own run folder, and the largest growth counts.
+A reading can only fall short: a second run in the same worker reads 10 to 15 MiB lower,
+growing into pages the first freed, and first runs differ by as much with how staging and
+training overlap. Two figures, from ``size_run`` with the keys counted by ``--scan``: the
+plan's growth (its total less the worker process) against the worker's peak growth, and the
+plan's total against the worker's peak RSS, which is what ``daskhps plan`` promises.
 
 The run is shaped so the plan's model is what is compared: dim-64 Adam rows (195 floats),
 tiers of tens of MB, more distinct keys than the device tier holds and fewer than device and
@@ -66,36 +65,33 @@ def _config(
     )
 
 
-def measure(tmp: Path, rep: Reporter, repeat: int = 3) -> None:
+def measure(tmp: Path, rep: Reporter, repeat: int = 4) -> None:
     from distributed import Client, LocalCluster
 
     logs, small = tmp / "logs", tmp / "small"
     generate(GeneratorConfig(days=1, rows_per_day=18000, parts_per_day=2, seed=5), str(logs))
     generate(GeneratorConfig(days=1, rows_per_day=2000, parts_per_day=2, seed=6), str(small))
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=2,
-            memory_limit=LIMIT,
-            dashboard_address=None,
-            processes=True,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        address = cluster.scheduler_address
-        cfg = _config(tmp, logs, address)
-        report = size_run(cfg, scan=True, workers=1, memory_limit=LIMIT)
-        memory = report.memory
-        assert memory is not None and memory.host is not None
-        # A reading can only fall short of the run's true growth (a run grows into pages the
-        # run before it freed), so each run has a fresh worker, warmed by the same small run,
-        # and the largest of a few counts (their peaks differ with how staging and training
-        # overlap).
-        runs = []
-        for i in range(repeat):
-            client.restart()
-            warm = _config(tmp, small, address, warm_up=True, run=i)
-            Trainer(warm, progress=False).run()
+    report = size_run(_config(tmp, logs, "tcp://unused"), scan=True, workers=1, memory_limit=LIMIT)
+    memory = report.memory
+    assert memory is not None and memory.host is not None
+    # A reading can only fall short of the run's true growth (a run grows into pages the run
+    # before it freed), so each run has a cluster of its own, its worker warmed by the same
+    # small run, and the largest of a few counts (their peaks differ with how staging and
+    # training overlap).
+    runs = []
+    for i in range(repeat):
+        with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=2,
+                memory_limit=LIMIT,
+                dashboard_address=None,
+                processes=True,
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            address = cluster.scheduler_address
+            Trainer(_config(tmp, small, address, warm_up=True, run=i), progress=False).run()
             run_cfg = _config(tmp, logs, address, run=i)
             result, growths = measure_growth(client, Trainer(run_cfg, progress=False).run)
             ((base, peak),) = growths.values()
@@ -131,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--out", default=None, help="folder for the logs and runs (default: temp)")
-    ap.add_argument("--repeat", type=int, default=3, help="measured runs; the largest growth")
+    ap.add_argument("--repeat", type=int, default=4, help="measured runs; the largest growth")
     args = ap.parse_args(argv)
     rep = Reporter(args.json)
     if args.out is not None:

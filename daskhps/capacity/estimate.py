@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from daskhps.table.persistence import FLUSH_ROWS
 from daskhps.tiers.host import rows_for_bytes
 from daskhps.tiers.index import MIN_CAPACITY, MIN_SCRATCH, PROBE_CHUNK, KeyIndex
 from daskhps.tiers.store.options import StoreOptions
@@ -199,6 +200,13 @@ def store_memory_bytes(keys: int, width: int, *, batch_keys: int = 0, opened: in
     """
     buffer = min(WRITE_BUFFER_ROWS, keys) * (8 + 4 * width)
     return index_bytes_holding(keys, opened) + index_scratch_bytes(batch_keys) + buffer
+
+
+def flush_step_bytes(rows: int, width: int) -> int:
+    """What a checkpoint's flush holds beyond the store's write buffer (counted with the
+    store): one step of dirty rows gathered from a tier
+    (:data:`~daskhps.table.persistence.FLUSH_ROWS`, fewer when the upper tiers hold fewer)."""
+    return min(FLUSH_ROWS, rows) * (8 + 4 * width)
 
 
 def store_mapped_bytes(keys: int, width: int, chunk_rows: int = StoreOptions().chunk_rows) -> int:

@@ -18,6 +18,7 @@ from daskhps.capacity.estimate import (
     WORKER_PROCESS_BYTES,
     TierBytes,
     dense_bytes,
+    flush_step_bytes,
     host_tier_bytes,
     index_transient_bytes,
     slot_cache_bytes,
@@ -98,9 +99,10 @@ class WorkerMemory:
 
     ``total`` is the peak resident memory of the worker process: the process itself, what the
     run keeps (tiers, dense model, examples) and the largest of the transients, which never
-    overlap: one training batch, one evaluation batch, and the store's key index being opened
-    or grown. With several tables the tiers and the store are the sums of :attr:`tables`
-    (``store_index`` the largest table's: the stores are opened and grown one at a time).
+    overlap: one training batch, one evaluation batch, one step of a checkpoint's flush of
+    dirty rows to the store, and the store's key index being opened or grown. With several
+    tables the tiers and the store are the sums of :attr:`tables` (``store_index`` the
+    largest table's: the stores are opened and grown one at a time).
     """
 
     memory_limit: int | None
@@ -114,6 +116,7 @@ class WorkerMemory:
     examples: int | None
     train_step: int
     eval_step: int
+    flush_step: int
     store_index: int
     tables: tuple[TableMemory, ...] = ()  # each table's part (one: the figures above)
 
@@ -128,6 +131,7 @@ class WorkerMemory:
         return {
             "a training batch": self.train_step,
             "an evaluation batch": self.eval_step,
+            "a checkpoint's flush (a step of dirty rows)": self.flush_step,
             "the store's index (opening or growing it)": self.store_index,
         }
 
@@ -157,6 +161,7 @@ class WorkerMemory:
             "examples": self.examples,
             "train_step": self.train_step,
             "eval_step": self.eval_step,
+            "flush_step": self.flush_step,
             "store_index": self.store_index,
             "transient": self.transient,
             "tiers": self.tiers,
@@ -236,6 +241,11 @@ def worker_memory(
         examples=examples,
         train_step=steps.train(-(-cfg.passes.plan.global_batch_size // W)),
         eval_step=steps.eval(eval_rows),
+        # The tables flush one after another: the widest table's step is the moment's.
+        flush_step=max(
+            flush_step_bytes(t.device.rows + (t.host.rows if t.host else 0), t.device.width or 0)
+            for t in tables
+        ),
         store_index=max(t.store_index for t in tables),
         tables=tables,
     )

@@ -10,25 +10,38 @@ from typing import Any, Literal
 import numpy as np
 
 from daskhps.table.shard import Shard
-from daskhps.tiers.base import CommitInfo, Evicted
+from daskhps.tiers.base import CommitInfo
 
-__all__ = ["close", "commit", "flush"]
+__all__ = ["FLUSH_ROWS", "close", "commit", "flush"]
 
 log = logging.getLogger("daskhps.table.table")  # the name these records had: filters keep working
 
 
+# Dirty rows written to the store per step of a flush. Gathering every dirty row of both
+# tiers at once (and then concatenating them) copied the tiers' whole contents twice: at each
+# checkpoint of a run whose tiers were full of new rows, a worker's memory rose by 400 MB
+# over what it held between checkpoints. In steps, a flush holds one step's rows at a time
+# (13 MB of dim-64 Adam rows); the store seals its segments by its own buffer's size.
+FLUSH_ROWS = 16_384
+
+
 def flush(shard: Shard) -> int:
-    """Append every dirty row of the device and host tiers to the store; returns rows
-    written. The rows stay resident, now clean."""
+    """Append every dirty row of the device and host tiers to the store, ``FLUSH_ROWS`` at a
+    time, the device tier's first (as one write of both tiers' rows would order them);
+    returns rows written. The rows stay resident, now clean."""
     shard.check_writable("flush")
-    parts = [shard.device_cache.flush().to("cpu")]
-    if shard.host is not None:
-        parts.append(shard.host.flush())
-    dirty = Evicted.concat(parts, shard.spec.width)
-    if len(dirty):
-        shard.store.upsert(dirty.keys, dirty.rows)
+    written = 0
+    for tier in (shard.device_cache, shard.host):
+        if tier is None:
+            continue
+        while True:
+            dirty = tier.flush(limit=FLUSH_ROWS).to("cpu")
+            if not len(dirty):
+                break
+            shard.store.upsert(dirty.keys, dirty.rows)
+            written += len(dirty)
     shard.store.flush()
-    return len(dirty)
+    return written
 
 
 def commit(

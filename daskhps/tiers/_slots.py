@@ -196,8 +196,10 @@ class SlotCache(Cache):
             raise DataError(f"{self.name}: evict n must be >= 0, got {n}")
         return self._rows.remove(self._policy.victims(n, self._free.fresh, None, strict=False))
 
-    def flush(self) -> Evicted:
+    def flush(self, limit: int | None = None) -> Evicted:
         slots = self._dirty[: self._free.fresh].nonzero().squeeze(1)
+        if limit is not None:
+            slots = slots[: max(limit, 0)]
         self._dirty[slots] = False
         return Evicted(
             self._key[slots], self._slab[slots], torch.ones_like(slots, dtype=torch.bool)

@@ -280,8 +280,9 @@ class Cache(Tier):
         victims chosen by the tier's replacement policy."""
 
     @abstractmethod
-    def flush(self) -> Evicted:
-        """Return every dirty row (they stay resident) and mark them clean."""
+    def flush(self, limit: int | None = None) -> Evicted:
+        """Return every dirty row (they stay resident) and mark them clean; with ``limit``,
+        at most that many of them (the rest stay dirty for the next call)."""
 
     @property
     @abstractmethod

@@ -341,6 +341,40 @@ class CacheConformance(TierConformance):
         assert sorted(tier.keys().cpu().tolist()) == [2]
         assert not bool(tier.lookup(keys_of(1, 3).to(tier.device)).found.any())
 
+    @settings(
+        max_examples=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(
+        dirty=st.sets(st.integers(0, 40), max_size=14),
+        limit=st.integers(0, 7),
+    )
+    def test_a_flush_in_steps_returns_each_dirty_row_once(
+        self, make_tier: MakeCache, dirty: set[int], limit: int
+    ) -> None:
+        """Steps of at most ``limit`` rows return the dirty rows once each, the rest stay
+        dirty for the next step, and nothing is left once a step returns none."""
+        tier = make_tier(WIDTH, 16)
+        keys = keys_of(*sorted(dirty)).to(tier.device)
+        tier.upsert(keys, rows_for(keys.cpu()).to(tier.device), dirty=True)
+        clean = keys_of(100, 101).to(tier.device)
+        tier.upsert(clean, rows_for(clean.cpu()).to(tier.device), dirty=False)
+        seen: list[int] = []
+        for _ in range(len(dirty) + 1):
+            step = tier.flush(limit=limit)
+            assert len(step) <= limit
+            seen += step.keys.cpu().tolist()
+            if limit == 0 or not len(step):
+                break
+            order = step.keys.cpu().argsort()
+            assert same_bits(step.rows.cpu()[order], rows_for(step.keys.cpu()[order]))
+        if limit == 0:
+            assert seen == [] and sorted(tier.flush().keys.cpu().tolist()) == sorted(dirty)
+        else:
+            assert sorted(seen) == sorted(dirty)  # once each, the clean rows never
+        assert len(tier.flush()) == 0 and len(tier) == len(dirty) + 2
+
     def test_evict_n_by_policy(self, make_tier: MakeCache) -> None:
         tier = make_tier(WIDTH, 16)
         keys = torch.arange(6, dtype=torch.int64)
