@@ -214,7 +214,8 @@ def pass_figures(run_dir: Path) -> dict[str, Any]:
     from daskhps.runfiles.checkpoint import list_checkpoints
 
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    passes = [json.loads(line) for line in lines if line.strip()]
+    records = [json.loads(line) for line in lines if line.strip()]
+    passes = [p for p in records if "restart" not in p]  # a restart has a line of its own
     staged: dict[str, int] = {}
     for p in passes:
         for k, v in p.get("staged_from", {}).items():

@@ -39,12 +39,22 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
+from daskhps.runfiles.checkpoint import latest_checkpoint
 from tests._cgroups import MemoryCgroups, cgroups_unavailable
 from tests._real_cluster import RealCluster
 
-__all__ = ["Hosts", "namespaces_unavailable", "skip_without_namespaces"]
+__all__ = [
+    "Hosts",
+    "Model",
+    "model_of",
+    "namespaces_unavailable",
+    "same_model",
+    "skip_without_namespaces",
+]
 
 
 @functools.cache
@@ -183,3 +193,31 @@ class Hosts(RealCluster):
     def driver_sees(self) -> list[str]:
         """What the driver's side of ``disk`` holds (nothing, unless the driver wrote there)."""
         return sorted(str(p.relative_to(self.disk)) for p in self.disk.rglob("*"))
+
+
+# A run's model: its dense weights, and each rank's sorted keys with their rows.
+Model = tuple[dict[str, torch.Tensor], list[tuple[np.ndarray, np.ndarray]]]
+
+
+def model_of(run_dir: Path, copy: Path) -> Model:
+    """The model of a run on hosts: the dense weights of its latest checkpoint, and each
+    rank's keys and rows as its copy (``checkpoint.replicate_to``) holds them at that
+    checkpoint; the stores are on the hosts' disks, which the driver cannot see."""
+    ckpt, copied = latest_checkpoint(run_dir), latest_checkpoint(copy)
+    assert ckpt is not None and copied is not None and copied.name == ckpt.name
+    ranks = []
+    for r in range(copied.num_workers):
+        with copied.open_store(r) as store:
+            keys = store.keys().sort().values
+            ranks.append((keys.numpy(), store.lookup(keys).rows.numpy()))
+    return ckpt.dense_state(), ranks
+
+
+def same_model(a: Model, b: Model) -> bool:
+    """Bit for bit: every dense weight, every rank's keys and rows."""
+    if a[0].keys() != b[0].keys() or not all(torch.equal(a[0][k], b[0][k]) for k in b[0]):
+        return False
+    return len(a[1]) == len(b[1]) and all(
+        np.array_equal(ka, kb) and np.array_equal(ra, rb)
+        for (ka, ra), (kb, rb) in zip(a[1], b[1], strict=True)
+    )

@@ -14,12 +14,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
-from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
-from tests._hosts import Hosts
+from daskhps.runfiles.checkpoint import list_checkpoints
+from tests._hosts import Hosts, model_of, same_model
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config
 from tests._signals import default_dispositions
@@ -54,20 +52,6 @@ def _config(tmp_path: Path, logs: Path, hosts: Hosts, name: str) -> Path:
         checkpoint={"replicate_to": str(tmp_path / f"{name}-copy")},
     )
     return write_config(tmp_path / f"{name}.yaml", cfg)
-
-
-def _model(run_dir: Path) -> tuple[dict[str, torch.Tensor], list[tuple[np.ndarray, np.ndarray]]]:
-    """The dense weights at the latest checkpoint, and every rank's sorted keys and rows as
-    its copy holds them (the stores are on the hosts' disks, which the driver cannot see)."""
-    ckpt = latest_checkpoint(run_dir)
-    copied = latest_checkpoint(run_dir.parent / f"{run_dir.name}-copy")
-    assert ckpt is not None and copied is not None and copied.name == ckpt.name
-    ranks = []
-    for r in range(copied.num_workers):
-        with copied.open_store(r) as store:
-            keys = store.keys().sort().values
-            ranks.append((keys.numpy(), store.lookup(keys).rows.numpy()))
-    return ckpt.dense_state(), ranks
 
 
 def _outgrow_memory() -> None:
@@ -115,10 +99,10 @@ def test_a_host_that_outgrows_its_memory_is_killed_by_the_kernel_and_the_run_rec
     assert hosts.oom_kills(victim) == 1 and hosts.oom_kills(0) == 0
     assert hosts.alive_hosts() == [0, 1]  # the nanny started the worker again, on its disk
     assert hosts.peak_memory(victim) <= HOST_MEMORY
-    (a_dense, a_rows), (b_dense, b_rows) = _model(tmp_path / "oom"), _model(tmp_path / "plain")
-    assert all(torch.equal(a_dense[k], b_dense[k]) for k in a_dense)
-    for (ka, ra), (kb, rb) in zip(a_rows, b_rows, strict=True):
-        assert np.array_equal(ka, kb) and np.array_equal(ra, rb)
+    assert same_model(
+        model_of(tmp_path / "oom", tmp_path / "oom-copy"),
+        model_of(tmp_path / "plain", tmp_path / "plain-copy"),
+    )
 
 
 def test_a_worker_whose_cgroup_is_below_its_dask_limit_is_said_and_sized_on_the_cgroup(

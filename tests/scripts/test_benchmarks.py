@@ -390,3 +390,40 @@ def test_bench_tables_quick(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "bench_tables.json").read_text())
     assert set(saved["variants"]) == {"one-64", "per-field"}
     assert not (tmp_path / "runs").exists()  # the runs are removed, the logs and figures kept
+
+
+@pytest.mark.slow
+def test_bench_worker_reuse_quick() -> None:
+    """Three runs on one real worker: its RSS is read after each, and the figure says how it
+    moved from the first run to the last."""
+    (rec,) = run_script("bench_worker_reuse.py", "--runs", "3", "--workers", "1", "--rows", "4000")
+    assert rec["unit"] == "MiB" and len(rec["rss_mib"]) == 3
+    assert rec["value"] == pytest.approx(rec["rss_mib"][-1], abs=0.1)
+    assert rec["baseline"] == pytest.approx(rec["rss_mib"][0], abs=0.1)
+    assert rec["memory_problems"] == 0 and "slope_mib_per_run" in rec
+
+
+@pytest.mark.slow
+def test_bench_hosts_quick(tmp_path: Path) -> None:
+    """Two cgroup-limited hosts on private disks, a small day: every figure is reported, no
+    host is killed by the kernel, and the host lost with its disk comes back from the copy to
+    the uninterrupted run's model."""
+    from tests._cgroups import cgroups_unavailable
+    from tests._hosts import namespaces_unavailable
+
+    why = namespaces_unavailable() or cgroups_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    recs = run_script(
+        "bench_hosts.py", "--out", str(tmp_path), "--hosts", "2", "--rows", "12000", timeout=900
+    )
+    by_name = {r["name"].split(",")[0].split(" (")[0]: r for r in recs}
+    speed = next(r for n, r in by_name.items() if n.startswith("training examples/s"))
+    assert speed["value"] > 0 and speed["baseline"] > 0
+    for stage in ("fits", "spills"):
+        peak = by_name[f"{stage}: the busiest host's peak RSS vs daskhps plan's peak per worker"]
+        assert peak["oom_kills"] == [0, 0] and 0 < peak["value"] < peak["host_memory_mib"]
+    lost = by_name["a host lost with its disk: seconds from the loss to training again"]
+    assert lost["same_model_as_spills"] is True and lost["restored_bytes"] > 0
+    assert lost["value"] >= lost["waited_for_a_host_s"] >= 0
+    assert (tmp_path / "results.json").exists()
