@@ -92,7 +92,7 @@ def write_config(out: Path, name: str, logs: Path, hosts: Any, args: argparse.Na
         "passes": {
             "epochs": 1,
             "examples_per_pass": -(-args.rows // passes),
-            "global_batch_size": 2048,
+            "global_batch_size": min(2048, args.rows // passes // 4),
             # A pass's keys must fit the device tier beside the next pass's: with most values
             # seen once, passes are split at this many keys (about 80,000 a host).
             "max_working_set": 80_000 * args.hosts,
@@ -112,7 +112,7 @@ def write_config(out: Path, name: str, logs: Path, hosts: Any, args: argparse.Na
         "model": {"name": "dlrm", "options": {"bottom_mlp": [32, DIM], "top_mlp": [64]}},
         "dense_optimizer": {"kind": "adam", "lr": 0.001},
         "checkpoint": {
-            "every_passes": 6,
+            "every_passes": args.checkpoint_every,
             "keep": 10,
             "replicate_to": str(out / "copy" / name),
         },
@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=560_000, help="rows of the day")
     ap.add_argument("--one-off", type=float, default=0.7, help="share of values seen once")
     ap.add_argument("--stages", default="fits,spills,lost")
+    ap.add_argument("--checkpoint-every", type=int, default=6, help="checkpoint.every_passes")
     args = ap.parse_args(argv)
     stages = args.stages.split(",")
     rep = Reporter(args.json)

@@ -415,7 +415,9 @@ def test_bench_hosts_quick(tmp_path: Path) -> None:
     if why is not None:
         pytest.skip(why)
     recs = run_script(
-        "bench_hosts.py", "--out", str(tmp_path), "--hosts", "2", "--rows", "12000", timeout=900
+        "bench_hosts.py",
+        *("--out", str(tmp_path), "--hosts", "2", "--rows", "12000", "--checkpoint-every", "1"),
+        timeout=900,
     )
     by_name = {r["name"].split(",")[0].split(" (")[0]: r for r in recs}
     speed = next(r for n, r in by_name.items() if n.startswith("training examples/s"))
