@@ -46,10 +46,12 @@ import torch
 from daskhps.runfiles.checkpoint import latest_checkpoint
 from tests._cgroups import MemoryCgroups, cgroups_unavailable
 from tests._real_cluster import RealCluster
+from tests._runs import tiny_config, write_config
 
 __all__ = [
     "Hosts",
     "Model",
+    "hosts_config",
     "model_of",
     "namespaces_unavailable",
     "same_model",
@@ -221,3 +223,24 @@ def same_model(a: Model, b: Model) -> bool:
         np.array_equal(ka, kb) and np.array_equal(ra, rb)
         for (ka, ra), (kb, rb) in zip(a[1], b[1], strict=True)
     )
+
+
+def hosts_config(
+    tmp_path: Path, logs: Path, hosts: Hosts, name: str, wait_s: float = 30, **keys: object
+) -> Path:
+    """A tiny run named ``name`` on ``hosts`` (its config file): its stores on the hosts' disk
+    under ``name``, its copy at ``<tmp_path>/<name>-copy``, the last day held out, passes of
+    300 examples, 2 restarts waiting ``wait_s`` for workers; ``keys``: more config sections."""
+    cfg = tiny_config(
+        tmp_path / name,
+        logs,
+        cluster_section={"address": hosts.address, "max_restarts": 2, "restart_wait_s": wait_s},
+        **{
+            "data": {"holdout": {"day": "last"}},
+            "passes": {"examples_per_pass": 300},
+            "table": {"tiers": {"store_dir": str(hosts.disk / name)}},
+            "checkpoint": {"replicate_to": str(tmp_path / f"{name}-copy")},
+            **keys,
+        },
+    )
+    return write_config(tmp_path / f"{name}.yaml", cfg)

@@ -24,7 +24,7 @@ import torch
 
 from daskhps.runfiles.checkpoint import latest_checkpoint, list_checkpoints
 from tests._clusters import WORKER_MEMORY
-from tests._hosts import Hosts
+from tests._hosts import Hosts, hosts_config
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config
 from tests._signals import default_dispositions
@@ -55,24 +55,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     assert h.driver_sees() == []  # nobody wrote the workers' store path on the driver's side
 
 
-def _config(
-    tmp_path: Path, logs: Path, hosts: Hosts, name: str, wait_s: float = 30, **keys: object
-) -> Path:
-    cfg = tiny_config(
-        tmp_path / name,
-        logs,
-        cluster_section={"address": hosts.address, "max_restarts": 2, "restart_wait_s": wait_s},
-        **{
-            "data": {"holdout": {"day": "last"}},
-            "passes": {"examples_per_pass": 300},
-            "table": {"tiers": {"store_dir": str(hosts.disk / name)}},
-            "checkpoint": {"replicate_to": str(tmp_path / f"{name}-copy")},
-            **keys,
-        },
-    )
-    return write_config(tmp_path / f"{name}.yaml", cfg)
-
-
 def _dense(run_dir: Path) -> dict[str, torch.Tensor]:
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None
@@ -83,7 +65,7 @@ def _dense(run_dir: Path) -> dict[str, torch.Tensor]:
 def plain(tmp_path_factory: pytest.TempPathFactory, logs: Path, hosts: Hosts) -> Path:
     """A run trained to its end on the hosts (its folder)."""
     tmp_path = tmp_path_factory.mktemp("plain")
-    run = cli("train", str(_config(tmp_path, logs, hosts, "plain")), timeout=300)
+    run = cli("train", str(hosts_config(tmp_path, logs, hosts, "plain")), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return tmp_path / "plain"
 
@@ -160,7 +142,7 @@ def test_bad_input_on_the_hosts_is_one_line_and_changes_no_disk(
     tmp_path: Path, logs: Path, hosts: Hosts, plain: Path, keys: dict[str, str], line: str
 ) -> None:
     where = {"readonly": hosts.readonly_dir, "disk": hosts.disk}
-    config = _config(tmp_path, logs, hosts, "bad")
+    config = hosts_config(tmp_path, logs, hosts, "bad")
     disks, copy = _disks(hosts), sorted(plain.parent.rglob("*"))
     sets = [f"{k}={v.format(**where)}" for k, v in keys.items()]
     run = cli("train", str(config), *(a for kv in sets for a in ("--set", kv)), timeout=300)
@@ -176,7 +158,7 @@ def test_bad_input_on_the_hosts_is_one_line_and_changes_no_disk(
 def test_a_killed_driver_leaves_nothing_held_and_resume_continues(
     tmp_path: Path, logs: Path, hosts: Hosts, plain: Path
 ) -> None:
-    config = _config(tmp_path, logs, hosts, "killed")
+    config = hosts_config(tmp_path, logs, hosts, "killed")
     run = cli("train", str(config), kill_at="after_checkpoint:1", timeout=300)
     assert run.returncode == -9, run.stderr[-3000:]
     assert [c.passes_done for c in list_checkpoints(tmp_path / "killed")][-1] == 2
@@ -214,7 +196,7 @@ def _wait_for_a_copy(copy: Path, driver: subprocess.Popen[str]) -> None:
 def test_a_host_lost_with_its_disk_comes_back_from_the_copy(
     tmp_path: Path, logs: Path, hosts: Hosts, plain: Path
 ) -> None:
-    config = _config(tmp_path, logs, hosts, "lost")
+    config = hosts_config(tmp_path, logs, hosts, "lost")
     run_dir = tmp_path / "lost"
     driver = _train_in_background(config)
     try:
@@ -240,7 +222,7 @@ def test_a_host_lost_and_not_replaced_reshards_onto_the_hosts_left(
 ) -> None:
     """On the workers, through the cluster: the driver sees no store (the module's fixture
     checks that nothing landed on its side of the hosts' disk path)."""
-    config = _config(tmp_path, logs, hosts, "fewer", wait_s=3)
+    config = hosts_config(tmp_path, logs, hosts, "fewer", wait_s=3)
     run_dir = tmp_path / "fewer"
     driver = _train_in_background(config)
     try:
@@ -272,7 +254,7 @@ def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_store_on_the
     garbage.mkdir(parents=True)
     (garbage / "part-0.tsv").write_text("not\ta\tclick\tlog\n" * 50)
     (garbage / "_SUCCESS").write_text("")
-    config = _config(tmp_path, garbage.parent, hosts, "failed", data={"holdout": None})
+    config = hosts_config(tmp_path, garbage.parent, hosts, "failed", data={"holdout": None})
     run = cli("train", str(config), timeout=300)
     assert run.returncode != 0
     assert "gave a row" in run.stderr.strip().splitlines()[-1], run.stderr[-3000:]
@@ -302,7 +284,7 @@ def test_logs_and_the_copy_in_a_bucket_train_the_same_run_bit_for_bit(
     with s3_server() as server:
         url = server.upload(logs, server.bucket("clicks") + "/logs")
         copy = server.bucket("copies") + "/run"
-        config = _config(
+        config = hosts_config(
             tmp_path,
             logs,
             hosts,

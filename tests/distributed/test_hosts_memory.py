@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from daskhps.runfiles.checkpoint import list_checkpoints
-from tests._hosts import Hosts, model_of, same_model
+from tests._hosts import Hosts, hosts_config, model_of, same_model
 from tests._logs import generated_logs
 from tests._runs import cli, tiny_config, write_config
 from tests._signals import default_dispositions
@@ -41,19 +41,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     assert h.driver_sees() == []
 
 
-def _config(tmp_path: Path, logs: Path, hosts: Hosts, name: str) -> Path:
-    cfg = tiny_config(
-        tmp_path / name,
-        logs,
-        cluster_section={"address": hosts.address, "max_restarts": 2, "restart_wait_s": 60},
-        data={"holdout": {"day": "last"}},
-        passes={"examples_per_pass": 300},
-        table={"tiers": {"store_dir": str(hosts.disk / name)}},
-        checkpoint={"replicate_to": str(tmp_path / f"{name}-copy")},
-    )
-    return write_config(tmp_path / f"{name}.yaml", cfg)
-
-
 def _outgrow_memory() -> None:
     """Map and fault in 4 GiB at once: past any host's cgroup, so the kernel kills this
     process (the largest of its host) in the middle of the call."""
@@ -71,13 +58,14 @@ def _worker_of(hosts: Hosts, i: int) -> str:
 def test_a_host_that_outgrows_its_memory_is_killed_by_the_kernel_and_the_run_recovers(
     tmp_path: Path, logs: Path, hosts: Hosts
 ) -> None:
-    plain = cli("train", str(_config(tmp_path, logs, hosts, "plain")), timeout=300)
+    plain = cli("train", str(hosts_config(tmp_path, logs, hosts, "plain", wait_s=60)), timeout=300)
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert "memory cgroup" not in plain.stderr  # each host's Dask limit is within its cgroup
     assert hosts.oom_kills(0) == hosts.oom_kills(1) == 0
     victim = 1
+    config = hosts_config(tmp_path, logs, hosts, "oom", wait_s=60)
     driver = subprocess.Popen(
-        [sys.executable, "-m", "daskhps.cli", "train", str(_config(tmp_path, logs, hosts, "oom"))],
+        [sys.executable, "-m", "daskhps.cli", "train", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
