@@ -305,4 +305,6 @@ def keys_holdout(cfg: RunConfig, keys: KeyStats) -> int:
         return gen.generator.rows_per_day
     if h.fraction is not None and keys.examples is not None:
         return int(keys.examples * h.fraction / (1.0 - h.fraction))
+    if h.progressive and keys.examples is not None:
+        return keys.examples
     return 0

@@ -114,16 +114,21 @@ class GenerateConfig(GeneratorConfig):
 
 class HoldoutConfig(Options):
     """Evaluation rows held out of training: one ``day`` (``last`` or ``YYYY-MM-DD``) of a
-    day-partitioned log, or a ``fraction`` of rows chosen by ``seed`` (never both)."""
+    day-partitioned log, or a ``fraction`` of rows chosen by ``seed``; or, ``progressive``,
+    the training rows themselves, scored before the run trains on them (exactly one)."""
 
     day: str | None = Field(
-        None, json_schema_extra=shown("`last`, YYYY-MM-DD or null", "one of day, fraction")
+        None,
+        json_schema_extra=shown("`last`, YYYY-MM-DD or null", "one of day, fraction, progressive"),
     )
     """Hold out one day (not trained on)."""
     fraction: float | None = Field(
-        None, gt=0.0, lt=1.0, json_schema_extra=shown(default="one of day, fraction")
+        None, gt=0.0, lt=1.0, json_schema_extra=shown(default="one of day, fraction, progressive")
     )
     """Hold out this fraction of rows."""
+    progressive: bool = False
+    """Hold out nothing: evaluate on the training rows, so that the evaluation of a run that
+    starts from a model (`retrain --follow`'s) is on rows that model has not seen."""
     seed: Int = Field(0, ge=0, json_schema_extra=shown(default="`run.seed`"))
     """Seed of the fraction split."""
 
@@ -144,8 +149,10 @@ class HoldoutConfig(Options):
 
     @model_validator(mode="after")
     def _day_or_fraction(self) -> HoldoutConfig:
-        if (self.day is None) == (self.fraction is None):
-            raise Problem("", "give exactly one of day (last or YYYY-MM-DD) or fraction")
+        if (self.day is not None) + (self.fraction is not None) + self.progressive != 1:
+            raise Problem(
+                "", "give exactly one of day (last or YYYY-MM-DD), fraction or progressive: true"
+            )
         return self
 
 

@@ -20,9 +20,10 @@ __all__ = ["Holdout", "read_train_and_holdout"]
 
 
 class Holdout(Protocol):
-    """What the split reads of a holdout: one ``day`` (``last`` or ``YYYY-MM-DD``), or a
-    ``fraction`` of rows chosen by ``seed``. The run config's ``data.holdout`` section
-    (:class:`~daskhps.config.data.HoldoutConfig`, which config composes above data/) is one."""
+    """What the split reads of a holdout: one ``day`` (``last`` or ``YYYY-MM-DD``), a
+    ``fraction`` of rows chosen by ``seed``, or the training rows (``progressive``). The run
+    config's ``data.holdout`` section (:class:`~daskhps.config.data.HoldoutConfig`, which
+    config composes above data/) is one."""
 
     @property
     def day(self) -> str | None: ...
@@ -30,6 +31,8 @@ class Holdout(Protocol):
     def fraction(self) -> float | None: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def progressive(self) -> bool: ...
 
 
 def _keep(df: pd.DataFrame, fraction: float, seed: int, held: bool, part: int) -> pd.DataFrame:
@@ -61,6 +64,8 @@ def read_train_and_holdout(
     kw["warn"] = not summarised
     if holdout is None:
         return read_click_log(source, **kw), None
+    if holdout.progressive:  # the same rows: scored, then trained on
+        return read_click_log(source, **kw), read_click_log(source, **{**kw, "warn": False})
     if holdout.day is not None:
         files = resolve_files(source.paths, source.days, source.require_complete)
         days = sorted({d for f in files if (d := day_of(f)) is not None})
