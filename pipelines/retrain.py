@@ -15,6 +15,7 @@ from daskhps.config import RunConfig
 from daskhps.errors import ConfigError, DaskHPSError
 from daskhps.monitor.progress import Progress, quiet_run
 from daskhps.retrain import ExitCode, RetrainLockedError, UnknownVersionError
+from daskhps.retrain.follow import follow as run_follow
 from daskhps.retrain.job import describe_versions, retrain, rollback
 
 __all__ = ["run"]
@@ -32,6 +33,8 @@ def run(
     rollback_to: str | None = None,
     list_versions: bool = False,
     dry_run: bool = False,
+    follow: bool = False,
+    max_chunks: int | None = None,
 ) -> int:
     """Run the job (or roll back, or list versions); returns the exit code (``ExitCode``)."""
     if config.run.quiet:
@@ -48,7 +51,17 @@ def run(
             progress: Progress | None = None  # a bar on a terminal, else a line a pass
             if not sys.stderr.isatty():
                 progress = False if config.run.quiet else "lines"
-            outcome = retrain(config, echo=echo, progress=progress, dry_run=dry_run)
+            if follow:
+                # a follower's own lines are its log: said whether or not the run is quiet
+                outcome = run_follow(
+                    config,
+                    say=lambda message: print(message, file=sys.stderr, flush=True),
+                    echo=echo,
+                    progress=progress if progress is not None else False,
+                    max_chunks=max_chunks,
+                )
+            else:
+                outcome = retrain(config, echo=echo, progress=progress, dry_run=dry_run)
     except RetrainLockedError as e:
         _error(f"locked: {e}")
         return ExitCode.LOCKED

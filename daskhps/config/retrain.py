@@ -26,6 +26,8 @@ class RetrainConfig(Options):
     """... and AUC is at least this (null: no check)."""
     keep_versions: Int | None = Field(None, ge=1)
     """Published versions kept after a publish (and CURRENT, and any served); null: all."""
+    poll_seconds: float = Field(2.0, gt=0.0, le=3600.0)
+    """`daskhps retrain --follow` lists the logs for new chunks this often."""
 
     @classmethod
     def parse(cls, d: Any, ctx: Ctx) -> RetrainConfig:

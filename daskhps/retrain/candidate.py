@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daskhps.config import HoldoutConfig, RunConfig
+from daskhps.config import DataConfig, HoldoutConfig, RunConfig
 from daskhps.data.source import TrainLogs
 from daskhps.distributed.cluster import KeptCluster
 from daskhps.errors import CheckpointError
@@ -33,7 +33,14 @@ from daskhps.runfiles.checkpoint import Checkpoint, load_checkpoint, model_check
 from daskhps.runfiles.replica import Replica
 from daskhps.training.changes import check_changes
 
-__all__ = ["Candidate", "candidate_config", "check_warm_start", "train_candidate"]
+__all__ = [
+    "Candidate",
+    "candidate_config",
+    "check_warm_start",
+    "chunk_data",
+    "day_data",
+    "train_candidate",
+]
 
 _GUARD_METRICS = ("auc", "logloss")
 _ONLY_AT_THE_END = 1 << 30  # checkpoint.every_passes: a checkpoint after the last pass only
@@ -49,26 +56,42 @@ class Candidate:
     diverged: str | None = None  # why its training diverged: never published
 
 
-def candidate_config(
-    config: RunConfig, plan: DayPlan, attempt_dir: Path, stores_dir: str | Path
-) -> RunConfig:
-    """``config`` narrowed to one attempt: the plan's days, its own folder, ``stores_dir`` and
-    copy location (``checkpoint.replicate_to``/attempts/<attempt>).
-
-    Generated logs (``data.generate``) are read as the day partitions they are, from ``out``.
-    """
-    assert plan.eval_day is not None and plan.train
+def _logs_paths(config: RunConfig) -> tuple[str, ...]:
+    """Where the run's logs lie: ``data.train.paths``, or generated logs (``data.generate``),
+    read as the day partitions they are, from ``out``."""
     if config.data.train is not None:
-        paths = config.data.train.paths
-    else:
-        gen = config.data.generate
-        assert gen is not None  # a config has exactly one of train and generate
-        paths = (gen.out,)
-    data = config.data.replace(
-        train=TrainLogs(paths=paths, days=(plan.train[0], plan.eval_day), require_complete=True),
+        return config.data.train.paths
+    gen = config.data.generate
+    assert gen is not None  # a config has exactly one of train and generate
+    return (gen.out,)
+
+
+def day_data(config: RunConfig, plan: DayPlan) -> DataConfig:
+    """The data of a scheduled run: the plan's days, the newest held out and scored."""
+    assert plan.eval_day is not None and plan.train
+    return config.data.replace(
+        train=TrainLogs(
+            paths=_logs_paths(config), days=(plan.train[0], plan.eval_day), require_complete=True
+        ),
         generate=None,
         holdout=HoldoutConfig(day=plan.eval_day),
     )
+
+
+def chunk_data(config: RunConfig, files: tuple[str, ...]) -> DataConfig:
+    """The data of a follower's step: one chunk's ``files``, scored before they are trained
+    on (progressive validation: the starting model has not seen them)."""
+    return config.data.replace(
+        train=TrainLogs(paths=files), generate=None, holdout=HoldoutConfig(progressive=True)
+    )
+
+
+def candidate_config(
+    config: RunConfig, data: DataConfig, attempt_dir: Path, stores_dir: str | Path
+) -> RunConfig:
+    """``config`` narrowed to one attempt: ``data`` (:func:`day_data`, :func:`chunk_data`),
+    its own folder, ``stores_dir`` and copy location
+    (``checkpoint.replicate_to``/attempts/<attempt>)."""
     metrics = tuple(config.eval.metrics) + tuple(
         m for m in _GUARD_METRICS if m not in config.eval.metrics
     )
@@ -98,7 +121,7 @@ def check_warm_start(base: Checkpoint, config: RunConfig) -> None:
 
 def train_candidate(
     config: RunConfig,
-    plan: DayPlan,
+    data: DataConfig,
     attempt_dir: Path,
     base_checkpoint: str | None,
     *,
@@ -106,13 +129,13 @@ def train_candidate(
     progress: Progress | None = None,
     cluster: KeptCluster | None = None,
 ) -> Candidate:
-    """Train the candidate of ``plan`` from ``base_checkpoint`` (None: from scratch), on
+    """Train the candidate on ``data`` from ``base_checkpoint`` (None: from scratch), on
     ``cluster`` when given (started by the training, kept up for the caller)."""
     from daskhps.training.trainer import Trainer
 
     base = load_checkpoint(base_checkpoint) if base_checkpoint is not None else None
     cfg = candidate_config(
-        config, plan, attempt_dir, Path(config.table.tiers.store_dir) / attempt_dir.name
+        config, data, attempt_dir, Path(config.table.tiers.store_dir) / attempt_dir.name
     )
     if base is not None:
         check_warm_start(base, cfg)

@@ -1,5 +1,6 @@
-"""``daskhps retrain CONFIG [--rollback VERSION | --versions | --dry-run]``: the command line
-of the retraining job (``pipelines/retrain.py``); its exit codes are :class:`ExitCode`."""
+"""``daskhps retrain CONFIG [--rollback VERSION | --versions | --dry-run | --follow]``: the
+command line of the retraining job (``pipelines/retrain.py``); its exit codes are
+:class:`ExitCode`."""
 
 from __future__ import annotations
 
@@ -32,12 +33,31 @@ def add_retrain_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--dry-run", action="store_true", help="say which days a run would use, then exit"
     )
+    what.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep running: train each new complete chunk of the logs (a file renamed into "
+        "place, an object, a folder with _SUCCESS) into a new published version; SIGTERM or "
+        "Ctrl-C stops after the chunk in hand",
+    )
+    p.add_argument(
+        "--max-chunks",
+        type=int,
+        metavar="N",
+        help="with --follow: stop after N chunks (default: run until stopped)",
+    )
     p.epilog = EXIT_CODES_HELP + "\n\nSee docs/retraining.md (cron, systemd timer, rollback)."
     p.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def run_retrain(args: argparse.Namespace) -> int:
     """Validate the config, then run ``pipelines.retrain.run``."""
+    if args.max_chunks is not None and (not args.follow or args.max_chunks < 1):
+        print(
+            "daskhps retrain: error: --max-chunks takes a count of at least 1, with --follow",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_CONFIG
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -57,5 +77,7 @@ def run_retrain(args: argparse.Namespace) -> int:
             rollback_to=args.rollback,
             list_versions=args.versions,
             dry_run=args.dry_run,
+            follow=args.follow,
+            max_chunks=args.max_chunks,
         )
     )

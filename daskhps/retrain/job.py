@@ -38,11 +38,22 @@ from daskhps.retrain.retention import after_publish
 from daskhps.retrain.stores import Disks, missing_commit
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.retrain.versions import Outcome as AttemptOutcome
+from daskhps.training.killpoints import kill_point
 
 if TYPE_CHECKING:
     from daskhps.retrain.candidate import Candidate
 
-__all__ = ["Outcome", "describe_versions", "registry_of", "retrain", "rollback"]
+__all__ = [
+    "Outcome",
+    "check_current",
+    "describe_versions",
+    "new_attempt_id",
+    "publish_candidate",
+    "refuse_training_run",
+    "registry_of",
+    "retrain",
+    "rollback",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +73,7 @@ def registry_of(config: RunConfig) -> Registry:
     return Registry(Path(config.run.dir) / "versions")
 
 
-def _attempt_id() -> str:
+def new_attempt_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
@@ -119,7 +130,7 @@ def retrain(
     refuse_training_run(run_dir, config.source)
     with RetrainLock(run_dir):
         registry = registry_of(config)
-        current = _checked_current(registry, config)  # before any day is generated or recorded
+        current = check_current(registry, config)  # before any day is generated or recorded
         shown = (not config.run.quiet) if progress is None else progress is True
         days = _days(config, dry_run, shown)
         plan = plan_days(
@@ -131,7 +142,7 @@ def retrain(
         if dry_run:
             return Outcome(ExitCode.PUBLISHED, f"would {what}", current, plan)
         say(f"retrain: {what}")
-        attempt_id = _attempt_id()
+        attempt_id = new_attempt_id()
         assert plan.eval_day is not None  # a plan with work has a day to score on
         run = _Run(
             config,
@@ -189,7 +200,7 @@ class _Run:
         )
 
 
-def _checked_current(registry: Registry, config: RunConfig) -> Version | None:
+def check_current(registry: Registry, config: RunConfig) -> Version | None:
     """The current version, once ``config`` is known to warm-start from it (a refused
     config raises here)."""
     current = registry.current()
@@ -216,12 +227,12 @@ def _train(
 ) -> Candidate:
     """The trained candidate (on ``cluster``, kept up after it); a failure is recorded as a
     failed attempt, then raised."""
-    from daskhps.retrain.candidate import train_candidate
+    from daskhps.retrain.candidate import day_data, train_candidate
 
     try:
         return train_candidate(
             run.config,
-            run.plan,
+            day_data(run.config, run.plan),
             run.attempt_dir,
             run.current.checkpoint if run.current else None,
             echo=echo,
@@ -267,32 +278,57 @@ def _publish(
 ) -> Outcome:
     """Freeze the candidate as the next version, make it current, then apply
     ``retrain.keep_versions``; the stores change on ``disks``, where they lie."""
-    registry, keep = run.registry, run.config.retrain.keep_versions
+    version, removed = publish_candidate(
+        run.registry,
+        cand,
+        attempt,
+        disks,
+        run.config.retrain.keep_versions,
+        parent=run.base,
+        train_days=run.plan.train,
+        trained_through=run.plan.train[-1],
+        eval_day=run.eval_day,
+    )
+    return Outcome(
+        ExitCode.PUBLISHED,
+        f"published {version.name} ({verdict.explain()}). Scores {_scores(run, cand)}. "
+        f"Checkpoint {version.checkpoint}.{removed}",
+        version,
+        run.plan,
+    )
+
+
+def publish_candidate(
+    registry: Registry,
+    cand: Candidate,
+    attempt: Attempt,
+    disks: Disks,
+    keep: int | None,
+    position: int = 0,
+    **fields: Any,
+) -> tuple[Version, str]:
+    """Freeze ``cand`` as the registry's next version (``fields``: what it trained on, its
+    parent), make it current, then apply ``keep`` (``retrain.keep_versions``); the version,
+    and a sentence naming the versions removed ("" when none). ``position``: the candidate's
+    among those of this process, for the kill points."""
     name = registry.next_name()
     frozen = freeze_version(cand.checkpoint, registry.folder / name, name, disks)
+    kill_point("publish_frozen", position)
     version = Version(
         name=name,
         checkpoint=str(frozen.path.resolve()),  # readers may start in another folder
         commit=frozen.commit,
         stores_dir=str(frozen.stores_dir),
-        parent=run.base,
-        train_days=run.plan.train,
-        trained_through=run.plan.train[-1],
-        eval_day=run.eval_day,
         metrics=cand.metrics,
         baseline=cand.baseline,
         created=time.time(),
+        **fields,
     )
     registry.publish(version, dataclasses.replace(attempt, version=version.name))
+    kill_point("published", position)
     removed = after_publish(registry, keep, disks)
     gone = f" Removed {', '.join(removed)} (retrain.keep_versions: {keep})." if removed else ""
-    return Outcome(
-        ExitCode.PUBLISHED,
-        f"published {version.name} ({verdict.explain()}). Scores {_scores(run, cand)}. "
-        f"Checkpoint {version.checkpoint}.{gone}",
-        version,
-        run.plan,
-    )
+    return version, gone
 
 
 def _check_restorable(version: Version, config: RunConfig) -> None:

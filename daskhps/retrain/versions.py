@@ -56,7 +56,12 @@ class Version:
         The day it was scored on (not trained on).
     metrics, baseline:
         The candidate's and its parent's metrics on the same rows of ``eval_day`` (for the
-        first version, the baseline is the untrained model).
+        first version, the baseline is the untrained model). A follower's version
+        (``retrain --follow``) has no ``eval_day``: both are on its chunk, the baseline
+        scored before the candidate trained on it (progressive validation).
+    chunk, files, landed:
+        A follower's version: the chunk it trained on (on top of its parent), the chunk's
+        data files, and when the newest of them landed (seconds since the epoch).
     """
 
     name: str
@@ -70,13 +75,18 @@ class Version:
     metrics: dict[str, float] = field(default_factory=dict)
     baseline: dict[str, float] = field(default_factory=dict)
     created: float = 0.0
+    chunk: str | None = None
+    files: tuple[str, ...] = ()
+    landed: float = 0.0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Version:
-        return cls(**{**d, "train_days": tuple(d["train_days"])})
+        return cls(
+            **{**d, "train_days": tuple(d["train_days"]), "files": tuple(d.get("files", ()))}
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "train_days": list(self.train_days)}
+        return {**asdict(self), "train_days": list(self.train_days), "files": list(self.files)}
 
 
 @dataclass(frozen=True)
@@ -93,16 +103,26 @@ class Attempt:
     metrics: dict[str, float] = field(default_factory=dict)
     baseline: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
+    chunk: str | None = None  # a follower's: the chunk it trained on, and its data files
+    files: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Attempt:
-        return cls(**{**d, "train_days": tuple(d["train_days"]), "reasons": tuple(d["reasons"])})
+        return cls(
+            **{
+                **d,
+                "train_days": tuple(d["train_days"]),
+                "reasons": tuple(d["reasons"]),
+                "files": tuple(d.get("files", ())),
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "train_days": list(self.train_days),
             "reasons": list(self.reasons),
+            "files": list(self.files),
         }
 
 
@@ -203,10 +223,16 @@ class Registry:
                 "point it at a published version with --rollback VERSION"
             ) from None
 
+    def taken_files(self) -> set[str]:
+        """The data files a follower has trained on: those of every published or rejected
+        attempt (a failed one's are retried). Each is trained on once, however often the
+        follower is stopped and started again."""
+        return {f for a in self.attempts() if a.outcome != "failed" for f in a.files}
+
     def seen_through(self) -> str | None:
         """The newest day a run scored on (the days after it are new). Failed runs do not
         count: the next run retries their days."""
-        days = [a.eval_day for a in self.attempts() if a.outcome != "failed"]
+        days = [a.eval_day for a in self.attempts() if a.outcome != "failed" and a.eval_day]
         return max(days) if days else None
 
     # -- writing (under the run's lock) -------------------------------------------------

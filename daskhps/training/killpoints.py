@@ -13,6 +13,14 @@ the point is reached. Points, in the order one pass meets them::
     after_replica      its copy at checkpoint.replicate_to is complete (the copy's old files
                        are not removed yet)
 
+and, in ``daskhps retrain`` (``n``: the chunk's position among those a ``--follow`` process
+took; a scheduled run's one candidate is 0)::
+
+    follow_listed      a follower listed the logs and chose its next chunk, nothing trained
+    publish_frozen     the candidate is frozen as the next version (its folder and store
+                       commits), the registry does not name it yet
+    published          the registry and CURRENT name the new version, retention has not run
+
 Tests reach each moment through these names, never through timers. Unset, nothing happens.
 """
 
@@ -38,6 +46,9 @@ POINTS = (
     "checkpoint_commit",
     "after_checkpoint",
     "after_replica",
+    "follow_listed",
+    "publish_frozen",
+    "published",
 )
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import pytest
 
 from daskhps.config import RunConfig
 from daskhps.errors import ConfigError
-from daskhps.retrain.candidate import candidate_config, check_warm_start
+from daskhps.retrain.candidate import candidate_config, check_warm_start, day_data
 from daskhps.retrain.days import DayPlan
 from daskhps.runfiles.checkpoint import Checkpoint
 from tests._runs import config_checkpoint
@@ -29,7 +29,9 @@ def _cfg(**table: object) -> RunConfig:
 
 
 def test_candidate_config(tmp_path: Path) -> None:
-    cfg = candidate_config(_cfg(), PLAN, tmp_path / "attempts" / "a1", tmp_path / "stores")
+    cfg = candidate_config(
+        _cfg(), day_data(_cfg(), PLAN), tmp_path / "attempts" / "a1", tmp_path / "stores"
+    )
     assert cfg.run.dir == str(tmp_path / "attempts" / "a1")
     assert cfg.data.train is not None
     assert cfg.data.train.days == ("2024-01-02", "2024-01-04") and cfg.data.train.require_complete
@@ -48,7 +50,9 @@ def test_each_attempt_copies_its_checkpoints_to_a_location_of_its_own(tmp_path: 
         base, checkpoint=base.checkpoint.replace(replicate_to="file:///shared/rt/")
     )
     a1, a2 = (
-        candidate_config(copying, PLAN, tmp_path / "attempts" / a, tmp_path / "stores")
+        candidate_config(
+            copying, day_data(copying, PLAN), tmp_path / "attempts" / a, tmp_path / "stores"
+        )
         for a in ("a1", "a2")
     )
     assert a1.checkpoint.replicate_to == "file:///shared/rt/attempts/a1"
@@ -63,7 +67,9 @@ def test_warm_start_accepts_day_to_day_changes(tmp_path: Path) -> None:
     base = _base(_cfg(), tmp_path)
     new = _cfg(optimizer={"kind": "adagrad", "lr": 0.5})
     new = dataclasses.replace(new, cluster=new.cluster.replace(n_workers=1), source="next.yaml")
-    check_warm_start(base, candidate_config(new, PLAN, tmp_path / "a", tmp_path / "s"))
+    check_warm_start(
+        base, candidate_config(new, day_data(new, PLAN), tmp_path / "a", tmp_path / "s")
+    )
 
 
 @pytest.mark.parametrize(

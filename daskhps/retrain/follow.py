@@ -1,0 +1,410 @@
+"""Continuous training: ``daskhps retrain CONFIG --follow``.
+
+One long-running process per run folder that trains each new complete chunk of the logs
+(:mod:`daskhps.retrain.chunks`) into a new published version, on a cluster it keeps::
+
+    lock <run.dir>/retrain.lock ──(held: another follower or run)──────────► exit 5 LOCKED
+    start the cluster once; then, every retrain.poll_seconds:
+      list the complete chunks; leave out every file an earlier attempt took
+      (a listing that fails: said, retried with backoff, the lag grows)
+      for the oldest new chunk:
+        score the published version on it (progressive validation: not seen yet)
+        train the candidate from the published version on it
+        diverged (eval.diverge_factor, NaN) ─► recorded as rejected, CURRENT unchanged
+        else ─► versions/<v>/ + registry.json (the chunk, its files) + CURRENT
+    SIGTERM or Ctrl-C: the chunk in hand is finished and published, then exit 0;
+    a second one abandons it (nothing published; the next follower trains it) ──► exit 0
+
+Exactly once: a chunk's files are recorded in the registry with the attempt that trained
+them, in the same atomic write that publishes its version. A follower killed at any moment
+leaves the registry as it was before that chunk, and the next follower trains the chunk
+again from the same version: each version is a function of its parent and its chunk, so the
+model equals the one an uninterrupted follower makes from the same chunks in the same order.
+
+While it runs, ``<run.dir>/follow.json`` and the process's Prometheus registry (the embedded
+cluster's ``/metrics``) say how far behind the logs it is (:class:`FollowStatus`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daskhps import storage
+from daskhps.config import RunConfig
+from daskhps.data.source import day_of
+from daskhps.distributed.cluster import KeptCluster
+from daskhps.errors import DataError, StorageError
+from daskhps.monitor.progress import Progress
+from daskhps.retrain._atomic import write_atomic
+from daskhps.retrain.chunks import Chunk, list_chunks, new_chunks
+from daskhps.retrain.codes import ExitCode
+from daskhps.retrain.job import (
+    Outcome,
+    check_current,
+    new_attempt_id,
+    publish_candidate,
+    refuse_training_run,
+    registry_of,
+)
+from daskhps.retrain.lock import RetrainLock
+from daskhps.retrain.stores import Disks
+from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.training.killpoints import check_env, kill_point
+
+__all__ = ["FollowStatus", "StopRequest", "follow"]
+
+log = logging.getLogger(__name__)
+
+STATUS = "follow.json"
+_BACKOFF_MAX_S = 60.0  # the longest wait between listings of logs that cannot be listed
+
+
+class StopRequest:
+    """SIGTERM and SIGINT while following: the first asks the follower to stop after the
+    chunk in hand, a second abandons that chunk (``KeyboardInterrupt``). Installed in the main
+    thread only (elsewhere, e.g. in tests, :meth:`set` stops it)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less when a stop is asked for; whether one was."""
+        return self._event.wait(seconds)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt  # the second: abandon the chunk in hand
+        log.warning(
+            "%s: finishing the chunk in hand, then stopping (again to abandon it)",
+            signal.Signals(signum).name,
+        )
+        self._event.set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        before = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for s, h in before.items():
+                signal.signal(s, h)
+
+
+@dataclass
+class FollowStatus:
+    """How far behind its logs a follower is; written to ``<run.dir>/follow.json`` after
+    each listing and each chunk, and exported as Prometheus gauges."""
+
+    started: float = field(default_factory=time.time)
+    listed: float = 0.0  # the last listing that succeeded
+    waiting: int = 0  # complete chunks not trained yet
+    trained: int = 0  # chunks trained by this follower
+    published: str | None = None  # the version current now
+    newest_landed: float = 0.0  # when the newest chunk a published version trained landed
+    listing_error: str | None = None  # why the last listing failed (None: it did not)
+    progressive: dict[str, float] = field(default_factory=dict)  # the last chunk's, before
+
+    def lag_seconds(self, now: float | None = None) -> float:
+        """Seconds since the newest trained chunk landed (NaN before the first)."""
+        if not self.newest_landed:
+            return math.nan
+        return max(0.0, (now or time.time()) - self.newest_landed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "lag_seconds": self.lag_seconds()}
+
+    def write(self, run_dir: Path) -> None:
+        write_atomic(run_dir / STATUS, json.dumps(self.to_json(), indent=2) + "\n")
+
+
+_STATUS_NOW: list[FollowStatus] = []  # the followers of this process, for /metrics
+
+
+class _FollowCollector:
+    """``daskhps_follow_*`` gauges of the followers of this process."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        gauges = {
+            "lag_seconds": "seconds since the newest chunk a published version trained on landed",
+            "chunks_waiting": "complete chunks not trained yet",
+            "chunks_trained": "chunks this follower trained",
+            "progressive_auc": "AUC of the published model on the last chunk, before training",
+            "progressive_logloss": "logloss of the published model on the last chunk, before",
+        }
+        fams = {k: GaugeMetricFamily(f"daskhps_follow_{k}", h) for k, h in gauges.items()}
+        for st in list(_STATUS_NOW):
+            fams["lag_seconds"].add_metric([], st.lag_seconds())
+            fams["chunks_waiting"].add_metric([], st.waiting)
+            fams["chunks_trained"].add_metric([], st.trained)
+            fams["progressive_auc"].add_metric([], st.progressive.get("auc", math.nan))
+            fams["progressive_logloss"].add_metric([], st.progressive.get("logloss", math.nan))
+        yield from fams.values()
+
+
+_COLLECTOR: list[_FollowCollector] = []
+
+
+@contextlib.contextmanager
+def _exported(status: FollowStatus) -> Iterator[None]:
+    """``status`` on the process's ``/metrics`` while the follower runs."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:  # the metrics extra is not installed: follow.json only
+        yield
+        return
+    if not _COLLECTOR:
+        _COLLECTOR.append(_FollowCollector())
+        REGISTRY.register(_COLLECTOR[0])
+    _STATUS_NOW.append(status)
+    try:
+        yield
+    finally:
+        _STATUS_NOW.remove(status)
+
+
+def _logs(config: RunConfig, progress: bool) -> tuple[tuple[str, ...], bool]:
+    """The watched paths and whether their files wait for a ``_SUCCESS`` marker; generated
+    logs (``data.generate``) are generated first, as ``daskhps train`` does."""
+    if config.data.train is not None:
+        return config.data.train.paths, config.data.train.require_complete
+    gen = config.data.generate
+    assert gen is not None  # a config has exactly one of train and generate
+    gen.ensure(progress=progress)
+    return (gen.out,), True
+
+
+def _landed(files: tuple[str, ...]) -> float:
+    """When the newest of ``files`` landed: its modification time (now where unknown)."""
+    newest = 0.0
+    for f in files:
+        try:
+            if storage.is_url(f):
+                info = storage.filesystem(f)[0].info(f)
+                m = info.get("mtime") or info.get("LastModified") or info.get("last_modified")
+                stamp = m.timestamp() if hasattr(m, "timestamp") else float(m or 0.0)
+            else:  # a rename into place changes the ctime, not the mtime
+                st = os.stat(f)
+                stamp = max(st.st_mtime, st.st_ctime)
+        except (OSError, ValueError, TypeError):
+            stamp = time.time()
+        newest = max(newest, stamp)
+    return newest
+
+
+def _finite(metrics: dict[str, float]) -> bool:
+    return all(math.isfinite(v) for k, v in metrics.items() if k in ("auc", "logloss"))
+
+
+@dataclass
+class _Follower:
+    """The state of one ``--follow`` run between chunks."""
+
+    config: RunConfig
+    registry: Registry
+    cluster: KeptCluster
+    status: FollowStatus
+    say: Callable[[str], None]
+    echo: Callable[[str], None] | None
+    progress: Progress | None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run.dir)
+
+    def train(self, chunk: Chunk) -> Version | None:
+        """Train ``chunk`` from the current version; the version published (None: rejected)."""
+        from daskhps.retrain.candidate import chunk_data, train_candidate
+
+        current = check_current(self.registry, self.config)
+        attempt_id = new_attempt_id()
+        attempt_dir = self.run_dir / "attempts" / attempt_id
+        landed = _landed(chunk.files)
+        days = tuple(sorted({d for f in chunk.files if (d := day_of(f)) is not None}))
+        base = current.name if current else None
+
+        def attempt(outcome: Any, **fields: Any) -> Attempt:
+            return Attempt(
+                attempt_id,
+                base,
+                days,
+                "",
+                outcome,
+                time=time.time(),
+                chunk=chunk.name,
+                files=chunk.files,
+                **fields,
+            )
+
+        try:
+            cand = train_candidate(
+                self.config,
+                chunk_data(self.config, chunk.files),
+                attempt_dir,
+                current.checkpoint if current else None,
+                echo=self.echo,
+                progress=self.progress,
+                cluster=self.cluster,
+            )
+        except (DataError, FileNotFoundError) as e:  # this chunk's rows: skip it, go on
+            why = f"its data: {e}"
+            self.registry.record(attempt("rejected", reasons=(why,)))
+            self.say(
+                f"follow: {chunk.name}: skipped, nothing trained ({e}); the next chunk is "
+                "taken. To train it after a fix, put it back under a new name"
+            )
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            return None
+        except Exception as e:
+            self.registry.record(attempt("failed", reasons=(f"{type(e).__name__}: {e}",)))
+            raise
+        self.status.progressive = dict(cand.baseline)
+        scores = _scores(cand.baseline, cand.metrics)
+        why = cand.diverged or (None if _finite(cand.metrics) else "its metrics are not numbers")
+        if why is not None:
+            self.registry.record(
+                attempt("rejected", reasons=(f"the candidate diverged: {why}",), **_both(cand))
+            )
+            keep = f"{current.name} stays current" if current else "nothing is published"
+            self.say(f"follow: {chunk.name}: candidate rejected ({why}); {keep}. {scores}")
+            return None
+        through = max([*days, current.trained_through if current else ""])
+        version, removed = publish_candidate(
+            self.registry,
+            cand,
+            attempt("published", reasons=("trained on its chunk",), **_both(cand)),
+            self._disks(),
+            self.config.retrain.keep_versions,
+            self.status.trained,
+            parent=base,
+            train_days=days,
+            trained_through=through,
+            eval_day="",
+            chunk=chunk.name,
+            files=chunk.files,
+            landed=landed,
+        )
+        # the version holds a copy of the candidate's checkpoint; its rows are in the stores
+        shutil.rmtree(attempt_dir / "checkpoints", ignore_errors=True)
+        self.status.newest_landed = max(self.status.newest_landed, landed)
+        self.status.published = version.name
+        self.say(
+            f"follow: published {version.name}, trained on {chunk.name} "
+            f"({len(chunk.files)} file{'s' * (len(chunk.files) != 1)}, landed "
+            f"{time.time() - landed:.1f} s ago). {scores}.{removed}"
+        )
+        return version
+
+    def _disks(self) -> Disks:
+        handle = self.cluster.handle
+        return Disks(handle.client if handle is not None else None, self.config.source)
+
+
+def _both(cand: Any) -> dict[str, Any]:
+    return {"metrics": cand.metrics, "baseline": cand.baseline}
+
+
+def _scores(before: dict[str, float], after: dict[str, float]) -> str:
+    def fmt(m: dict[str, float]) -> str:
+        return ", ".join(f"{k} {m[k]:.5f}" for k in ("auc", "logloss") if k in m)
+
+    return f"Progressive (before training): {fmt(before)}; after: {fmt(after)}"
+
+
+def follow(
+    config: RunConfig,
+    *,
+    say: Callable[[str], None] | None = None,
+    echo: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
+    max_chunks: int | None = None,
+    stop: StopRequest | None = None,
+) -> Outcome:
+    """Train each new complete chunk of the logs into a published version until stopped
+    (SIGTERM, Ctrl-C, ``stop``) or, with ``max_chunks``, after that many chunks. ``say``
+    takes the follower's own lines (a chunk published or rejected, a listing that failed),
+    ``echo`` the training's, as ``daskhps train`` says them."""
+    say = say or (lambda message: log.info("%s", message))
+    run_dir = Path(config.run.dir)
+    refuse_training_run(run_dir, config.source)
+    check_env()
+    stop = stop or StopRequest()
+    status = FollowStatus()
+    with RetrainLock(run_dir), stop.installed(), _exported(status), KeptCluster() as cluster:
+        registry = registry_of(config)
+        current = check_current(registry, config)
+        status.published = current.name if current else None
+        shown = (not config.run.quiet) if progress is None else progress is True
+        paths, require_complete = _logs(config, shown)
+        if config.retrain.keep_versions is None:
+            say(
+                "follow: retrain.keep_versions is null: every version stays on disk; set it "
+                "to bound the disk a long-running follower uses"
+            )
+        say(
+            f"follow: watching {', '.join(map(storage.shown, paths))} every "
+            f"{config.retrain.poll_seconds:g} s (from {status.published or 'scratch'})"
+        )
+        f = _Follower(config, registry, cluster, status, say, echo, progress)
+        backoff = config.retrain.poll_seconds
+        while not stop.requested and (max_chunks is None or status.trained < max_chunks):
+            try:
+                fresh = new_chunks(list_chunks(paths, require_complete), registry.taken_files())
+            except StorageError as e:
+                status.listing_error = str(e)
+                status.write(run_dir)
+                say(
+                    f"follow: listing the logs failed ({e}); trying again in {backoff:g} s, "
+                    f"{status.lag_seconds():.0f} s behind the newest trained chunk"
+                )
+                stop.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                continue
+            backoff = config.retrain.poll_seconds
+            status.listing_error, status.listed, status.waiting = None, time.time(), len(fresh)
+            status.write(run_dir)
+            if not fresh:
+                stop.wait(config.retrain.poll_seconds)
+                continue
+            kill_point("follow_listed", status.trained)
+            try:
+                f.train(fresh[0])
+            except KeyboardInterrupt:
+                say(
+                    f"follow: abandoned {fresh[0].name}: nothing of it was published; the "
+                    "next follower trains it"
+                )
+                break
+            status.trained += 1
+            status.waiting = len(fresh) - 1
+            status.write(run_dir)
+        current = registry.current()
+        return Outcome(
+            ExitCode.PUBLISHED,
+            f"follow: stopped after {status.trained} chunk{'s' * (status.trained != 1)}; "
+            f"{current.name if current else 'nothing'} is current",
+            current,
+        )
