@@ -104,7 +104,12 @@ class StopRequest:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        before = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        # A signal the process was started ignoring (SIGINT in a shell's background job)
+        # stays ignored, as it does for any command started so.
+        heard = [
+            s for s in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(s) != signal.SIG_IGN
+        ]
+        before = {s: signal.signal(s, self._handle) for s in heard}
         try:
             yield self
         finally:
@@ -270,8 +275,7 @@ class _Follower:
                 cluster=self.cluster,
             )
         except (DataError, FileNotFoundError) as e:  # this chunk's rows: skip it, go on
-            why = f"its data: {e}"
-            self.registry.record(attempt("rejected", reasons=(why,)))
+            self.registry.record(attempt("rejected", reasons=(f"its data: {e}",)))
             self.say(
                 f"follow: {chunk.name}: skipped, nothing trained ({e}); the next chunk is "
                 "taken. To train it after a fix, put it back under a new name"
@@ -283,7 +287,9 @@ class _Follower:
             raise
         self.status.progressive = dict(cand.baseline)
         scores = _scores(cand.baseline, cand.metrics)
-        why = cand.diverged or (None if _finite(cand.metrics) else "its metrics are not numbers")
+        why: str | None = cand.diverged
+        if why is None and not _finite(cand.metrics):
+            why = "its metrics are not numbers"
         if why is not None:
             self.registry.record(
                 attempt("rejected", reasons=(f"the candidate diverged: {why}",), **_both(cand))

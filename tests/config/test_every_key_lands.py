@@ -15,6 +15,7 @@ No cluster: what only workers consume is checked on the object handed to them.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -207,6 +208,38 @@ def holdout_rows(b: Built) -> str | None:
         return None
     frame = held.frame.compute()
     return hashlib.sha256(frame.to_csv().encode()).hexdigest()
+
+
+def holdout_is_trained(b: Built) -> bool | None:
+    """Whether the held-out rows are the training rows themselves (None: nothing held)."""
+    held = b.logs[1]
+    if held is None:
+        return None
+    return bool(held.frame.compute().equals(b.logs[0].frame.compute()))
+
+
+def follow_poll(b: Built) -> float:
+    """The seconds ``retrain --follow`` waits after a listing of its logs found nothing new."""
+    from daskhps.data.source import TrainLogs
+    from daskhps.retrain.follow import StopRequest, follow
+
+    waits: list[float] = []
+
+    class Once(StopRequest):
+        def wait(self, seconds: float) -> bool:
+            waits.append(seconds)
+            self.set()
+            return True
+
+    empty = b.tmp / "follow-logs"
+    empty.mkdir(exist_ok=True)
+    cfg = dataclasses.replace(
+        b.cfg,
+        run=b.cfg.run.replace(dir=str(b.tmp / "follow")),
+        data=b.cfg.data.replace(train=TrainLogs(paths=(str(empty),)), generate=None),
+    )
+    follow(cfg, stop=Once())
+    return waits[0]
 
 
 def reader_backend(b: Built) -> str:
@@ -702,6 +735,9 @@ LANDINGS: dict[str, Landing] = {
     ),
     "data.holdout.day": L(READ, holdout_days, "data.holdout.day=2024-01-02", expect=["2024-01-02"]),
     "data.holdout.fraction": L(READ, holdout_share, "data.holdout.fraction=0.5", expect=0.5),
+    "data.holdout.progressive": L(
+        READ, holdout_is_trained, "data.holdout.progressive=true", expect=True
+    ),
     "data.holdout.seed": L(
         READ, holdout_rows, "data.holdout.seed=5", base=("data.holdout.fraction=0.5",)
     ),
@@ -991,6 +1027,9 @@ LANDINGS: dict[str, Landing] = {
     "retrain.max_auc_drop": L("the publish guard", guard, "retrain.max_auc_drop=0.05"),
     "retrain.max_logloss_rise": L("the publish guard", guard, "retrain.max_logloss_rise=0.01"),
     "retrain.min_auc": L("the publish guard", guard, "retrain.min_auc=0.8"),
+    "retrain.poll_seconds": L(
+        "the follower's wait between listings", follow_poll, "retrain.poll_seconds=7", expect=7
+    ),
     "retrain.keep_versions": L(
         "the retention step after a publish",
         versions_removed,

@@ -30,6 +30,7 @@ from daskhps.retrain import ExitCode, Registry
 from daskhps.runfiles.checkpoint import load_checkpoint
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here, tiny_config, write_config
+from tests._signals import default_dispositions
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,7 @@ def _land(parts: list[Path], watched: Path, n: int | None = None) -> None:
         os.rename(watched / f".{p.name}.tmp", watched / p.name)
 
 
-def _model(version_dir: str) -> tuple[dict[str, torch.Tensor], list[tuple[np.ndarray, ...]]]:
+def _model(version_dir: str) -> tuple[dict[str, torch.Tensor], list[tuple[np.ndarray, np.ndarray]]]:
     ckpt = load_checkpoint(version_dir)
     ranks = []
     for r in range(ckpt.num_workers):
@@ -169,6 +170,7 @@ def test_sigterm_finishes_the_chunk_in_hand_and_a_second_follower_is_refused(
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=default_dispositions,
     )
     try:
         registry = Registry(run / "versions")
