@@ -145,7 +145,12 @@ INSPECT_DAMAGED = 3  # 1 is an error that stopped inspect, 2 a bad command line
 
 
 def _inspect_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH", help="a run directory or one of its checkpoints")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="a run directory or one of its checkpoints, or a retraining folder (its "
+        "versions, what each trained on, and the current one)",
+    )
     p.add_argument("--json", action="store_true", help="print everything as JSON")
     p.add_argument(
         "--verify",
@@ -164,11 +169,28 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from daskhps.runfiles.published import registry_folder
     from daskhps.training.inspection import describe, render
 
-    info = describe(args.path, verify=args.verify)
-    print(json.dumps(info, indent=2) if args.json else render(info))
-    return INSPECT_DAMAGED if info["damaged"] else 0
+    folder = registry_folder(args.path)
+    if folder is None:
+        info = describe(args.path, verify=args.verify)
+        print(json.dumps(info, indent=2) if args.json else render(info))
+        return INSPECT_DAMAGED if info["damaged"] else 0
+    # A retraining folder: its versions (what each trained on), then the current one's model.
+    from daskhps.retrain.listing import describe_registry, registry_json
+    from daskhps.retrain.versions import Registry
+
+    registry = Registry(folder)
+    current = registry.current()
+    model = describe(current.checkpoint, verify=args.verify) if current else None
+    if args.json:
+        print(json.dumps({**registry_json(registry), "current_checkpoint": model}, indent=2))
+    else:
+        print(describe_registry(registry))
+        if current is not None and model is not None:
+            print(f"current version {current.name}:\n{render(model)}")
+    return INSPECT_DAMAGED if model is not None and model["damaged"] else 0
 
 
 def _lazy(

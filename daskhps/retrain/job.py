@@ -376,27 +376,6 @@ def rollback(config: RunConfig, name: str) -> Outcome:
 
 def describe_versions(config: RunConfig) -> str:
     """The published versions and the recent attempts, as a text table."""
-    registry = registry_of(config)
-    current = registry.current()
-    lines = ["   version  parent   trained through  scored on   auc      logloss  created"]
-    removed = registry.removed_names()
-    for v in registry.versions():
-        if v.name in removed:
-            continue  # keep_versions removed it: nothing of it is left to serve
-        mark = "*" if current and v.name == current.name else " "
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created))
-        lines.append(
-            f"{mark}  {v.name:<8} {v.parent or '-':<8} {v.trained_through:<16} {v.eval_day:<11} "
-            f"{v.metrics.get('auc', float('nan')):<8.5f} "
-            f"{v.metrics.get('logloss', float('nan')):<8.5f} {created}"
-        )
-    if len(lines) == 1:
-        lines.append("   (none published)")
-    if removed:
-        lines.append(f"   removed by retrain.keep_versions: {', '.join(sorted(removed))}")
-    rejected = [a for a in registry.attempts() if a.outcome != "published"][-5:]
-    if rejected:
-        lines.append("recent attempts not published:")
-        for a in rejected:
-            lines.append(f"   {a.id} {a.outcome} scored on {a.eval_day}: {'; '.join(a.reasons)}")
-    return "\n".join(lines)
+    from daskhps.retrain.listing import describe_registry
+
+    return describe_registry(registry_of(config))

@@ -201,3 +201,11 @@ def test_sigterm_finishes_the_chunk_in_hand_and_a_second_follower_is_refused(
     skipped, published = registry.attempts()
     assert skipped.outcome == "rejected" and "no good row" in skipped.reasons[0]
     assert published.outcome == "published" and published.chunk == str(logs / parts[1].name)
+    # which chunk each version trained on, and the skipped one with why
+    listed = cli_here(capfd, caplog, "retrain", str(cfg), "--versions")
+    assert listed.returncode == 0
+    assert f"*  v000001  -       {parts[1].name}  its chunk, first" in listed.stdout
+    assert f"rejected on {parts[0].name}: its data:" in listed.stdout
+    inspected = cli_here(capfd, caplog, "inspect", str(run))
+    assert inspected.returncode == 0, inspected.stderr
+    assert parts[1].name in inspected.stdout and "current version v000001:" in inspected.stdout
