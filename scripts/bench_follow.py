@@ -12,13 +12,17 @@ place and the clock runs until a ``POST /predict`` answers with the version whos
 names that part. Between two chunks the script waits until the previous one is served, so each
 figure is one chunk's, not a queue's.
 
-Prints each chunk's freshness, their median and largest, the load average beside them, and
-the follower's seconds per chunk (from its lines).
+Prints each chunk's freshness (every one with ``--every 1``), their median and largest, the
+load average beside them, and what the follower holds after the first measured chunk and after
+the last: the memory of its process tree (driver and workers) and the run folder's bytes on
+disk (versions and stores; ``retrain.keep_versions`` of configs/follow.yaml bounds them). A long
+run (``--chunks 200``) is the soak: memory and disk must stay flat.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -78,6 +82,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20_000, help="rows per chunk")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it")
+    ap.add_argument("--every", type=int, default=1, help="print every Nth chunk's freshness")
     args = ap.parse_args()
     rep = Reporter(args.json)
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-follow-"))
@@ -113,7 +118,8 @@ def main() -> None:
         _wait("serve to start", time.monotonic() + 300,
               lambda: served.poll() is None and _ready(client))  # fmt: skip
         fresh: list[float] = []
-        for f in files[1:]:
+        held: list[tuple[int, int]] = []
+        for i, f in enumerate(files[1:]):
             landed = time.monotonic()
             os.rename(f, watched / f.name)
             version = _wait(f"a version of {f.name}", landed + 600,
@@ -121,11 +127,20 @@ def main() -> None:
             _wait(f"serve to answer with {version}", landed + 600,
                   lambda v=version: client.predict([ROW]).version == v)  # fmt: skip
             fresh.append(time.monotonic() - landed)
-            rep.emit(f"follow.freshness.{f.name}", fresh[-1], "s", version=version)
+            if i % args.every == 0:
+                rep.emit(f"follow.freshness.{f.name}", fresh[-1], "s", version=version)
+            if i in (0, len(files) - 2):
+                held.append((_tree_rss(follower.pid), _disk(run)))
         load = os.getloadavg()[0]
         rep.emit("follow.freshness.median", statistics.median(fresh), "s", load=round(load, 2),
                  chunks=len(fresh), rows=args.rows, goal_s=60)  # fmt: skip
         rep.emit("follow.freshness.max", max(fresh), "s", load=round(load, 2))
+        (rss0, disk0), (rss1, disk1) = held[0], held[-1]
+        mib = 1 << 20
+        rep.emit("follow.memory.last", rss1 / mib, "MiB", baseline=rss0 / mib,
+                 baseline_name="after the first chunk", chunks=len(fresh))  # fmt: skip
+        rep.emit("follow.disk.last", disk1 / mib, "MiB", baseline=disk0 / mib,
+                 baseline_name="after the first chunk", chunks=len(fresh))  # fmt: skip
     finally:
         for p in (served, follower):
             if p is not None and p.poll() is None:
@@ -137,6 +152,22 @@ def main() -> None:
         log.close()
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its children (the follower's workers)."""
+    import psutil
+
+    p = psutil.Process(pid)
+    total = 0
+    for q in [p, *p.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += q.memory_info().rss
+    return total
+
+
+def _disk(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def _ready(client: ServeClient) -> bool:

@@ -9,6 +9,7 @@ are fake and the server accepts any (moto's default), except :func:`s3_server` s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -123,3 +124,78 @@ def aws_environment() -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class CutProxy:
+    """A TCP relay on 127.0.0.1 in front of ``endpoint`` (``http://127.0.0.1:PORT``) whose
+    link can be cut and restored on the same port: a store that is unreachable for a while,
+    as a network partition makes it, while the store itself keeps its objects."""
+
+    def __init__(self, endpoint: str) -> None:
+        import socket
+        import threading
+
+        self._upstream = ("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._server: socket.socket | None = None
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.restore()
+
+    def restore(self) -> None:
+        """Listen again on the same port (connections are refused until then)."""
+        import socket
+        import threading
+
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(16)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def cut(self) -> None:
+        """Stop listening and close every relayed connection."""
+        import socket
+
+        server, self._server = self._server, None
+        if server is not None:
+            with contextlib.suppress(OSError):  # wakes the thread blocked in accept()
+                server.shutdown(socket.SHUT_RDWR)
+            server.close()
+        with self._lock:
+            conns, self._open = self._open, []
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+    def _accept(self, server: Any) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # cut
+            upstream = socket.create_connection(self._upstream)
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.close()

@@ -84,6 +84,9 @@ def list_chunks(paths: str | Sequence[str], require_complete: bool = False) -> l
             f"click-log path {', '.join(map(storage.shown, missing))} does not exist; check "
             "data.train.paths (the folder the follower watches for new chunks)"
         )
+    for p in paths:
+        if storage.is_url(p):  # what landed since the last listing: not in fsspec's cache
+            storage.filesystem(p)[0].invalidate_cache()
     try:
         files = resolve_files(paths)
     except DataError:

@@ -44,7 +44,8 @@ from typing import Any
 from daskhps import storage
 from daskhps.config import RunConfig
 from daskhps.data.source import day_of
-from daskhps.distributed.cluster import KeptCluster
+from daskhps.distributed.cluster import KeptCluster, start_cluster
+from daskhps.distributed.configured import cluster_args
 from daskhps.errors import DataError, StorageError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain._atomic import write_atomic
@@ -63,7 +64,7 @@ from daskhps.retrain.stores import Disks
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.training.killpoints import check_env, kill_point
 
-__all__ = ["FollowStatus", "StopRequest", "follow"]
+__all__ = ["FollowStatus", "StopRequest", "exported", "follow"]
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ _COLLECTOR: list[_FollowCollector] = []
 
 
 @contextlib.contextmanager
-def _exported(status: FollowStatus) -> Iterator[None]:
+def exported(status: FollowStatus) -> Iterator[None]:
     """``status`` on the process's ``/metrics`` while the follower runs."""
     try:
         from prometheus_client import REGISTRY
@@ -359,10 +360,11 @@ def follow(
     check_env()
     stop = stop or StopRequest()
     status = FollowStatus()
-    with RetrainLock(run_dir), stop.installed(), _exported(status), KeptCluster() as cluster:
+    with RetrainLock(run_dir), stop.installed(), exported(status), KeptCluster() as cluster:
         registry = registry_of(config)
         current = check_current(registry, config)
         status.published = current.name if current else None
+        status.newest_landed = current.landed if current else 0.0
         shown = (not config.run.quiet) if progress is None else progress is True
         paths, require_complete = _logs(config, shown)
         if config.retrain.keep_versions is None:
@@ -374,36 +376,51 @@ def follow(
             f"follow: watching {', '.join(map(storage.shown, paths))} every "
             f"{config.retrain.poll_seconds:g} s (from {status.published or 'scratch'})"
         )
+        # Started now, not at the first chunk: the first chunk's freshness does not pay for
+        # it, and the dashboard (with this follower's gauges on /metrics) is up while idle.
+        handle = cluster.get(lambda: start_cluster(**cluster_args(config)))
+        if handle.dashboard_link:
+            say(f"follow: dashboard {handle.dashboard_link}")
         f = _Follower(config, registry, cluster, status, say, echo, progress)
         backoff = config.retrain.poll_seconds
+
+        def out_of_reach(what: str, e: StorageError) -> None:
+            """The logs' store cannot be reached: say so, wait longer each time."""
+            nonlocal backoff
+            status.listing_error = str(e)
+            status.write(run_dir)
+            say(
+                f"follow: {what} failed ({e}); trying again in {backoff:g} s, "
+                f"{status.lag_seconds():.0f} s behind the newest trained chunk"
+            )
+            stop.wait(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX_S)
+
         while not stop.requested and (max_chunks is None or status.trained < max_chunks):
             try:
                 fresh = new_chunks(list_chunks(paths, require_complete), registry.taken_files())
             except StorageError as e:
-                status.listing_error = str(e)
-                status.write(run_dir)
-                say(
-                    f"follow: listing the logs failed ({e}); trying again in {backoff:g} s, "
-                    f"{status.lag_seconds():.0f} s behind the newest trained chunk"
-                )
-                stop.wait(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                out_of_reach("listing the logs", e)
                 continue
-            backoff = config.retrain.poll_seconds
             status.listing_error, status.listed, status.waiting = None, time.time(), len(fresh)
             status.write(run_dir)
             if not fresh:
+                backoff = config.retrain.poll_seconds
                 stop.wait(config.retrain.poll_seconds)
                 continue
             kill_point("follow_listed", status.trained)
             try:
                 f.train(fresh[0])
+            except StorageError as e:  # recorded as failed: the chunk is taken again
+                out_of_reach(f"reading {fresh[0].name}", e)
+                continue
             except KeyboardInterrupt:
                 say(
                     f"follow: abandoned {fresh[0].name}: nothing of it was published; the "
                     "next follower trains it"
                 )
                 break
+            backoff = config.retrain.poll_seconds
             status.trained += 1
             status.waiting = len(fresh) - 1
             status.write(run_dir)
