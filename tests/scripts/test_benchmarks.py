@@ -429,3 +429,16 @@ def test_bench_hosts_quick(tmp_path: Path) -> None:
     assert lost["same_model_as_spills"] is True and lost["restored_bytes"] > 0
     assert lost["value"] >= lost["waited_for_a_host_s"] >= 0
     assert (tmp_path / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_follow_quick() -> None:
+    """A follower and a server as a user starts them; a chunk renamed into the watched folder
+    is served within the issue's minute, and the soak's figures are reported."""
+    recs = run_script("bench_follow.py", "--chunks", "2", "--rows", "2000", timeout=600)
+    by_name = {r["name"]: r for r in recs}
+    median = by_name["follow.freshness.median"]
+    assert 0 < median["value"] < median["goal_s"] and median["chunks"] == 2
+    assert by_name["follow.freshness.part-00002.tsv"]["version"] == "v000003"
+    for figure in ("follow.memory.last", "follow.disk.last"):
+        assert by_name[figure]["value"] > 0 and by_name[figure]["baseline"] > 0
