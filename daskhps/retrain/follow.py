@@ -28,6 +28,7 @@ cluster's ``/metrics``) say how far behind the logs it is (:class:`FollowStatus`
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -46,7 +47,7 @@ from daskhps.config import RunConfig
 from daskhps.data.source import day_of
 from daskhps.distributed.cluster import KeptCluster, start_cluster
 from daskhps.distributed.configured import cluster_args
-from daskhps.errors import DataError, StorageError
+from daskhps.errors import CheckpointError, DataError, StorageError
 from daskhps.monitor.progress import Progress
 from daskhps.retrain._atomic import write_atomic
 from daskhps.retrain.chunks import Chunk, list_chunks, new_chunks
@@ -285,6 +286,14 @@ class _Follower:
             return None
         except Exception as e:
             self.registry.record(attempt("failed", reasons=(f"{type(e).__name__}: {e}",)))
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                keep = f"{current.name} stays current" if current else "nothing is published"
+                raise CheckpointError(
+                    f"a disk filled up while training {chunk.name} ({e.strerror or e}): "
+                    f"nothing of it was published, {keep}; free space where the run writes "
+                    f"({self.run_dir}, table.tiers.store_dir) and start the follower again: "
+                    "it trains this chunk"
+                ) from e
             raise
         self.status.progressive = dict(cand.baseline)
         scores = _scores(cand.baseline, cand.metrics)

@@ -31,6 +31,7 @@ from daskhps.runfiles.checkpoint import load_checkpoint
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here, tiny_config, write_config
 from tests._signals import default_dispositions
+from tests.runfiles.test_rundir import tree_digest
 
 pytestmark = pytest.mark.slow
 
@@ -208,3 +209,68 @@ def test_sigterm_finishes_the_chunk_in_hand_and_a_second_follower_is_refused(
     inspected = cli_here(capfd, caplog, "inspect", str(run))
     assert inspected.returncode == 0, inspected.stderr
     assert parts[1].name in inspected.stdout and "current version v000001:" in inspected.stdout
+
+
+def _fill(folder: Path, leave: int) -> Path:
+    """A file that takes all of ``folder``'s disk but ``leave`` bytes."""
+    st = os.statvfs(folder)
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        f.truncate(0)
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+    return filler
+
+
+def test_a_full_disk_stops_the_follower_and_publishes_nothing_half(
+    parts: list[Path], tmp_path: Path
+) -> None:
+    """The run folder on a small disk of its own (a tmpfs) that fills up while a chunk is
+    trained: the follower stops in one line with exit 1, the published version stays current
+    and unchanged, no half version is left; with room again, the next follower trains that
+    chunk."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a disk of its own needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip("this machine cannot mount a tmpfs")
+    try:
+        watched = tmp_path / "logs"
+        watched.mkdir()
+        cfg = write_config(
+            tmp_path / "follow.yaml",
+            tiny_config(
+                disk / "run",
+                watched,
+                passes={"examples_per_pass": ROWS, "global_batch_size": 100},
+                eval={"every_pass": False},
+            ),
+        )
+        _land(parts[:1], watched)
+        assert cli("retrain", str(cfg), "--follow", "--max-chunks", "1").returncode == 0
+        registry = Registry(disk / "run" / "versions")
+        v1 = disk / "run" / "versions" / "v000001"
+        before = tree_digest(v1)
+        filler = _fill(disk, leave=16 << 10)
+        _land(parts[1:2], watched)
+        full = cli("retrain", str(cfg), "--follow", "--max-chunks", "1")
+        assert full.returncode == 1, full.stderr
+        # the follower's one line (a worker's task that failed is logged above it by Dask)
+        said = full.stderr.splitlines()[-1]
+        assert said.startswith("daskhps retrain: error: a disk filled up while training"), said
+        assert "nothing of it was published, v000001 stays current; free space" in said
+        assert [v.name for v in registry.versions()] == ["v000001"]
+        assert registry.current() is not None and registry.current().name == "v000001"
+        assert not (disk / "run" / "versions" / "v000002").exists()
+        assert tree_digest(v1) == before
+        assert registry.attempts()[-1].outcome == "failed"
+        filler.unlink()
+        again = cli("retrain", str(cfg), "--follow", "--max-chunks", "1")
+        assert again.returncode == 0, again.stderr
+        v2 = registry.current()
+        assert v2 is not None and v2.name == "v000002" and v2.chunk == str(watched / parts[1].name)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
