@@ -22,23 +22,20 @@ again from the same version: each version is a function of its parent and its ch
 model equals the one an uninterrupted follower makes from the same chunks in the same order.
 
 While it runs, ``<run.dir>/follow.json`` and the process's Prometheus registry (the embedded
-cluster's ``/metrics``) say how far behind the logs it is (:class:`FollowStatus`).
+cluster's ``/metrics``) say how far behind the logs it is
+(:mod:`daskhps.retrain.follow_status`); :mod:`daskhps.retrain.stopping` stops it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import logging
 import math
 import os
 import shutil
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +46,9 @@ from daskhps.distributed.cluster import KeptCluster, start_cluster
 from daskhps.distributed.configured import cluster_args
 from daskhps.errors import CheckpointError, DataError, StorageError
 from daskhps.monitor.progress import Progress
-from daskhps.retrain._atomic import write_atomic
 from daskhps.retrain.chunks import Chunk, list_chunks, new_chunks
 from daskhps.retrain.codes import ExitCode
+from daskhps.retrain.follow_status import FollowStatus, exported
 from daskhps.retrain.job import (
     Outcome,
     check_current,
@@ -61,136 +58,16 @@ from daskhps.retrain.job import (
     registry_of,
 )
 from daskhps.retrain.lock import RetrainLock
+from daskhps.retrain.stopping import StopRequest
 from daskhps.retrain.stores import Disks
 from daskhps.retrain.versions import Attempt, Registry, Version
 from daskhps.training.killpoints import check_env, kill_point
 
-__all__ = ["FollowStatus", "StopRequest", "exported", "follow"]
+__all__ = ["follow"]
 
 log = logging.getLogger(__name__)
 
-STATUS = "follow.json"
 _BACKOFF_MAX_S = 60.0  # the longest wait between listings of logs that cannot be listed
-
-
-class StopRequest:
-    """SIGTERM and SIGINT while following: the first asks the follower to stop after the
-    chunk in hand, a second abandons that chunk (``KeyboardInterrupt``). Installed in the main
-    thread only (elsewhere, e.g. in tests, :meth:`set` stops it)."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    @property
-    def requested(self) -> bool:
-        return self._event.is_set()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, less when a stop is asked for; whether one was."""
-        return self._event.wait(seconds)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self._event.is_set():
-            raise KeyboardInterrupt  # the second: abandon the chunk in hand
-        log.warning(
-            "%s: finishing the chunk in hand, then stopping (again to abandon it)",
-            signal.Signals(signum).name,
-        )
-        self._event.set()
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopRequest]:
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        # A signal the process was started ignoring (SIGINT in a shell's background job)
-        # stays ignored, as it does for any command started so.
-        heard = [
-            s for s in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(s) != signal.SIG_IGN
-        ]
-        before = {s: signal.signal(s, self._handle) for s in heard}
-        try:
-            yield self
-        finally:
-            for s, h in before.items():
-                signal.signal(s, h)
-
-
-@dataclass
-class FollowStatus:
-    """How far behind its logs a follower is; written to ``<run.dir>/follow.json`` after
-    each listing and each chunk, and exported as Prometheus gauges."""
-
-    started: float = field(default_factory=time.time)
-    listed: float = 0.0  # the last listing that succeeded
-    waiting: int = 0  # complete chunks not trained yet
-    trained: int = 0  # chunks trained by this follower
-    published: str | None = None  # the version current now
-    newest_landed: float = 0.0  # when the newest chunk a published version trained landed
-    listing_error: str | None = None  # why the last listing failed (None: it did not)
-    progressive: dict[str, float] = field(default_factory=dict)  # the last chunk's, before
-
-    def lag_seconds(self, now: float | None = None) -> float:
-        """Seconds since the newest trained chunk landed (NaN before the first)."""
-        if not self.newest_landed:
-            return math.nan
-        return max(0.0, (now or time.time()) - self.newest_landed)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "lag_seconds": self.lag_seconds()}
-
-    def write(self, run_dir: Path) -> None:
-        write_atomic(run_dir / STATUS, json.dumps(self.to_json(), indent=2) + "\n")
-
-
-_STATUS_NOW: list[FollowStatus] = []  # the followers of this process, for /metrics
-
-
-class _FollowCollector:
-    """``daskhps_follow_*`` gauges of the followers of this process."""
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        gauges = {
-            "lag_seconds": "seconds since the newest chunk a published version trained on landed",
-            "chunks_waiting": "complete chunks not trained yet",
-            "chunks_trained": "chunks this follower trained",
-            "progressive_auc": "AUC of the published model on the last chunk, before training",
-            "progressive_logloss": "logloss of the published model on the last chunk, before",
-        }
-        fams = {k: GaugeMetricFamily(f"daskhps_follow_{k}", h) for k, h in gauges.items()}
-        for st in list(_STATUS_NOW):
-            fams["lag_seconds"].add_metric([], st.lag_seconds())
-            fams["chunks_waiting"].add_metric([], st.waiting)
-            fams["chunks_trained"].add_metric([], st.trained)
-            fams["progressive_auc"].add_metric([], st.progressive.get("auc", math.nan))
-            fams["progressive_logloss"].add_metric([], st.progressive.get("logloss", math.nan))
-        yield from fams.values()
-
-
-_COLLECTOR: list[_FollowCollector] = []
-
-
-@contextlib.contextmanager
-def exported(status: FollowStatus) -> Iterator[None]:
-    """``status`` on the process's ``/metrics`` while the follower runs."""
-    try:
-        from prometheus_client import REGISTRY
-    except ImportError:  # the metrics extra is not installed: follow.json only
-        yield
-        return
-    if not _COLLECTOR:
-        _COLLECTOR.append(_FollowCollector())
-        REGISTRY.register(_COLLECTOR[0])
-    _STATUS_NOW.append(status)
-    try:
-        yield
-    finally:
-        _STATUS_NOW.remove(status)
 
 
 def _logs(config: RunConfig, progress: bool) -> tuple[tuple[str, ...], bool]:

@@ -221,7 +221,8 @@ def holdout_is_trained(b: Built) -> bool | None:
 def follow_poll(b: Built) -> float:
     """The seconds ``retrain --follow`` waits after a listing of its logs found nothing new."""
     from daskhps.data.source import TrainLogs
-    from daskhps.retrain.follow import StopRequest, follow
+    from daskhps.retrain.follow import follow
+    from daskhps.retrain.stopping import StopRequest
 
     waits: list[float] = []
 

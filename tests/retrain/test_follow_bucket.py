@@ -15,7 +15,8 @@ import yaml
 from daskhps import storage
 from daskhps.config import load_config
 from daskhps.retrain import Registry
-from daskhps.retrain.follow import StopRequest, follow
+from daskhps.retrain.follow import follow
+from daskhps.retrain.stopping import StopRequest
 from tests._clusters import SharedClusters
 from tests._logs import generated_logs
 from tests._runs import tiny_config

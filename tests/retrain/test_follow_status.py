@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, generate_latest
 
-from daskhps.retrain.follow import FollowStatus, exported
+from daskhps.retrain.follow_status import FollowStatus, exported
 
 
 def _gauges() -> dict[str, float]:
