@@ -13,10 +13,10 @@ names that part. Between two chunks the script waits until the previous one is s
 figure is one chunk's, not a queue's.
 
 Prints each chunk's freshness (every one with ``--every 1``), their median and largest, the
-load average beside them, and what the follower holds after the first measured chunk and after
-the last: the memory of its process tree (driver and workers) and the run folder's bytes on
-disk (versions and stores; ``retrain.keep_versions`` of configs/follow.yaml bounds them). A long
-run (``--chunks 200``) is the soak: memory and disk must stay flat.
+load average beside them, and what the follower holds after each quarter of the chunks against
+after the first: the memory of its driver and of its workers (the fork server's processes
+included) and the run folder's bytes on disk (versions and stores; ``retrain.keep_versions``
+of configs/follow.yaml bounds the versions). A long run (``--chunks 200``) is the soak.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def main() -> None:
         _wait("serve to start", time.monotonic() + 300,
               lambda: served.poll() is None and _ready(client))  # fmt: skip
         fresh: list[float] = []
-        held: list[tuple[int, int]] = []
+        held: list[tuple[int, int, int, int]] = []  # chunks, driver, workers, disk
         for i, f in enumerate(files[1:]):
             landed = time.monotonic()
             os.rename(f, watched / f.name)
@@ -129,18 +129,24 @@ def main() -> None:
             fresh.append(time.monotonic() - landed)
             if i % args.every == 0:
                 rep.emit(f"follow.freshness.{f.name}", fresh[-1], "s", version=version)
-            if i in (0, len(files) - 2):
-                held.append((_tree_rss(follower.pid), _disk(run)))
+            if i in _checkpoints(len(files) - 1):
+                held.append((i + 1, *_roles_rss(follower.pid), _disk(run)))
         load = os.getloadavg()[0]
         rep.emit("follow.freshness.median", statistics.median(fresh), "s", load=round(load, 2),
                  chunks=len(fresh), rows=args.rows, goal_s=60)  # fmt: skip
         rep.emit("follow.freshness.max", max(fresh), "s", load=round(load, 2))
-        (rss0, disk0), (rss1, disk1) = held[0], held[-1]
         mib = 1 << 20
-        rep.emit("follow.memory.last", rss1 / mib, "MiB", baseline=rss0 / mib,
-                 baseline_name="after the first chunk", chunks=len(fresh))  # fmt: skip
-        rep.emit("follow.disk.last", disk1 / mib, "MiB", baseline=disk0 / mib,
-                 baseline_name="after the first chunk", chunks=len(fresh))  # fmt: skip
+        first = held[0]
+        for chunks, driver, workers, disk in held[1:]:
+            load = round(os.getloadavg()[0], 2)
+            for role, now, then in (
+                ("memory.driver", driver, first[1]),
+                ("memory.workers", workers, first[2]),
+                ("disk", disk, first[3]),
+            ):
+                since = "after the first chunk"
+                rep.emit(f"follow.{role}.{chunks}", now / mib, "MiB", baseline=then / mib,
+                         baseline_name=since, chunks=chunks, load=load)  # fmt: skip
     finally:
         for p in (served, follower):
             if p is not None and p.poll() is None:
@@ -154,16 +160,24 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its children (the follower's workers)."""
+def _checkpoints(n: int) -> set[int]:
+    """The chunks (0-based) after which memory and disk are read: the first, each quarter,
+    the last."""
+    return {0, n - 1, *(n * q // 4 - 1 for q in (1, 2, 3) if n * q // 4 > 0)}
+
+
+def _roles_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of the follower's driver process, and of its Dask workers together
+    (the processes below it that run ``distributed``'s worker, the fork server's included)."""
     import psutil
 
     p = psutil.Process(pid)
-    total = 0
-    for q in [p, *p.children(recursive=True)]:
+    workers = 0
+    for q in p.children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            total += q.memory_info().rss
-    return total
+            if "resource_tracker" not in " ".join(q.cmdline()):
+                workers += q.memory_info().rss
+    return p.memory_info().rss, workers
 
 
 def _disk(folder: Path) -> int:

@@ -46,6 +46,7 @@ from daskhps.distributed.cluster import KeptCluster, start_cluster
 from daskhps.distributed.configured import cluster_args
 from daskhps.errors import CheckpointError, DataError, StorageError
 from daskhps.monitor.progress import Progress
+from daskhps.retrain.candidate import Candidate
 from daskhps.retrain.chunks import Chunk, list_chunks, new_chunks
 from daskhps.retrain.codes import ExitCode
 from daskhps.retrain.follow_status import FollowStatus, exported
@@ -61,6 +62,7 @@ from daskhps.retrain.lock import RetrainLock
 from daskhps.retrain.stopping import StopRequest
 from daskhps.retrain.stores import Disks
 from daskhps.retrain.versions import Attempt, Registry, Version
+from daskhps.retrain.versions import Outcome as AttemptOutcome
 from daskhps.training.killpoints import check_env, kill_point
 
 __all__ = ["follow"]
@@ -103,120 +105,204 @@ def _finite(metrics: dict[str, float]) -> bool:
     return all(math.isfinite(v) for k, v in metrics.items() if k in ("auc", "logloss"))
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One chunk's attempt: the chunk, the version it trains from, its folder."""
+
+    chunk: Chunk
+    current: Version | None
+    attempt_id: str
+    attempt_dir: Path
+    landed: float  # when the chunk's newest file landed
+
+    @property
+    def days(self) -> tuple[str, ...]:
+        return tuple(sorted({d for f in self.chunk.files if (d := day_of(f)) is not None}))
+
+    @property
+    def base(self) -> str | None:
+        return self.current.name if self.current else None
+
+    @property
+    def kept(self) -> str:
+        """What stays current when this step publishes nothing."""
+        return f"{self.base} stays current" if self.base else "nothing is published"
+
+    def attempt(self, outcome: AttemptOutcome, **fields: Any) -> Attempt:
+        """The registry's record of this step."""
+        return Attempt(
+            self.attempt_id,
+            self.base,
+            self.days,
+            "",
+            outcome,
+            time=time.time(),
+            chunk=self.chunk.name,
+            files=self.chunk.files,
+            **fields,
+        )
+
+
 @dataclass
 class _Follower:
-    """The state of one ``--follow`` run between chunks."""
+    """One ``--follow`` run: its registry, its kept cluster, what it has said of its lag."""
 
     config: RunConfig
     registry: Registry
     cluster: KeptCluster
     status: FollowStatus
+    stop: StopRequest
     say: Callable[[str], None]
     echo: Callable[[str], None] | None
     progress: Progress | None
+    backoff: float = 0.0
 
     @property
     def run_dir(self) -> Path:
         return Path(self.config.run.dir)
 
+    def run(self, paths: tuple[str, ...], require_complete: bool, max_chunks: int | None) -> None:
+        """List, train the oldest new chunk, again, until stopped or ``max_chunks`` are done."""
+        poll = self.config.retrain.poll_seconds
+        status = self.status
+        self.backoff = poll
+        while not self.stop.requested and (max_chunks is None or status.trained < max_chunks):
+            try:
+                taken = self.registry.taken_files()
+                fresh = new_chunks(list_chunks(paths, require_complete), taken)
+            except StorageError as e:
+                self._out_of_reach("listing the logs", e)
+                continue
+            status.listing_error, status.listed, status.waiting = None, time.time(), len(fresh)
+            status.write(self.run_dir)
+            if not fresh:
+                self.backoff = poll
+                self.stop.wait(poll)
+                continue
+            kill_point("follow_listed", status.trained)
+            try:
+                self.train(fresh[0])
+            except StorageError as e:  # recorded as failed: the chunk is taken again
+                self._out_of_reach(f"reading {fresh[0].name}", e)
+                continue
+            except KeyboardInterrupt:
+                self.say(
+                    f"follow: abandoned {fresh[0].name}: nothing of it was published; the "
+                    "next follower trains it"
+                )
+                return
+            self.backoff = poll
+            status.trained += 1
+            status.waiting = len(fresh) - 1
+            status.write(self.run_dir)
+
+    def _out_of_reach(self, what: str, e: StorageError) -> None:
+        """The logs' store cannot be reached: say so, wait longer each time."""
+        self.status.listing_error = str(e)
+        self.status.write(self.run_dir)
+        self.say(
+            f"follow: {what} failed ({e}); trying again in {self.backoff:g} s, "
+            f"{self.status.lag_seconds():.0f} s behind the newest trained chunk"
+        )
+        self.stop.wait(self.backoff)
+        self.backoff = min(self.backoff * 2, _BACKOFF_MAX_S)
+
     def train(self, chunk: Chunk) -> Version | None:
-        """Train ``chunk`` from the current version; the version published (None: rejected)."""
+        """Train ``chunk`` from the current version; the version published (None: none)."""
+        attempt_id = new_attempt_id()
+        step = _Step(
+            chunk,
+            check_current(self.registry, self.config),
+            attempt_id,
+            self.run_dir / "attempts" / attempt_id,
+            _landed(chunk.files),
+        )
+        cand = self._candidate(step)
+        if cand is None:
+            return None
+        self.status.progressive = dict(cand.baseline)
+        why: str | None = cand.diverged
+        if why is None and not _finite(cand.metrics):
+            why = "its metrics are not numbers"
+        if why is not None:
+            reasons = (f"the candidate diverged: {why}",)
+            self.registry.record(step.attempt("rejected", reasons=reasons, **_both(cand)))
+            self.say(
+                f"follow: {chunk.name}: candidate rejected ({why}); {step.kept}. "
+                f"{_scores(cand.baseline, cand.metrics)}"
+            )
+            return None
+        return self._publish(step, cand)
+
+    def _candidate(self, step: _Step) -> Candidate | None:
+        """The step's trained candidate; None when the chunk has no rows to train on (said
+        and recorded). Other failures are recorded, then raised."""
         from daskhps.retrain.candidate import chunk_data, train_candidate
 
-        current = check_current(self.registry, self.config)
-        attempt_id = new_attempt_id()
-        attempt_dir = self.run_dir / "attempts" / attempt_id
-        landed = _landed(chunk.files)
-        days = tuple(sorted({d for f in chunk.files if (d := day_of(f)) is not None}))
-        base = current.name if current else None
-
-        def attempt(outcome: Any, **fields: Any) -> Attempt:
-            return Attempt(
-                attempt_id,
-                base,
-                days,
-                "",
-                outcome,
-                time=time.time(),
-                chunk=chunk.name,
-                files=chunk.files,
-                **fields,
-            )
-
+        current, chunk = step.current, step.chunk
         try:
-            cand = train_candidate(
+            return train_candidate(
                 self.config,
                 chunk_data(self.config, chunk.files),
-                attempt_dir,
+                step.attempt_dir,
                 current.checkpoint if current else None,
                 echo=self.echo,
                 progress=self.progress,
                 cluster=self.cluster,
             )
         except (DataError, FileNotFoundError) as e:  # this chunk's rows: skip it, go on
-            self.registry.record(attempt("rejected", reasons=(f"its data: {e}",)))
+            self.registry.record(step.attempt("rejected", reasons=(f"its data: {e}",)))
             self.say(
                 f"follow: {chunk.name}: skipped, nothing trained ({e}); the next chunk is "
                 "taken. To train it after a fix, put it back under a new name"
             )
-            shutil.rmtree(attempt_dir, ignore_errors=True)
+            shutil.rmtree(step.attempt_dir, ignore_errors=True)
             return None
         except Exception as e:
-            self.registry.record(attempt("failed", reasons=(f"{type(e).__name__}: {e}",)))
+            self.registry.record(step.attempt("failed", reasons=(f"{type(e).__name__}: {e}",)))
             if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                keep = f"{current.name} stays current" if current else "nothing is published"
                 raise CheckpointError(
                     f"a disk filled up while training {chunk.name} ({e.strerror or e}): "
-                    f"nothing of it was published, {keep}; free space where the run writes "
-                    f"({self.run_dir}, table.tiers.store_dir) and start the follower again: "
-                    "it trains this chunk"
+                    f"nothing of it was published, {step.kept}; free space where the run "
+                    f"writes ({self.run_dir}, table.tiers.store_dir) and start the follower "
+                    "again: it trains this chunk"
                 ) from e
             raise
-        self.status.progressive = dict(cand.baseline)
-        scores = _scores(cand.baseline, cand.metrics)
-        why: str | None = cand.diverged
-        if why is None and not _finite(cand.metrics):
-            why = "its metrics are not numbers"
-        if why is not None:
-            self.registry.record(
-                attempt("rejected", reasons=(f"the candidate diverged: {why}",), **_both(cand))
-            )
-            keep = f"{current.name} stays current" if current else "nothing is published"
-            self.say(f"follow: {chunk.name}: candidate rejected ({why}); {keep}. {scores}")
-            return None
-        through = max([*days, current.trained_through if current else ""])
+
+    def _publish(self, step: _Step, cand: Candidate) -> Version:
+        days, current = step.days, step.current
+        handle = self.cluster.handle
         version, removed = publish_candidate(
             self.registry,
             cand,
-            attempt("published", reasons=("trained on its chunk",), **_both(cand)),
-            self._disks(),
+            step.attempt("published", reasons=("trained on its chunk",), **_both(cand)),
+            Disks(handle.client if handle is not None else None, self.config.source),
             self.config.retrain.keep_versions,
             self.status.trained,
-            parent=base,
+            parent=step.base,
             train_days=days,
-            trained_through=through,
+            trained_through=max([*days, current.trained_through if current else ""]),
             eval_day="",
-            chunk=chunk.name,
-            files=chunk.files,
-            landed=landed,
+            chunk=step.chunk.name,
+            files=step.chunk.files,
+            landed=step.landed,
         )
-        # the version holds a copy of the candidate's checkpoint; its rows are in the stores
-        shutil.rmtree(attempt_dir / "checkpoints", ignore_errors=True)
-        self.status.newest_landed = max(self.status.newest_landed, landed)
+        # The version holds a copy of the candidate's checkpoint (its config and metrics in
+        # its manifest, its scores in the registry), its rows are in the stores: a folder a
+        # chunk would otherwise grow the disk by, for as long as the follower runs.
+        shutil.rmtree(step.attempt_dir, ignore_errors=True)
+        self.status.newest_landed = max(self.status.newest_landed, step.landed)
         self.status.published = version.name
+        n = len(step.chunk.files)
         self.say(
-            f"follow: published {version.name}, trained on {chunk.name} "
-            f"({len(chunk.files)} file{'s' * (len(chunk.files) != 1)}, landed "
-            f"{time.time() - landed:.1f} s ago). {scores}.{removed}"
+            f"follow: published {version.name}, trained on {step.chunk.name} ({n} "
+            f"file{'s' * (n != 1)}, landed {time.time() - step.landed:.1f} s ago). "
+            f"{_scores(cand.baseline, cand.metrics)}.{removed}"
         )
         return version
 
-    def _disks(self) -> Disks:
-        handle = self.cluster.handle
-        return Disks(handle.client if handle is not None else None, self.config.source)
 
-
-def _both(cand: Any) -> dict[str, Any]:
+def _both(cand: Candidate) -> dict[str, Any]:
     return {"metrics": cand.metrics, "baseline": cand.baseline}
 
 
@@ -267,49 +353,8 @@ def follow(
         handle = cluster.get(lambda: start_cluster(**cluster_args(config)))
         if handle.dashboard_link:
             say(f"follow: dashboard {handle.dashboard_link}")
-        f = _Follower(config, registry, cluster, status, say, echo, progress)
-        backoff = config.retrain.poll_seconds
-
-        def out_of_reach(what: str, e: StorageError) -> None:
-            """The logs' store cannot be reached: say so, wait longer each time."""
-            nonlocal backoff
-            status.listing_error = str(e)
-            status.write(run_dir)
-            say(
-                f"follow: {what} failed ({e}); trying again in {backoff:g} s, "
-                f"{status.lag_seconds():.0f} s behind the newest trained chunk"
-            )
-            stop.wait(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX_S)
-
-        while not stop.requested and (max_chunks is None or status.trained < max_chunks):
-            try:
-                fresh = new_chunks(list_chunks(paths, require_complete), registry.taken_files())
-            except StorageError as e:
-                out_of_reach("listing the logs", e)
-                continue
-            status.listing_error, status.listed, status.waiting = None, time.time(), len(fresh)
-            status.write(run_dir)
-            if not fresh:
-                backoff = config.retrain.poll_seconds
-                stop.wait(config.retrain.poll_seconds)
-                continue
-            kill_point("follow_listed", status.trained)
-            try:
-                f.train(fresh[0])
-            except StorageError as e:  # recorded as failed: the chunk is taken again
-                out_of_reach(f"reading {fresh[0].name}", e)
-                continue
-            except KeyboardInterrupt:
-                say(
-                    f"follow: abandoned {fresh[0].name}: nothing of it was published; the "
-                    "next follower trains it"
-                )
-                break
-            backoff = config.retrain.poll_seconds
-            status.trained += 1
-            status.waiting = len(fresh) - 1
-            status.write(run_dir)
+        follower = _Follower(config, registry, cluster, status, stop, say, echo, progress)
+        follower.run(paths, require_complete, max_chunks)
         current = registry.current()
         return Outcome(
             ExitCode.PUBLISHED,

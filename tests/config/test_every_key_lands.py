@@ -239,7 +239,9 @@ def follow_poll(b: Built) -> float:
         run=b.cfg.run.replace(dir=str(b.tmp / "follow")),
         data=b.cfg.data.replace(train=TrainLogs(paths=(str(empty),)), generate=None),
         # the follower starts its cluster before it first lists: the smallest one
-        cluster=b.cfg.cluster.replace(n_workers=1, threads_per_worker=1, dashboard_address=None),
+        cluster=b.cfg.cluster.replace(
+            n_workers=1, threads_per_worker=1, dashboard_address="127.0.0.1:0"
+        ),
     )
     follow(cfg, stop=Once())
     return waits[0]

@@ -6,7 +6,6 @@ chunk that landed meanwhile is trained and published."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -95,4 +94,3 @@ def test_a_bucket_out_of_reach_for_a_while(
     assert [Path(v.chunk or "").name for v in versions] == [parts[0].name, parts[1].name]
     assert versions[1].baseline["examples"] == 300  # every row of the chunk
     assert json.loads((run / "follow.json").read_text())["listing_error"] is None
-    shutil.rmtree(run / "attempts")  # nothing of the run is needed after the asserts

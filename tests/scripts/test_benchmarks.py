@@ -440,5 +440,5 @@ def test_bench_follow_quick() -> None:
     median = by_name["follow.freshness.median"]
     assert 0 < median["value"] < median["goal_s"] and median["chunks"] == 2
     assert by_name["follow.freshness.part-00002.tsv"]["version"] == "v000003"
-    for figure in ("follow.memory.last", "follow.disk.last"):
+    for figure in ("follow.memory.driver.2", "follow.memory.workers.2", "follow.disk.2"):
         assert by_name[figure]["value"] > 0 and by_name[figure]["baseline"] > 0
