@@ -216,7 +216,17 @@ class OnlineModel:
         return Prepared(published, servable, model, refresh, scorer, reader, seconds, lease)
 
     def swap(self, prepared: Prepared) -> Swap:
-        """Serve ``prepared`` from the next request on (call between two requests)."""
+        """Serve ``prepared`` from the next request on (call between two requests). When it
+        fails, the version served stays, and ``prepared``'s lease is let go: a lease kept by
+        a failed swap would keep its version from retention for as long as the server runs."""
+        try:
+            return self._swap(prepared)
+        except BaseException:
+            if prepared.lease is not None:
+                prepared.lease.release()
+            raise
+
+    def _swap(self, prepared: Prepared) -> Swap:
         t = time.perf_counter()
         old_version = self.version
         if prepared.scorer is not None:

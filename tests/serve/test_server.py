@@ -373,3 +373,39 @@ def test_each_version_switch_is_one_line_saying_from_to_how_and_the_pause(
         r"requests held [0-9.]+ ms \(pid \d+\)",
         switches[0],
     ), switches
+
+
+def test_a_failed_switch_keeps_the_version_served_and_lets_go_of_the_new_ones_lease(
+    run: dict[str, Any], registry: tuple[Registry, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A switch whose refresh fails (a segment the follower's compaction removed while it was
+    read, as one did in a 200-chunk soak): the server says so and keeps the old version; the
+    new version's lease is let go, so retention can remove it later (a lease kept so held a
+    version past retrain.keep_versions for as long as the server ran)."""
+    from daskhps.retrain.retention import removable
+
+    reg, ckpts = registry
+    r = Running(
+        ServeOptions(model=str(reg.folder.parent), device_rows=500, host_bytes=0, poll_s=3600)
+    )
+    try:
+        publish_checkpoint(reg, "v000002", ckpts[1])
+        online = r.server.online
+        assert online is not None
+        real = online.scorer.refresh
+
+        def gone(*args: Any, **kw: Any) -> Any:
+            raise FileNotFoundError(2, "No such file or directory", "segments/0000000219")
+
+        monkeypatch.setattr(online.scorer, "refresh", gone)
+        with pytest.raises(FileNotFoundError):
+            r.refresh()
+        assert r.client.predict([{"I1": 1}]).version == "v000001"
+        with removable(reg.folder, "v000002") as free:
+            assert free  # no lease left on the version it failed to move to
+        monkeypatch.setattr(online.scorer, "refresh", real)
+        assert r.refresh().new == "v000002"  # the next poll moves
+        with removable(reg.folder, "v000001") as free:
+            assert free  # and lets go of the old one
+    finally:
+        r.close()
