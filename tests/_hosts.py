@@ -43,7 +43,7 @@ import numpy as np
 import pytest
 import torch
 
-from daskhps.runfiles.checkpoint import latest_checkpoint
+from daskhps.runfiles.checkpoint import Checkpoint, latest_checkpoint
 from tests._cgroups import MemoryCgroups, cgroups_unavailable
 from tests._real_cluster import RealCluster
 from tests._runs import tiny_config, write_config
@@ -201,18 +201,24 @@ class Hosts(RealCluster):
 Model = tuple[dict[str, torch.Tensor], list[tuple[np.ndarray, np.ndarray]]]
 
 
+def stored_model(rows: Checkpoint, dense: Checkpoint | None = None) -> Model:
+    """Each rank's keys and rows as ``rows``'s stores hold them at its commit, with the
+    dense weights of ``dense`` (default: ``rows``'s own)."""
+    ranks = []
+    for r in range(rows.num_workers):
+        with rows.open_store(r) as store:
+            keys = store.keys().sort().values
+            ranks.append((keys.numpy(), store.lookup(keys).rows.numpy()))
+    return (dense or rows).dense_state(), ranks
+
+
 def model_of(run_dir: Path, copy: Path) -> Model:
     """The model of a run on hosts: the dense weights of its latest checkpoint, and each
     rank's keys and rows as its copy (``checkpoint.replicate_to``) holds them at that
     checkpoint; the stores are on the hosts' disks, which the driver cannot see."""
     ckpt, copied = latest_checkpoint(run_dir), latest_checkpoint(copy)
     assert ckpt is not None and copied is not None and copied.name == ckpt.name
-    ranks = []
-    for r in range(copied.num_workers):
-        with copied.open_store(r) as store:
-            keys = store.keys().sort().values
-            ranks.append((keys.numpy(), store.lookup(keys).rows.numpy()))
-    return ckpt.dense_state(), ranks
+    return stored_model(copied, dense=ckpt)
 
 
 def same_model(a: Model, b: Model) -> bool:

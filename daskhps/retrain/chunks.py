@@ -31,8 +31,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from daskhps import storage
-from daskhps.data.source import complete, day_of, resolve_files
-from daskhps.errors import DataError
+from daskhps.data.source import complete, day_of
+from daskhps.retrain.logfiles import watched_files
 
 __all__ = ["Chunk", "list_chunks", "new_chunks"]
 
@@ -78,19 +78,7 @@ def list_chunks(paths: str | Sequence[str], require_complete: bool = False) -> l
     landed yet"); an existing folder with no data yet has no chunks.
     """
     paths = [paths] if isinstance(paths, str) else list(paths)
-    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not storage.exists(p)]
-    if missing:
-        raise DataError(
-            f"click-log path {', '.join(map(storage.shown, missing))} does not exist; check "
-            "data.train.paths (the folder the follower watches for new chunks)"
-        )
-    for p in paths:
-        if storage.is_url(p):  # what landed since the last listing: not in fsspec's cache
-            storage.filesystem(p)[0].invalidate_cache()
-    try:
-        files = resolve_files(paths)
-    except DataError:
-        return []  # the folders exist but hold no data yet
+    files = watched_files(paths, "the folder the follower watches for new chunks")
     roots = _roots(paths)
     by_folder: dict[str, list[str]] = {}
     for f in files:

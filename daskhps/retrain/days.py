@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from daskhps import storage
-from daskhps.data.source import SUCCESS, complete, day_of, resolve_files
-from daskhps.errors import DataError
+from daskhps.data.source import SUCCESS, complete, day_of
+from daskhps.retrain.logfiles import watched_files
 
 __all__ = ["Day", "DayPlan", "plan_days", "scan_days"]
 
@@ -58,18 +58,7 @@ def scan_days(paths: str | Sequence[str]) -> list[Day]:
     Files outside ``day=`` folders are not part of any day and are left out. Raises
     :class:`DataError` when a path does not exist (a typo must not read as "no new data").
     """
-    paths = [paths] if isinstance(paths, str) else list(paths)
-    missing = [p for p in paths if not any(ch in p for ch in "*?[") and not storage.exists(p)]
-    if missing:
-        raise DataError(
-            f"click-log path {', '.join(map(storage.shown, missing))} does not exist; check "
-            "data.train.paths "
-            "(the folder that holds the day=YYYY-MM-DD/ partitions)"
-        )
-    try:
-        files = resolve_files(paths)
-    except DataError:
-        return []  # the folders exist but hold no data yet
+    files = watched_files(paths, "the folder that holds the day=YYYY-MM-DD/ partitions")
     by_day: dict[str, list[str]] = {}
     for f in files:
         d = day_of(f)

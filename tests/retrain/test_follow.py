@@ -22,12 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from daskhps.retrain import ExitCode, Registry
 from daskhps.runfiles.checkpoint import load_checkpoint
+from tests._hosts import same_model, stored_model
 from tests._logs import generated_logs
 from tests._runs import cli, cli_here, tiny_config, write_config
 from tests._signals import default_dispositions
@@ -68,27 +67,9 @@ def _land(parts: list[Path], watched: Path, n: int | None = None) -> None:
         os.rename(watched / f".{p.name}.tmp", watched / p.name)
 
 
-def _model(version_dir: str) -> tuple[dict[str, torch.Tensor], list[tuple[np.ndarray, np.ndarray]]]:
-    ckpt = load_checkpoint(version_dir)
-    ranks = []
-    for r in range(ckpt.num_workers):
-        with ckpt.open_store(r) as store:
-            keys = store.keys().sort().values
-            ranks.append((keys.numpy(), store.lookup(keys).rows.numpy()))
-    return ckpt.dense_state(), ranks
-
-
 def _same(a: str, b: str) -> bool:
-    (da, ra), (db, rb) = _model(a), _model(b)
-    return (
-        da.keys() == db.keys()
-        and all(torch.equal(da[k], db[k]) for k in da)
-        and all(
-            np.array_equal(x, y)
-            for pa, pb in zip(ra, rb, strict=True)
-            for x, y in zip(pa, pb, strict=True)
-        )
-    )
+    """Two versions' models, bit for bit."""
+    return same_model(stored_model(load_checkpoint(a)), stored_model(load_checkpoint(b)))
 
 
 def _versions(run: Path) -> list[tuple[str, str, str]]:
