@@ -15,6 +15,13 @@ instead of the whole training log again; a holdout day is written the same way.
 
 The holdout parts stay on the disk of the worker that wrote them (the folder is worker-local,
 like the stores): :mod:`daskhps.training.holdout` reads each part on that worker.
+
+With a ``keep`` window (plan positions of the first pass, known before the plan only as
+``[0, examples_per_pass)``), the parsed partitions that overlap it stay on the workers that
+read them (:class:`KeptReads`): the first pass's graph names the same read tasks, so Dask uses
+them instead of reading and parsing those files a second time. A kept partition is no more
+than what preparing that pass would hold anyway; one a worker loses is read again from its
+file, as any lost task is.
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,7 +44,7 @@ from daskhps.data.badrows import BadRowReport
 from daskhps.data.readers import ClickLog
 from daskhps.stages import stage_span
 
-__all__ = ["HoldoutPart", "LogScan", "read_holdout_part", "remove_spill", "scan_log"]
+__all__ = ["HoldoutPart", "KeptReads", "LogScan", "read_holdout_part", "remove_spill", "scan_log"]
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +58,40 @@ class HoldoutPart:
     rows: int
 
 
+@dataclass
+class KeptReads:
+    """Parsed training partitions the scan kept in the memory of the workers that read them:
+    partition index -> the future of its read (the frame and bad-row report of that part)."""
+
+    futures: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        return tuple(sorted(self.futures))
+
+    def keep_only(self, lengths: Sequence[int], start: int, stop: int) -> None:
+        """Let go of every partition that holds no plan position in ``[start, stop)`` (an
+        empty one holds none)."""
+        ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+        for i in list(self.futures):
+            begin = int(ends[i]) - int(lengths[i])
+            if not (lengths[i] and begin < stop and int(ends[i]) > start):
+                del self.futures[i]
+
+    def release(self) -> None:
+        """Let go of them all (the first pass holds what it needs of them once placed)."""
+        self.futures.clear()
+
+
 @dataclass(frozen=True)
 class LogScan:
     """What the planning scan found: good training rows per partition, the bad-row report,
-    and the holdout parts (empty without a holdout)."""
+    the holdout parts (empty without a holdout), and the partitions it kept parsed."""
 
     lengths: tuple[int, ...]
     report: BadRowReport
     holdout: tuple[HoldoutPart, ...] = ()
+    kept: KeptReads = field(default_factory=KeptReads, compare=False)
 
     @property
     def holdout_rows(self) -> int:
@@ -102,22 +137,81 @@ def remove_spill(folder: str | os.PathLike[str]) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def scan_log(train: ClickLog, holdout: ClickLog | None, spill: Path | None) -> LogScan:
+def _rows(length: Any) -> int:
+    """A partition's ``len`` as ``to_delayed`` gives it: an int, or a Series of one."""
+    return int(length.iloc[0]) if hasattr(length, "iloc") else int(length)
+
+
+def _count_keeping(
+    counts: list[Any], reads: list[Any], start: int, stop: int
+) -> tuple[list[int], KeptReads]:
+    """Good rows of each partition (``counts``, futures), keeping the parsed partitions
+    (``reads``, futures) that hold plan positions in ``[start, stop)``. The others are let go
+    as soon as the rows counted before them reach ``stop`` (or they are known to end before
+    ``start``), in whatever order the counts come in: a slow first file does not hold every
+    later one in memory."""
+    from distributed import as_completed
+
+    which = {c.key: i for i, c in enumerate(counts)}
+    held: dict[int, Any] = dict(enumerate(reads))
+    del reads
+    known = np.zeros(len(counts), dtype=np.int64)
+    done = np.zeros(len(counts), dtype=bool)
+    for finished in as_completed(counts):
+        i = which[finished.key]
+        known[i], done[i] = _rows(finished.result()), True
+        before = np.cumsum(known) - known  # rows counted before each partition, so far
+        settled = np.cumsum(~done) - ~done == 0  # every partition before it is counted
+        j = np.fromiter(held, dtype=np.int64, count=len(held))
+        overlaps = (known[j] > 0) & (before[j] < stop) & (before[j] + known[j] > start)
+        for gone in j[(before[j] >= stop) | (done[j] & settled[j] & ~overlaps)]:
+            del held[int(gone)]
+    return [int(n) for n in known], KeptReads(held)
+
+
+def scan_log(
+    train: ClickLog,
+    holdout: ClickLog | None,
+    spill: Path | None,
+    keep: tuple[int, int] | None = None,
+) -> LogScan:
     """Count ``train``'s good rows per partition and write ``holdout``'s rows under ``spill``
-    (on each worker's disk), in one computation on the current Dask client."""
-    lengths = train.frame.map_partitions(len)
-    todo: list[Any] = [lengths, train.report]
+    (on each worker's disk), on the current Dask client. ``keep``: plan
+    positions ``(start, stop)`` whose parsed partitions stay on the workers (``LogScan.kept``)."""
+    spilling: Any = None
     if holdout is not None:
         if spill is None:
             raise ValueError("a holdout needs a spill folder")
-        todo.append(holdout.frame.map_partitions(_spill, str(spill), meta=_SPILL_META))
-    out = dask.compute(*todo)
+        spilling = holdout.frame.map_partitions(_spill, str(spill), meta=_SPILL_META)
+    kept = KeptReads()
+    if keep is not None and len(train.reads) == len(train.parts):
+        from distributed import default_client
+
+        client = default_client()
+        reads = client.compute(list(train.reads), optimize_graph=False)  # their own keys
+        # counted on the training frame, not the reads: a fraction holdout takes rows out
+        counts = client.compute(train.frame.map_partitions(len).to_delayed())
+        reporting = client.compute(train.report)
+        # A holdout cut from the training files spills from the same reads, so alongside;
+        # a holdout of its own files once the training log is counted, so that a bad row
+        # there stops the run before any of it is written (its folder goes with the run).
+        shared = holdout is not None and {r.key for r in holdout.reads} & {
+            r.key for r in train.reads
+        }
+        spilled = client.compute(spilling) if shared else None
+        lengths, kept = _count_keeping(counts, reads, *keep)
+        if spilling is not None and spilled is None:
+            spilled = client.compute(spilling)
+        out = [reporting.result(), spilled.result() if spilled is not None else None]
+    else:
+        todo = [train.report] if spilling is None else [train.report, spilling]
+        lengths, *out = dask.compute(train.frame.map_partitions(len), *todo)
     parts: tuple[HoldoutPart, ...] = ()
     if holdout is not None:
-        spilled = out[2]
+        spilled = out[1]
         parts = tuple(
             HoldoutPart(str(a), str(p), int(n))
             for a, p, n in zip(spilled["address"], spilled["path"], spilled["rows"], strict=True)
         )
-    report = BadRowReport.from_frame(out[1])
-    return LogScan(tuple(int(x) for x in out[0]), report, parts)
+    report = BadRowReport.from_frame(out[0])
+    return LogScan(tuple(int(x) for x in lengths), report, parts, kept)

@@ -42,7 +42,7 @@ from daskhps.monitor.progress import PassProgress, Progress
 from daskhps.monitor.worker_metrics import announce_network
 from daskhps.passes import PassPlan, PassSpec, build_plan
 from daskhps.passes.plan import day_ends
-from daskhps.passes.scan import LogScan, remove_spill, scan_log
+from daskhps.passes.scan import KeptReads, LogScan, remove_spill, scan_log
 from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name, list_checkpoints
 from daskhps.runfiles.replica import Replica
 from daskhps.sharding import ShardMap
@@ -85,6 +85,7 @@ class _Begun:
     days: list[str]
     metrics_path: Path
     day_ends: dict[int, int]  # schedule position -> the log day that ends after it (expiry)
+    kept: KeptReads  # the first pass's partitions, parsed by the scan
 
 
 class PassLoop:
@@ -136,6 +137,7 @@ class PassLoop:
             ShardMap(cfg.passes.plan.num_shards, len(addresses)),
             None if cfg.several_tables else cfg.table_specs()[0].name,
             cfg.passes.plan.global_batch_size,
+            begun.kept,
         )
         checkpointer = self._checkpointer(group, begun)
         last_day = [span[1] if span else None for span in begun.plan.pass_days()]
@@ -249,11 +251,19 @@ class PassLoop:
         client, addresses = group.client, list(group.addresses)
         train_log, holdout_log = logs
         # One streaming read of the log: good rows per partition (the plan's input), bad rows,
-        # and the holdout written to the workers' disks. Nothing of the log stays in memory:
-        # each pass reads its own partitions again when it is prepared.
+        # and the holdout written to the workers' disks. Of the log, only the partitions of
+        # the first pass stay in memory (a new plan's first pass starts at position 0 and
+        # holds at most examples_per_pass); every later pass reads its own partitions again
+        # when it is prepared.
         spill = self.stores / HOLDOUT_SPILL
         client.run(remove_spill, spill)  # a killed run's
-        scan = scan_log(train_log, holdout_log, spill if holdout_log is not None else None)
+        fresh = self.ckpt is None or self.warm_start
+        scan = scan_log(
+            train_log,
+            holdout_log,
+            spill if holdout_log is not None else None,
+            keep=(0, cfg.passes.plan.examples_per_pass) if fresh else None,
+        )
         self._refuse_empty(scan, train_log)
         plan = build_plan(
             train_log,
@@ -278,6 +288,11 @@ class PassLoop:
         group.run(worker.setup_trainer, self.parts.train_setup(), what="build dense replicas")
         schedule = self.parts.schedule(plan)
         done = ckpt.passes_done if ckpt is not None and resumed else 0
+        if done < len(schedule):  # a pass split by max_working_set holds fewer partitions
+            first = schedule[done][1]
+            scan.kept.keep_only(plan.partition_lengths, first.start, first.stop)
+        else:
+            scan.kept.release()
         metrics_path = self.run_dir / "metrics.jsonl"
         if ckpt is not None:
             if resumed and done > len(schedule):
@@ -312,6 +327,7 @@ class PassLoop:
             days=sorted({d for f in plan.files if (d := day_of(f)) is not None}),
             metrics_path=metrics_path,
             day_ends=self._day_ends(plan, schedule),
+            kept=scan.kept,
         )
 
     def _refuse_empty(self, scan: LogScan, train_log: ClickLog) -> None:

@@ -18,7 +18,8 @@ trains on the workers (Baidu's pipeline). That needs a second thread on every wo
 one, a shuffle task of pass k+1 could hold a worker's only thread while the other ranks wait
 for it inside a collective of pass k, so with one thread pass k+1 is prepared after pass k.
 Nothing of the log stays on the workers between passes: each pass reads its own partitions
-when it is prepared and releases them once its keys and examples are placed.
+when it is prepared and releases them once its keys and examples are placed. The first pass
+of a new plan reads none: the planning scan kept them parsed (``PassContext.kept``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from daskhps.distributed import RunGroup, StageAhead, WorkerShards, stop_waits_w
 from daskhps.monitor.network import RouteAccount
 from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
+from daskhps.passes.scan import KeptReads
 from daskhps.sharding import ShardMap
 from daskhps.table import StageReport
 from daskhps.table.stats import day_string
@@ -62,6 +64,8 @@ class PassContext:
     shard_map: ShardMap
     table: str | None  # None: several tables, each key going to its own (WorkerShards.split)
     batch_size: int  # global
+    # the first pass's partitions, parsed by the planning scan: its graph reuses them
+    kept: KeptReads = field(default_factory=KeptReads)
 
     def stage(self, keys: Sequence[Any], what: str) -> list[StageReport]:
         """Pin ``keys[r]`` (futures of owner partitions) in rank ``r``'s shard."""
@@ -183,6 +187,7 @@ def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPas
     )
     keys, examples = place_together(ctx.group.client, [owned, routed], addresses)
     del rows, owned, routed  # their graphs hold the read partitions: released with them
+    ctx.kept.release()  # what the scan kept served this pass (the first), or nothing
     prepared = PreparedPass(spec, keys.futures, examples.futures, position)
     prepared.seconds["route"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -20,7 +20,13 @@ from daskhps.data import readers
 from daskhps.data.holdout import read_train_and_holdout
 from daskhps.data.source import DataSource
 from daskhps.data.synthetic import GeneratorConfig, generate
-from daskhps.passes.scan import HoldoutPart, read_holdout_part, remove_spill, scan_log
+from daskhps.passes.scan import (
+    HoldoutPart,
+    KeptReads,
+    read_holdout_part,
+    remove_spill,
+    scan_log,
+)
 from daskhps.training.examples import RANK, worker_of_rank
 from daskhps.training.holdout import HoldoutStream, chunk_parts
 
@@ -146,3 +152,70 @@ def test_a_fraction_holdout_keeps_its_rows_out_of_every_selection_of_partitions(
     tail = whole_train.iloc[start:].reset_index(drop=True)
     pd.testing.assert_frame_equal(pass_rows.reset_index(drop=True), tail)
     assert len(whole_train) + len(whole_held) == 6000
+
+
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=12),
+    start=st.integers(0, 200),
+    size=st.integers(1, 200),
+)
+def test_kept_reads_keep_exactly_the_partitions_overlapping_the_window(
+    lengths: list[int], start: int, size: int
+) -> None:
+    kept = KeptReads({i: object() for i in range(len(lengths))})
+    kept.keep_only(lengths, start, start + size)
+    positions = np.repeat(np.arange(len(lengths)), lengths)  # partition of each plan position
+    want = sorted({int(p) for p in positions[start : start + size]})
+    assert list(kept.partitions) == want
+    kept.release()
+    assert kept.partitions == ()
+
+
+def test_a_scan_keeps_the_first_pass_parsed_and_the_pass_reads_none_of_it(
+    logs: Path, tmp_path: Path
+) -> None:
+    """The partitions a keep window overlaps stay in the workers' memory: a pass over them reads
+    no file again, a pass beyond them reads its own; the counts are the unkept scan's (with a
+    fraction holdout, whose rows the reads still hold)."""
+    from distributed import Client, LocalCluster, get_task_stream
+
+    from daskhps.passes.keys import pass_partitions
+
+    source = DataSource(paths=(str(logs),))
+    train, held = read_train_and_holdout(
+        source, HoldoutConfig(fraction=0.1, seed=3), "pandas", block_size=200_000
+    )
+    assert held is not None and train.frame.npartitions >= 6
+    names = {r.key: name for r, name in zip(train.reads, train.part_names, strict=True)}
+
+    def read(tasks: list[dict[str, Any]]) -> list[str]:
+        """The parts whose read tasks ran (a task stream's records)."""
+        return sorted(names[t["key"]] for t in tasks if t["key"] in names)
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        plain = scan_log(train, held, tmp_path / "plain")
+        assert plain.kept.partitions == ()
+        lengths = list(plain.lengths)
+        window = (lengths[0] + 1, sum(lengths[:3]) + 1)  # part of 1, all of 2, one row of 3
+        with get_task_stream() as stream:
+            scan = scan_log(train, held, tmp_path / "kept", keep=window)
+        assert read(stream.data) == sorted(train.part_names)  # the scan reads each once
+        assert list(scan.lengths) == lengths and scan.report == plain.report
+        assert scan.holdout_rows == plain.holdout_rows
+        assert scan.kept.partitions == (1, 2, 3)
+
+        def read_pass(start: int, stop: int) -> list[str]:
+            where, _, _ = pass_partitions(lengths, start, stop)
+            with get_task_stream() as stream:
+                train.partitions(where).frame.persist().compute()
+            return read(stream.data)
+
+        assert read_pass(*window) == []  # the kept partitions serve the pass
+        assert read_pass(0, window[1]) == [train.part_names[0]]  # partition 0 was let go
+        scan.kept.release()
+        assert read_pass(*window) == sorted(train.part_names[1:4])
