@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +35,15 @@ from daskhps.errors import CapacityError, ConfigError
 from daskhps.passes.config import PassConfig
 from daskhps.passes.keys import pass_keys
 
-__all__ = ["PassPlan", "PassSpec", "build_plan", "day_ends", "split_batch"]
+__all__ = [
+    "PassPlan",
+    "PassSpec",
+    "bad_rows_by_pass",
+    "build_plan",
+    "day_ends",
+    "split_batch",
+    "warn_rereads",
+]
 
 log = logging.getLogger(__name__)
 
@@ -272,3 +282,50 @@ def _fit_working_set(
             nxt.extend(_cut(a, b, per))
         todo = nxt
     return sorted(done)
+
+
+def bad_rows_by_pass(
+    by_file: dict[str, dict[str, int]], plan: PassPlan
+) -> dict[int, dict[str, int]]:
+    """Skipped rows by reason, attributed to the pass in which each file starts (its first
+    block, for a file read in blocks)."""
+    lengths = np.asarray(plan.partition_lengths, dtype=np.int64)
+    begins = np.cumsum(lengths) - lengths
+    starts = np.array([p.start for p in plan.passes], dtype=np.int64)
+    out: dict[int, dict[str, int]] = {}
+    seen: set[str] = set()
+    for f, b in zip(plan.files, begins, strict=True):
+        if f not in by_file or not len(starts) or f in seen:
+            continue
+        seen.add(f)
+        index = plan.passes[max(int(np.searchsorted(starts, b, side="right")) - 1, 0)].index
+        for reason, n in by_file[f].items():
+            out.setdefault(index, {})[reason] = out.get(index, {}).get(reason, 0) + int(n)
+    return out
+
+
+def warn_rereads(plan: PassPlan, block_size: int | None) -> None:
+    """A partition read by many passes costs a read each, and a file that could not be cut
+    into blocks (compressed, parquet, or ``data.block_size: null``) is read whole: say which,
+    and what would fix it. Files within a block cost little to read again, and say nothing."""
+    reads = plan.passes_per_partition()
+    limit = block_size or 0
+    parts_of = Counter(plan.files)  # a file read in blocks is several partitions
+    many = [
+        i
+        for i in np.flatnonzero(reads > 2).tolist()
+        if parts_of[plan.files[i]] == 1
+        and os.path.exists(plan.files[i])
+        and os.path.getsize(plan.files[i]) > limit
+    ]
+    if many:
+        worst = max(many, key=lambda i: int(reads[i]))
+        log.warning(
+            "%d input files are each read whole by more than 2 passes (%s by %d): each pass "
+            "reads a file that cannot be cut into blocks whole; split such files into parts "
+            "of about a pass (passes.examples_per_pass rows), or decompress them so "
+            "data.block_size can cut them",
+            len(many),
+            plan.files[worst],
+            int(reads[worst]),
+        )

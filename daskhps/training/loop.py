@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from daskhps.errors import DataError, ResumeError
 from daskhps.monitor.progress import PassProgress, Progress
 from daskhps.monitor.worker_metrics import announce_network
 from daskhps.passes import PassPlan, PassSpec, build_plan
-from daskhps.passes.plan import day_ends
+from daskhps.passes.plan import bad_rows_by_pass, day_ends, warn_rereads
 from daskhps.passes.scan import KeptReads, LogScan, remove_spill, scan_log
 from daskhps.runfiles.checkpoint import Checkpoint, checkpoint_name, list_checkpoints
 from daskhps.runfiles.replica import Replica
@@ -63,7 +62,7 @@ from daskhps.training.records import (
 )
 from daskhps.training.watch import ModelWatch, diverged_line
 
-__all__ = ["HOLDOUT_SPILL", "PassLoop", "bad_rows_by_pass", "warn_rereads"]
+__all__ = ["HOLDOUT_SPILL", "PassLoop"]
 
 HOLDOUT_SPILL = ".holdout"  # in the stores' folder (worker-local): the holdout's parts
 
@@ -247,32 +246,8 @@ class PassLoop:
     ) -> _Begun:
         """Scan the log, plan its passes, check a resume against them, build (and restore)
         the dense replicas, and start (or restore) ``metrics.jsonl``."""
-        cfg = self.config
         client, addresses = group.client, list(group.addresses)
-        train_log, holdout_log = logs
-        # One streaming read of the log: good rows per partition (the plan's input), bad rows,
-        # and the holdout written to the workers' disks. Of the log, only the partitions of
-        # the first pass stay in memory (a new plan's first pass starts at position 0 and
-        # holds at most examples_per_pass); every later pass reads its own partitions again
-        # when it is prepared.
-        spill = self.stores / HOLDOUT_SPILL
-        client.run(remove_spill, spill)  # a killed run's
-        fresh = self.ckpt is None or self.warm_start
-        scan = scan_log(
-            train_log,
-            holdout_log,
-            spill if holdout_log is not None else None,
-            keep=(0, cfg.passes.plan.examples_per_pass) if fresh else None,
-        )
-        self._refuse_empty(scan, train_log)
-        plan = build_plan(
-            train_log,
-            cfg.passes.plan,
-            len(addresses),
-            seed=cfg.run.seed,
-            partition_lengths=scan.lengths,
-        )
-        warn_rereads(plan, cfg.data.block_size)
+        scan, plan = self._scan_and_plan(group, logs)
         fingerprint = resuming.plan_fingerprint(
             plan.files, plan.partition_lengths, len(plan.passes)
         )
@@ -284,15 +259,13 @@ class PassLoop:
             spelled = resuming.plan_fingerprint(relative, plan.partition_lengths, len(plan.passes))
             resuming.check_plan(ckpt, fingerprint, spelled)
         scan.report.log_summary(log)
-        holdout = self._holdout(client, scan, addresses) if holdout_log is not None else None
+        holdout = self._holdout(client, scan, addresses) if logs[1] is not None else None
         group.run(worker.setup_trainer, self.parts.train_setup(), what="build dense replicas")
         schedule = self.parts.schedule(plan)
         done = ckpt.passes_done if ckpt is not None and resumed else 0
-        if done < len(schedule):  # a pass split by max_working_set holds fewer partitions
-            first = schedule[done][1]
-            scan.kept.keep_only(plan.partition_lengths, first.start, first.stop)
-        else:
-            scan.kept.release()
+        # what the scan kept beyond the first pass goes (one max_working_set cut short)
+        first = schedule[done][1] if done < len(schedule) else None
+        scan.kept.keep_only(plan.partition_lengths, *(first.start, first.stop) if first else (0, 0))
         metrics_path = self.run_dir / "metrics.jsonl"
         if ckpt is not None:
             if resumed and done > len(schedule):
@@ -329,6 +302,36 @@ class PassLoop:
             day_ends=self._day_ends(plan, schedule),
             kept=scan.kept,
         )
+
+    def _scan_and_plan(
+        self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None]
+    ) -> tuple[LogScan, PassPlan]:
+        """One streaming read of the log: good rows per partition (the plan's input), bad
+        rows, and the holdout written to the workers' disks; then the plan. Of the log, only
+        the partitions of a new plan's first pass stay in memory (it starts at position 0 and
+        holds at most examples_per_pass); every later pass reads its own partitions again
+        when it is prepared."""
+        cfg = self.config
+        train_log, holdout_log = logs
+        spill = self.stores / HOLDOUT_SPILL
+        group.client.run(remove_spill, spill)  # a killed run's
+        fresh = self.ckpt is None or self.warm_start
+        scan = scan_log(
+            train_log,
+            holdout_log,
+            spill if holdout_log is not None else None,
+            keep=(0, cfg.passes.plan.examples_per_pass) if fresh else None,
+        )
+        self._refuse_empty(scan, train_log)
+        plan = build_plan(
+            train_log,
+            cfg.passes.plan,
+            len(group.addresses),
+            seed=cfg.run.seed,
+            partition_lengths=scan.lengths,
+        )
+        warn_rereads(plan, cfg.data.block_size)
+        return scan, plan
 
     def _refuse_empty(self, scan: LogScan, train_log: ClickLog) -> None:
         """A run whose training files gave no row trains nothing: a failure, in one line
@@ -446,53 +449,6 @@ class PassLoop:
             )
 
         return self.parts.score(*holdout.evaluate(run_chunk))
-
-
-def bad_rows_by_pass(
-    by_file: dict[str, dict[str, int]], plan: PassPlan
-) -> dict[int, dict[str, int]]:
-    """Skipped rows by reason, attributed to the pass in which each file starts (its first
-    block, for a file read in blocks)."""
-    lengths = np.asarray(plan.partition_lengths, dtype=np.int64)
-    begins = np.cumsum(lengths) - lengths
-    starts = np.array([p.start for p in plan.passes], dtype=np.int64)
-    out: dict[int, dict[str, int]] = {}
-    seen: set[str] = set()
-    for f, b in zip(plan.files, begins, strict=True):
-        if f not in by_file or not len(starts) or f in seen:
-            continue
-        seen.add(f)
-        index = plan.passes[max(int(np.searchsorted(starts, b, side="right")) - 1, 0)].index
-        for reason, n in by_file[f].items():
-            out.setdefault(index, {})[reason] = out.get(index, {}).get(reason, 0) + int(n)
-    return out
-
-
-def warn_rereads(plan: PassPlan, block_size: int | None) -> None:
-    """A partition read by many passes costs a read each, and a file that could not be cut
-    into blocks (compressed, parquet, or ``data.block_size: null``) is read whole: say which,
-    and what would fix it. Files within a block cost little to read again, and say nothing."""
-    reads = plan.passes_per_partition()
-    limit = block_size or 0
-    parts_of = Counter(plan.files)  # a file read in blocks is several partitions
-    many = [
-        i
-        for i in np.flatnonzero(reads > 2).tolist()
-        if parts_of[plan.files[i]] == 1
-        and os.path.exists(plan.files[i])
-        and os.path.getsize(plan.files[i]) > limit
-    ]
-    if many:
-        worst = max(many, key=lambda i: int(reads[i]))
-        log.warning(
-            "%d input files are each read whole by more than 2 passes (%s by %d): each pass "
-            "reads a file that cannot be cut into blocks whole; split such files into parts "
-            "of about a pass (passes.examples_per_pass rows), or decompress them so "
-            "data.block_size can cut them",
-            len(many),
-            plan.files[worst],
-            int(reads[worst]),
-        )
 
 
 def _overlaps(client: Any, addresses: list[str]) -> bool:

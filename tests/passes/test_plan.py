@@ -201,8 +201,7 @@ def test_a_run_warns_of_files_read_whole_by_many_passes(
 ) -> None:
     """Only files that could not be cut into blocks and are larger than one say so."""
     from daskhps.passes.config import PassConfig
-    from daskhps.passes.plan import PassPlan, PassSpec
-    from daskhps.training.loop import warn_rereads
+    from daskhps.passes.plan import PassPlan, PassSpec, warn_rereads
 
     big, small = tmp_path / "big.tsv.gz", tmp_path / "small.tsv"
     big.write_bytes(b"x" * 5000)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from daskhps.passes import PassConfig, PassPlan, PassSpec
-from daskhps.training.loop import bad_rows_by_pass
+from daskhps.passes.plan import bad_rows_by_pass
 
 
 def test_bad_rows_are_attributed_to_the_pass_that_reads_their_file() -> None:
