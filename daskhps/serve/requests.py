@@ -19,6 +19,7 @@ kinds without a frame.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -196,14 +197,21 @@ def _kind(content_type: str) -> str:
     return content_type.split(";")[0].strip().lower()
 
 
+# 19 digits in a row may be an integer past 64 bits, which orjson reads as a float (just
+# below -2**63) or refuses, where json reads it exactly: such a body goes to json.
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+
+
 def _loads(body: bytes) -> Any:
     """The JSON document of a body: orjson's reading (half of json's time at 1024 rows), or
-    json's where orjson refuses what json reads (NaN, integers past 64 bits, lone surrogates,
-    a UTF-16 body), so every body reads as json reads it."""
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return json.loads(body)
+    json's where orjson would read it otherwise or refuses what json reads (NaN, long
+    integers, lone surrogates, a UTF-16 body), so every body reads as json reads it."""
+    if _LONG_NUMBER.search(body) is None:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(body)
 
 
 def _json_doc(
