@@ -121,11 +121,24 @@ class PassLoop:
         self.replica = replica
         self.settle = settle
         self.on_checkpoint = on_checkpoint
+        self._kept: KeptReads | None = None  # what the planning scan kept parsed
 
     def run(
         self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
     ) -> None:
         """Every pass of the schedule not done yet, through the pass pipeline."""
+        try:
+            self._run(group, logs, result)
+        finally:
+            # A failure before the first pass was placed must not leave its parsed partitions
+            # wanted: while a recovery waits for workers, Dask would read a lost worker's
+            # again on the others.
+            if self._kept is not None:
+                self._kept.release()
+
+    def _run(
+        self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
+    ) -> None:
         cfg = self.config
         client, addresses = group.client, list(group.addresses)
         begun = self._begin(group, logs, result)
@@ -322,6 +335,7 @@ class PassLoop:
             spill if holdout_log is not None else None,
             keep=(0, cfg.passes.plan.examples_per_pass) if fresh else None,
         )
+        self._kept = scan.kept
         self._refuse_empty(scan, train_log)
         plan = build_plan(
             train_log,
