@@ -86,7 +86,7 @@ def _local_keys(
         every = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         keys, counts = unique_counts(every)
         day = np.full(len(keys), days[partition_info["number"]], dtype=np.int32)
-        return pd.DataFrame({"key": keys, "count": counts.astype(np.int64), "day": day})
+        return pd.DataFrame({"key": keys, "count": counts, "day": day})
 
 
 KEY_COLUMNS = {"key": "int64", "count": "int64", "day": "int32"}

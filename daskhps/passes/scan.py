@@ -142,31 +142,25 @@ def _rows(length: Any) -> int:
     return int(length.iloc[0]) if hasattr(length, "iloc") else int(length)
 
 
-def _count_keeping(
-    counts: list[Any], reads: list[Any], start: int, stop: int
-) -> tuple[list[int], KeptReads]:
-    """Good rows of each partition (``counts``, futures), keeping the parsed partitions
-    (``reads``, futures) that hold plan positions in ``[start, stop)``. The others are let go
-    as soon as the rows counted before them reach ``stop`` (or they are known to end before
-    ``start``), in whatever order the counts come in: a slow first file does not hold every
-    later one in memory."""
+def _count_keeping(counts: list[Any], kept: KeptReads, start: int, stop: int) -> list[int]:
+    """Good rows of each partition (``counts``, futures), keeping of the parsed partitions
+    (``kept``, the only holder of their futures) those that hold plan positions in
+    ``[start, stop)``. A partition is let go as soon as the rows counted before it reach
+    ``stop``, in whatever order the counts come in: a slow first file does not hold every
+    later one in memory. Which of the rest hold a position of the window is
+    :meth:`KeptReads.keep_only`'s to say, once all are counted."""
     from distributed import as_completed
 
     which = {c.key: i for i, c in enumerate(counts)}
-    held: dict[int, Any] = dict(enumerate(reads))
-    del reads
     known = np.zeros(len(counts), dtype=np.int64)
-    done = np.zeros(len(counts), dtype=bool)
     for finished in as_completed(counts):
-        i = which[finished.key]
-        known[i], done[i] = _rows(finished.result()), True
+        known[which[finished.key]] = _rows(finished.result())
         before = np.cumsum(known) - known  # rows counted before each partition, so far
-        settled = np.cumsum(~done) - ~done == 0  # every partition before it is counted
-        j = np.fromiter(held, dtype=np.int64, count=len(held))
-        overlaps = (known[j] > 0) & (before[j] < stop) & (before[j] + known[j] > start)
-        for gone in j[(before[j] >= stop) | (done[j] & settled[j] & ~overlaps)]:
-            del held[int(gone)]
-    return [int(n) for n in known], KeptReads(held)
+        for i in [i for i in kept.futures if before[i] >= stop]:
+            del kept.futures[i]
+    lengths = [int(n) for n in known]
+    kept.keep_only(lengths, start, stop)
+    return lengths
 
 
 def scan_log(
@@ -188,7 +182,9 @@ def scan_log(
         from distributed import default_client
 
         client = default_client()
-        reads = client.compute(list(train.reads), optimize_graph=False)  # their own keys
+        # the read tasks under their own keys; ``kept`` alone holds them, so that letting go
+        # of one frees it
+        kept = KeptReads(dict(enumerate(client.compute(list(train.reads), optimize_graph=False))))
         # counted on the training frame, not the reads: a fraction holdout takes rows out
         counts = client.compute(train.frame.map_partitions(len).to_delayed())
         reporting = client.compute(train.report)
@@ -199,7 +195,7 @@ def scan_log(
             r.key for r in train.reads
         }
         spilled = client.compute(spilling) if shared else None
-        lengths, kept = _count_keeping(counts, reads, *keep)
+        lengths = _count_keeping(counts, kept, *keep)
         if spilling is not None and spilled is None:
             spilled = client.compute(spilling)
         out = [reporting.result(), spilled.result() if spilled is not None else None]

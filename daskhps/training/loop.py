@@ -84,7 +84,6 @@ class _Begun:
     days: list[str]
     metrics_path: Path
     day_ends: dict[int, int]  # schedule position -> the log day that ends after it (expiry)
-    kept: KeptReads  # the first pass's partitions, parsed by the scan
 
 
 class PassLoop:
@@ -121,7 +120,7 @@ class PassLoop:
         self.replica = replica
         self.settle = settle
         self.on_checkpoint = on_checkpoint
-        self._kept: KeptReads | None = None  # what the planning scan kept parsed
+        self._kept = KeptReads()  # what the planning scan kept parsed (the first pass's)
 
     def run(
         self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
@@ -133,8 +132,7 @@ class PassLoop:
             # A failure before the first pass was placed must not leave its parsed partitions
             # wanted: while a recovery waits for workers, Dask would read a lost worker's
             # again on the others.
-            if self._kept is not None:
-                self._kept.release()
+            self._kept.release()
 
     def _run(
         self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None], result: RunResult
@@ -149,7 +147,7 @@ class PassLoop:
             ShardMap(cfg.passes.plan.num_shards, len(addresses)),
             None if cfg.several_tables else cfg.table_specs()[0].name,
             cfg.passes.plan.global_batch_size,
-            begun.kept,
+            self._kept,
         )
         checkpointer = self._checkpointer(group, begun)
         last_day = [span[1] if span else None for span in begun.plan.pass_days()]
@@ -265,7 +263,7 @@ class PassLoop:
             plan.files, plan.partition_lengths, len(plan.passes)
         )
         ckpt = self.ckpt
-        resumed = ckpt is not None and not self.warm_start  # else a new plan from pass 0
+        resumed = self._resumes  # else a new plan from pass 0
         if resumed:
             assert ckpt is not None
             relative = [os.path.relpath(f) for f in plan.files]
@@ -313,8 +311,12 @@ class PassLoop:
             days=sorted({d for f in plan.files if (d := day_of(f)) is not None}),
             metrics_path=metrics_path,
             day_ends=self._day_ends(plan, schedule),
-            kept=scan.kept,
         )
+
+    @property
+    def _resumes(self) -> bool:
+        """Whether the attempt continues a resume's plan (not a new one from pass 0)."""
+        return self.ckpt is not None and not self.warm_start
 
     def _scan_and_plan(
         self, group: RunGroup, logs: tuple[ClickLog, ClickLog | None]
@@ -328,12 +330,11 @@ class PassLoop:
         train_log, holdout_log = logs
         spill = self.stores / HOLDOUT_SPILL
         group.client.run(remove_spill, spill)  # a killed run's
-        fresh = self.ckpt is None or self.warm_start
         scan = scan_log(
             train_log,
             holdout_log,
             spill if holdout_log is not None else None,
-            keep=(0, cfg.passes.plan.examples_per_pass) if fresh else None,
+            keep=None if self._resumes else (0, cfg.passes.plan.examples_per_pass),
         )
         self._kept = scan.kept
         self._refuse_empty(scan, train_log)
