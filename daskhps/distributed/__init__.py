@@ -31,7 +31,7 @@ from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
 from daskhps.distributed.host import RunGroup, RunHost, local_host
 from daskhps.distributed.reshard import ReshardReport, reshard_on_workers
-from daskhps.distributed.shards import StageAhead, WorkerShards
+from daskhps.distributed.shards import PassEnd, StageAhead, WorkerShards
 from daskhps.distributed.widths import KeyWidths
 from daskhps.tier_sizing import TierSizing  # what WorkerShards is sized by
 
@@ -42,6 +42,7 @@ __all__ = [
     "CommError",
     "Exchange",
     "KeyWidths",
+    "PassEnd",
     "ReshardReport",
     "Routing",
     "RunGroup",

@@ -5,9 +5,10 @@
     begin: scan the log once ─► plan ─► a resume checked against it ─► dense replicas
            (restored on resume) ─► Start.settle (config.yaml, discards) ─► metrics.jsonl
     run:   for each pass of daskhps.training.pipeline.PassPipeline (prepared, activated):
-             [admit] train on every rank (daskhps.training.worker.train_pass), synchronous
-             count the keys seen, expire rows where a log day ends
-             release (unpin; the next pass staged ahead is pinned again)
+             train on every rank (daskhps.training.worker.train_pass), synchronous;
+               in the same call, [admit the new keys] before, count the keys seen after
+             release (rows expire where a log day ends, unpin; the next pass staged ahead
+               is pinned again)
              evaluate on the holdout (read-only lookups), tier figures ─► PassRecord
              (with the bytes between ranks, daskhps.monitor.network; each rank's on the
              dashboard) ─► metrics.jsonl line ─► checkpoint when due
@@ -55,6 +56,7 @@ from daskhps.training.parts import RunParts
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
 from daskhps.training.records import (
     Batches,
+    PassKeysWork,
     PassRecord,
     RankPassResult,
     RunResult,
@@ -164,19 +166,18 @@ class PassLoop:
         step = begun.step
         watch = self._watch(result.passes)
         admits = any(not t.admission_rule.admits_all for t in cfg.embedding_tables())
+        work = PassKeysWork(ctx.table, admits)
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
                 progress.start_pass(active.position + 1)
                 epoch = begun.schedule[active.position][0]
-                admitted = active.admit(ctx) if admits else None
-                rec = self._train_pass(ctx, active, step, begun.total_steps)
-                rec.admission = admitted or {}
-                rec.seconds["count"] = active.record_seen(ctx)
-                if active.position in begun.day_ends:  # a log day ends: rows expire
-                    rec.expiry = active.expire(ctx, begun.day_ends[active.position])
-                    rec.seconds["expire"] = active.seconds["expire"]  # after train copied them
+                rec = self._train_pass(ctx, active, work, step, begun.total_steps)
+                released = pipe.release(active, begun.day_ends.get(active.position))
+                if released.expiry:  # a log day ended: rows expired
+                    rec.expiry = released.expiry
+                    rec.seconds["expire"] = released.expire_s
+                rec.seconds["unpin_repin"] = released.unpin_repin_s
                 checkpointer.note_lifecycle(rec, last_day[active.spec.index])
-                rec.seconds["unpin_repin"] = pipe.release(active)
                 self._finish_record(ctx, rec, begun, active.spec, epoch)
                 announce_network(client, addresses, rec.network)  # dashboard, /metrics
                 step += active.spec.num_batches
@@ -400,9 +401,15 @@ class PassLoop:
         return HoldoutStream(client, scan.holdout, addresses, bs, chunk)
 
     def _train_pass(
-        self, ctx: PassContext, active: PreparedPass, step: int, total_steps: int
+        self,
+        ctx: PassContext,
+        active: PreparedPass,
+        work: PassKeysWork,
+        step: int,
+        total_steps: int,
     ) -> PassRecord:
-        """Train an activated pass on every rank; its record, without evaluation or tiers."""
+        """Train an activated pass on every rank (its keys admitted and counted as ``work``
+        says); its record, without evaluation or tiers."""
         spec = active.spec
         batches = self.parts.batches(spec, step, total_steps)
         t = time.perf_counter()
@@ -414,7 +421,8 @@ class PassLoop:
                 worker.train_pass,
                 batches,
                 active.position,
-                rank_args=[(f,) for f in active.examples],
+                work,
+                rank_args=list(zip(active.examples, active.keys, strict=True)),
                 what="train pass",
                 stage="train",
             )
@@ -430,7 +438,7 @@ class PassLoop:
             rows_staged=int(sum(r.rows for r in active.reports)),
             staged_from=active.staged_from(),
         )
-        rec.seconds = {**active.seconds, "train": train_s}
+        rec.seconds = {**active.seconds, **rec.seconds}  # staging's, then the call's
         return rec
 
     def _finish_record(

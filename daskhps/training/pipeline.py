@@ -6,12 +6,13 @@
     -------------------------                 -----------
     prepare(k+1): read the pass's partitions, activate(k): pin k's keys if staging ahead
       owner keys (with their counts and days)   did not (rows evicted since come back)
-      and examples placed on their workers    admit(k): which new keys get rows (admission)
-                                              train(k) on every rank
-    stage ahead(k+1): pin beside k's pins,    record_seen(k): count k's keys in their rows
-      when both fit the device tier           expire(k): rows leave, if k ends a log day
-                                              release(k): unpin k, then pin k+1 again (what
-                                                was staged ahead is pinned once k is gone)
+      and examples placed on their workers    train(k) on every rank, in one call: admit
+                                                k's new keys (admission), the batches,
+    stage ahead(k+1): pin beside k's pins,      count k's keys in their rows
+      when both fit the device tier           release(k), in one call: rows expire if k
+                                                ends a log day, unpin k; then pin k+1 again
+                                                (what was staged ahead is pinned once k is
+                                                gone)
 
 Pass k+1 is read, hashed, deduplicated, shuffled and staged on the driver thread while pass k
 trains on the workers (Baidu's pipeline). That needs a second thread on every worker: with
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daskhps.data.readers import ClickLog
-from daskhps.distributed import RunGroup, StageAhead, WorkerShards, stop_waits_when
+from daskhps.distributed import PassEnd, RunGroup, StageAhead, WorkerShards, stop_waits_when
 from daskhps.monitor.network import RouteAccount
 from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
@@ -99,46 +100,6 @@ class PreparedPass:
             self.reports, self.staged = reports, True
         self.seconds["stage"] = self.seconds.get("stage", 0.0) + time.perf_counter() - t
 
-    def admit(self, ctx: PassContext) -> dict[str, int]:
-        """Decide which of the pass's keys without rows get one (``table.admission``) on
-        every rank, once the pass before it is counted: the pending counts it reads are
-        that pass's. Returns the keys admitted and held back, summed over ranks."""
-        t = time.perf_counter()
-        got: list[dict[str, int]] = ctx.group.on_shards(
-            WorkerShards.admit,
-            ctx.table,
-            rank_args=[(k,) for k in self.keys],
-            what="admit keys",
-        )
-        self.seconds["admit"] = time.perf_counter() - t
-        return {k: sum(g[k] for g in got) for k in ("admitted", "held_back")}
-
-    def record_seen(self, ctx: PassContext) -> float:
-        """Count the pass's keys in their rows' statistics (occurrences and last day, from
-        the pass's deduplication) on every rank; returns the seconds. Called once the pass
-        has trained, before its checkpoint: a pass prepared ahead counts nothing early."""
-        t = time.perf_counter()
-        ctx.group.on_shards(
-            WorkerShards.record_seen,
-            ctx.table,
-            rank_args=[(k,) for k in self.keys],
-            what="count keys",
-        )
-        return time.perf_counter() - t
-
-    def expire(self, ctx: PassContext, day: int) -> dict[str, Any]:
-        """The day boundary of log day ``day`` (this pass, counted, ends it): every rank
-        removes the rows that expire (``table.expiry``). Returns the rows and pending counts
-        expired, summed over ranks, and the day."""
-        t = time.perf_counter()
-        got: list[dict[str, int]] = ctx.group.on_shards(
-            WorkerShards.expire, ctx.table, day, what="expire rows"
-        )
-        self.seconds["expire"] = time.perf_counter() - t
-        out: dict[str, Any] = {k: sum(g[k] for g in got) for k in ("expired", "pending_expired")}
-        out["day"] = day_string(day)
-        return out
-
     def staged_from(self) -> dict[str, int]:
         """Where the staged rows came from (re-pinning counts only rows fetched again)."""
         out = {
@@ -152,6 +113,17 @@ class PreparedPass:
             out["store"] += r.from_store
             out["init"] += r.initialised
         return {k: int(v) for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class Released:
+    """What releasing a pass took: ``unpin_repin_s`` (the call and the re-pin, less the
+    expiry), ``expire_s`` and the rows and pending counts expired with the day that ended
+    (``expiry``; empty where the pass ends no log day)."""
+
+    unpin_repin_s: float
+    expire_s: float = 0.0
+    expiry: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare_pass(ctx: PassContext, spec: PassSpec, position: int) -> PreparedPass:
@@ -263,15 +235,29 @@ class PassPipeline:
             if has_next:
                 upcoming = self._ahead or self._prepare(i + 1)
 
-    def release(self, active: PreparedPass) -> float:
-        """Unpin ``active``'s keys; the next pass, if staged ahead, is pinned again (its
-        staging must not race the unpin, so it is waited for first). Returns the seconds."""
+    def release(self, active: PreparedPass, day: int | None = None) -> Released:
+        """Unpin ``active``'s keys, the rows the expiry rule expires removed first when the
+        pass ends log day ``day`` (a ``last_day`` number), in the same call on each rank;
+        then the next pass, if staged ahead, is pinned again (its staging must not race the
+        unpin, so it is waited for first)."""
         t = time.perf_counter()
         upcoming = self._ahead.result() if self._ahead is not None else None
-        self.ctx.group.on_shards(WorkerShards.unpin, self.ctx.table, what="unpin")
+        ends: list[PassEnd] = self.ctx.group.on_shards(
+            WorkerShards.end_pass,
+            self.ctx.table,
+            day,
+            what="unpin" if day is None else "expire rows and unpin",
+        )
         if upcoming is not None:
             upcoming.stage(self.ctx)  # re-pin what was staged ahead
-        return time.perf_counter() - t
+        if day is None:
+            return Released(time.perf_counter() - t)
+        expire_s = max(e.expire_s for e in ends)  # the ranks wait for the slowest
+        expiry: dict[str, Any] = {
+            k: sum(e.expired[k] for e in ends) for k in ("expired", "pending_expired")
+        }
+        expiry["day"] = day_string(day)
+        return Released(time.perf_counter() - t - expire_s, expire_s, expiry)
 
     def close(self) -> None:
         """Stop the pass being prepared, if any (Ctrl-C, a failure), and wait for it at most

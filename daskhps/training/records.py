@@ -2,8 +2,8 @@
 
 ::
 
-    Batches ──► every rank's mini-batch loop (train_pass, eval_pass)
-    RankPassResult ◄── each rank, once its share of the pass is trained
+    Batches, PassKeysWork ──► every rank's mini-batch loop (train_pass, eval_pass)
+    RankPassResult ◄── each rank, once its share of the pass is trained (and its keys counted)
     PassRecord: the ranks' results, staging, evaluation, tiers and timings of one pass;
                 one line of metrics.jsonl (to_json), the record a checkpoint keeps
     RunResult: every pass's line, the final evaluation and dense weights, the restarts,
@@ -19,7 +19,14 @@ from typing import Any
 
 from daskhps.monitor.network import RankTraffic, network_record
 
-__all__ = ["Batches", "PassRecord", "RankPassResult", "RunResult", "tier_summary"]
+__all__ = [
+    "Batches",
+    "PassKeysWork",
+    "PassRecord",
+    "RankPassResult",
+    "RunResult",
+    "tier_summary",
+]
 
 
 @dataclass(frozen=True)
@@ -36,8 +43,28 @@ class Batches:
 
 
 @dataclass(frozen=True)
+class PassKeysWork:
+    """What a rank's training call does with the pass's keys around its batches (the
+    feature lifecycle, docs/table.md): before the first batch, which new keys get rows
+    (``admits``: some table has an admission rule); after the last, the keys' counts and day
+    into their rows. Done inside the call, not as calls of their own: each call costs every
+    rank a round trip to the scheduler, more than the work itself on a small pass.
+
+    ``table``: the table the pass's keys belong to; None for several tables (each key to its
+    own, as :meth:`~daskhps.distributed.WorkerShards.split` says).
+    """
+
+    table: str | None
+    admits: bool
+
+
+@dataclass(frozen=True)
 class RankPassResult:
-    """What one rank's :func:`~daskhps.training.worker.train_pass` returns."""
+    """What one rank's :func:`~daskhps.training.worker.train_pass` returns.
+
+    ``lifecycle_seconds``: its ``admit`` (when it admits) and ``count`` seconds, outside
+    ``seconds`` (the batches' own); ``admission``: the keys it admitted and held back.
+    """
 
     rank: int
     examples: int
@@ -45,6 +72,8 @@ class RankPassResult:
     batch_loss_sums: list[float]
     seconds: dict[str, float]
     network: RankTraffic = field(default_factory=RankTraffic)
+    lifecycle_seconds: dict[str, float] = field(default_factory=dict)
+    admission: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,13 +115,21 @@ class PassRecord:
         staged_from: dict[str, int],
     ) -> PassRecord:
         """The training part of a pass's record, from every rank's result (losses are the
-        ranks' sums over the global batch's examples) and its staging."""
+        ranks' sums over the global batch's examples) and its staging. ``train_seconds``:
+        the training call's, of which the keys' admission and counting (each as long as its
+        slowest rank: the ranks wait for each other at the first batch and at the call's
+        end) are set apart in ``seconds``."""
         B, n = batches.batch_size, batches.num_examples
+        lifecycle = {
+            k: max(o.lifecycle_seconds.get(k, 0.0) for o in outs) for k in outs[0].lifecycle_seconds
+        }
+        train = max(train_seconds - sum(lifecycle.values()), 0.0)
+        admission = {k: sum(o.admission[k] for o in outs) for k in outs[0].admission}
         return cls(
             pass_number=pass_number,
             pass_in_epoch=pass_in_epoch,
             examples=n,
-            examples_per_s=n / train_seconds if train_seconds else 0.0,
+            examples_per_s=n / train if train else 0.0,
             train_loss=sum(o.loss_sum for o in outs) / n,
             batch_losses=[
                 sum(o.batch_loss_sums[b] for o in outs) / min(B, n - b * B)
@@ -102,6 +139,8 @@ class PassRecord:
             staged_from=staged_from,
             worker_seconds={k: max(o.seconds.get(k, 0.0) for o in outs) for k in outs[0].seconds},
             network=network_record([o.network for o in outs]),
+            seconds={"train": train, **lifecycle},
+            admission=admission,
         )
 
     @property

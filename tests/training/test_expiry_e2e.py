@@ -133,7 +133,11 @@ def test_rows_unseen_for_ttl_days_leave_the_table(
     tmp_path: Path, logs: Path, shared_clusters: SharedClusters
 ) -> None:
     """ttl_days 2 and min_count 2 on two pipelined workers: rows and pending counts equal
-    the day-by-day model's; an expired key reads its initial value."""
+    the day-by-day model's; an expired key reads its initial value. Admission, counting and
+    expiry ride in calls the pass makes anyway (its training, its release), so they add no
+    call of their own."""
+    from distributed import Client, get_task_stream
+
     cfg = _config(
         tmp_path,
         logs,
@@ -144,7 +148,15 @@ def test_rows_unseen_for_ttl_days_leave_the_table(
             "table.expiry": {"ttl_days": 2},
         },
     )
-    result = _run(cfg)
+    with Client(cfg.cluster.address) as client, get_task_stream(client) as stream:
+        result = _run(cfg)
+    keys = pd.Series([str(t["key"]) for t in stream.data])  # daskhps-<what>-<rank>-<ns>
+    calls = keys[keys.str.startswith("daskhps-")].str.split("-").str[1:-2].str.join("-")
+    passes = len(result.passes)
+    assert (calls == "train-pass").sum() == 2 * passes  # admit + batches + count, each rank
+    assert not calls.isin(["admit-keys", "count-keys", "expire-rows"]).any()
+    assert (calls == "expire-rows-and-unpin").sum() == 2 * DAYS  # one per rank a day
+    assert (calls == "unpin").sum() == 2 * (passes - DAYS)
     want = _model(logs, ttl=2, min_count=2, max_rows=None, shards=cfg.passes.plan.num_shards)
     assert want[2] > 0
     _check(cfg, 2, result, want)
