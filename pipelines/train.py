@@ -7,8 +7,10 @@ the cluster (:class:`daskhps.training.trainer.Trainer`), report. ``daskhps train
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from daskhps.config import RunConfig
@@ -53,6 +55,21 @@ def _ceiling(config: RunConfig) -> float | None:
     return ceiling_of(gen.out)
 
 
+def _import_plotting_meanwhile() -> threading.Thread:
+    """Import what the report draws with on a thread while the run trains: about a second
+    of the driver's, which then mostly waits on the workers; the report at the end no
+    longer pays for it. A failed import is the report's to say (:func:`_report`)."""
+
+    def imports() -> None:
+        with contextlib.suppress(Exception):
+            import matplotlib.backends.backend_agg
+            import matplotlib.figure  # noqa: F401
+
+    thread = threading.Thread(target=imports, name="daskhps-plotting-import", daemon=True)
+    thread.start()
+    return thread
+
+
 def _report(result: RunResult, ceiling: float | None) -> Path | None:
     """Write the run report (docs/monitoring.md); failing to draw it never fails the run."""
     if not result.passes:
@@ -73,9 +90,11 @@ def run(
     progress: Progress | None = None
     if not sys.stderr.isatty():
         progress = False if config.run.quiet else "lines"
+    plotting = _import_plotting_meanwhile()
     result = train(
         config, progress=progress, resume=resume, overwrite=overwrite, checkpoint=checkpoint
     )
+    plotting.join()
     if result.complete is not None:  # nothing trained: nothing to report or rewrite
         print(result.complete, file=sys.stderr)
         return 0
