@@ -30,8 +30,9 @@ from daskhps.distributed.cluster import ClusterHandle, start_cluster
 from daskhps.distributed.collective import Comm
 from daskhps.distributed.exchange import Exchange, Routing
 from daskhps.distributed.host import RunGroup, RunHost, local_host
+from daskhps.distributed.pass_end import PassEnd, end_pass
 from daskhps.distributed.reshard import ReshardReport, reshard_on_workers
-from daskhps.distributed.shards import PassEnd, StageAhead, WorkerShards
+from daskhps.distributed.shards import StageAhead, WorkerShards
 from daskhps.distributed.widths import KeyWidths
 from daskhps.tier_sizing import TierSizing  # what WorkerShards is sized by
 
@@ -54,6 +55,7 @@ __all__ = [
     "WorkerPausedError",
     "WorkerShards",
     "cuda_available",
+    "end_pass",
     "local_host",
     "reshard_on_workers",
     "run_pinned",

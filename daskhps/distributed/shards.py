@@ -10,7 +10,7 @@
 
     open ─► stage / try_stage (pin a pass's keys) ─► admit (which new keys get rows)
         ─► lookup / apply_gradients (a pass trains) ─► record_seen (count it)
-        ─► end_pass: expire (at a day boundary), then unpin
+        ─► expire (at a day boundary) ─► unpin   (the three in one call: pass_end.end_pass)
         ─► flush / commit / compact / drop_commits_before (checkpoints) ─► close
 
     lifecycle   the tables' admission and expiry rules, and the counts of the keys admission
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -50,7 +49,7 @@ from daskhps.tiers.store import StoreOptions
 if TYPE_CHECKING:
     from daskhps.monitor import ShardMetrics
 
-__all__ = ["PassEnd", "StageAhead", "WorkerShards", "droppable_commits"]
+__all__ = ["StageAhead", "WorkerShards", "droppable_commits"]
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +70,6 @@ class StageAhead:
     @property
     def fitted(self) -> bool:
         return self.refusal is None
-
-
-@dataclass(frozen=True)
-class PassEnd:
-    """One rank's answer to :meth:`WorkerShards.end_pass`: the rows and pending counts
-    expired (zeros where no day ended) and the seconds the expiry took."""
-
-    expired: dict[str, int]
-    expire_s: float = 0.0
 
 
 class WorkerShards:
@@ -342,18 +332,6 @@ class WorkerShards:
         None: of every table, summed)."""
         days = [(name, today) for name in (self.order if table is None else [table])]
         return _added(self._each("expire", days, self.lifecycle.expire))
-
-    def end_pass(self, table: str | None, today: int | None) -> PassEnd:
-        """The end of a trained and counted pass: when it ends log day ``today``, the rows
-        that expire go (:meth:`expire`); then its keys are unpinned. One call, not two: each
-        call costs every rank a round trip to the scheduler."""
-        expired = {"expired": 0, "pending_expired": 0}
-        t = time.perf_counter()
-        if today is not None:
-            expired = self.expire(table, today)
-        took = time.perf_counter() - t
-        self.unpin(table)
-        return PassEnd(expired, took)
 
     def unpin(self, table: str | None) -> None:
         for name in self.order if table is None else [table]:

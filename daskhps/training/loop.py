@@ -6,9 +6,9 @@
            (restored on resume) ─► Start.settle (config.yaml, discards) ─► metrics.jsonl
     run:   for each pass of daskhps.training.pipeline.PassPipeline (prepared, activated):
              train on every rank (daskhps.training.worker.train_pass), synchronous;
-               in the same call, [admit the new keys] before, count the keys seen after
-             release (rows expire where a log day ends, unpin; the next pass staged ahead
-               is pinned again)
+               in the same call, [admit the new keys] first
+             release, one call: count the keys seen, rows expire where a log day ends,
+               unpin; then the next pass staged ahead is pinned again
              evaluate on the holdout (read-only lookups), tier figures ─► PassRecord
              (with the bytes between ranks, daskhps.monitor.network; each rank's on the
              dashboard) ─► metrics.jsonl line ─► checkpoint when due
@@ -56,7 +56,7 @@ from daskhps.training.parts import RunParts
 from daskhps.training.pipeline import PassContext, PassPipeline, PreparedPass
 from daskhps.training.records import (
     Batches,
-    PassKeysWork,
+    KeyAdmission,
     PassRecord,
     RankPassResult,
     RunResult,
@@ -166,13 +166,14 @@ class PassLoop:
         step = begun.step
         watch = self._watch(result.passes)
         admits = any(not t.admission_rule.admits_all for t in cfg.embedding_tables())
-        work = PassKeysWork(ctx.table, admits)
+        admit = KeyAdmission(ctx.table, admits)
         with progress, PassPipeline(ctx, specs, begun.done, _overlaps(client, addresses)) as pipe:
             for active in pipe:
                 progress.start_pass(active.position + 1)
                 epoch = begun.schedule[active.position][0]
-                rec = self._train_pass(ctx, active, work, step, begun.total_steps)
+                rec = self._train_pass(ctx, active, admit, step, begun.total_steps)
                 released = pipe.release(active, begun.day_ends.get(active.position))
+                rec.seconds["count"] = released.count_s
                 if released.expiry:  # a log day ended: rows expired
                     rec.expiry = released.expiry
                     rec.seconds["expire"] = released.expire_s
@@ -404,11 +405,11 @@ class PassLoop:
         self,
         ctx: PassContext,
         active: PreparedPass,
-        work: PassKeysWork,
+        admit: KeyAdmission,
         step: int,
         total_steps: int,
     ) -> PassRecord:
-        """Train an activated pass on every rank (its keys admitted and counted as ``work``
+        """Train an activated pass on every rank (its new keys admitted first as ``admit``
         says); its record, without evaluation or tiers."""
         spec = active.spec
         batches = self.parts.batches(spec, step, total_steps)
@@ -421,7 +422,7 @@ class PassLoop:
                 worker.train_pass,
                 batches,
                 active.position,
-                work,
+                admit,
                 rank_args=list(zip(active.examples, active.keys, strict=True)),
                 what="train pass",
                 stage="train",

@@ -7,12 +7,12 @@
     prepare(k+1): read the pass's partitions, activate(k): pin k's keys if staging ahead
       owner keys (with their counts and days)   did not (rows evicted since come back)
       and examples placed on their workers    train(k) on every rank, in one call: admit
-                                                k's new keys (admission), the batches,
-    stage ahead(k+1): pin beside k's pins,      count k's keys in their rows
-      when both fit the device tier           release(k), in one call: rows expire if k
-                                                ends a log day, unpin k; then pin k+1 again
-                                                (what was staged ahead is pinned once k is
-                                                gone)
+                                                k's new keys (admission), the batches
+    stage ahead(k+1): pin beside k's pins,    release(k), in one call once k+1's staging
+      when both fit the device tier             ahead is done: count k's keys in their
+                                                rows, rows expire if k ends a log day,
+                                                unpin k; then pin k+1 again (what was
+                                                staged ahead is pinned once k is gone)
 
 Pass k+1 is read, hashed, deduplicated, shuffled and staged on the driver thread while pass k
 trains on the workers (Baidu's pipeline). That needs a second thread on every worker: with
@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daskhps.data.readers import ClickLog
-from daskhps.distributed import PassEnd, RunGroup, StageAhead, WorkerShards, stop_waits_when
+from daskhps.distributed import (
+    PassEnd,
+    RunGroup,
+    StageAhead,
+    WorkerShards,
+    end_pass,
+    stop_waits_when,
+)
 from daskhps.monitor.network import RouteAccount
 from daskhps.passes import PassPlan, PassSpec, owner_keys, place_together
 from daskhps.passes.keys import pass_keys, pass_partitions
@@ -118,10 +125,11 @@ class PreparedPass:
 @dataclass(frozen=True)
 class Released:
     """What releasing a pass took: ``unpin_repin_s`` (the call and the re-pin, less the
-    expiry), ``expire_s`` and the rows and pending counts expired with the day that ended
-    (``expiry``; empty where the pass ends no log day)."""
+    counting and the expiry), ``count_s``, ``expire_s`` and the rows and pending counts
+    expired with the day that ended (``expiry``; empty where the pass ends no log day)."""
 
     unpin_repin_s: float
+    count_s: float
     expire_s: float = 0.0
     expiry: dict[str, Any] = field(default_factory=dict)
 
@@ -236,28 +244,32 @@ class PassPipeline:
                 upcoming = self._ahead or self._prepare(i + 1)
 
     def release(self, active: PreparedPass, day: int | None = None) -> Released:
-        """Unpin ``active``'s keys, the rows the expiry rule expires removed first when the
-        pass ends log day ``day`` (a ``last_day`` number), in the same call on each rank;
-        then the next pass, if staged ahead, is pinned again (its staging must not race the
-        unpin, so it is waited for first)."""
+        """End trained ``active`` on each rank in one call (:func:`~daskhps.distributed.end_pass`):
+        count its keys, remove the rows the expiry rule expires when it ends log day ``day``
+        (a ``last_day`` number), unpin its keys. Then the next pass, if staged ahead, is
+        pinned again. That staging is waited for first: it must not race the unpin, and the
+        counting would otherwise wait on it for the tables' locks."""
         t = time.perf_counter()
         upcoming = self._ahead.result() if self._ahead is not None else None
         ends: list[PassEnd] = self.ctx.group.on_shards(
-            WorkerShards.end_pass,
+            end_pass,
             self.ctx.table,
             day,
-            what="unpin" if day is None else "expire rows and unpin",
+            rank_args=[(k,) for k in active.keys],
+            what="end pass",
         )
         if upcoming is not None:
             upcoming.stage(self.ctx)  # re-pin what was staged ahead
+        count_s = max(e.count_s for e in ends)  # the ranks wait for the slowest
+        expire_s = max(e.expire_s for e in ends)
+        rest = time.perf_counter() - t - count_s - expire_s
         if day is None:
-            return Released(time.perf_counter() - t)
-        expire_s = max(e.expire_s for e in ends)  # the ranks wait for the slowest
+            return Released(rest, count_s)
         expiry: dict[str, Any] = {
             k: sum(e.expired[k] for e in ends) for k in ("expired", "pending_expired")
         }
         expiry["day"] = day_string(day)
-        return Released(time.perf_counter() - t - expire_s, expire_s, expiry)
+        return Released(rest, count_s, expire_s, expiry)
 
     def close(self) -> None:
         """Stop the pass being prepared, if any (Ctrl-C, a failure), and wait for it at most

@@ -2,8 +2,8 @@
 
 ::
 
-    Batches, PassKeysWork ──► every rank's mini-batch loop (train_pass, eval_pass)
-    RankPassResult ◄── each rank, once its share of the pass is trained (and its keys counted)
+    Batches, KeyAdmission ──► every rank's mini-batch loop (train_pass, eval_pass)
+    RankPassResult ◄── each rank, once its share of the pass is trained
     PassRecord: the ranks' results, staging, evaluation, tiers and timings of one pass;
                 one line of metrics.jsonl (to_json), the record a checkpoint keeps
     RunResult: every pass's line, the final evaluation and dense weights, the restarts,
@@ -21,7 +21,7 @@ from daskhps.monitor.network import RankTraffic, network_record
 
 __all__ = [
     "Batches",
-    "PassKeysWork",
+    "KeyAdmission",
     "PassRecord",
     "RankPassResult",
     "RunResult",
@@ -43,12 +43,11 @@ class Batches:
 
 
 @dataclass(frozen=True)
-class PassKeysWork:
-    """What a rank's training call does with the pass's keys around its batches (the
-    feature lifecycle, docs/table.md): before the first batch, which new keys get rows
-    (``admits``: some table has an admission rule); after the last, the keys' counts and day
-    into their rows. Done inside the call, not as calls of their own: each call costs every
-    rank a round trip to the scheduler, more than the work itself on a small pass.
+class KeyAdmission:
+    """Whether a rank's training call first decides which of the pass's new keys get rows
+    (``admits``: some table has an admission rule, docs/table.md), inside the call rather
+    than in one of its own: each call costs every rank a round trip to the scheduler, more
+    than the work itself on a small pass.
 
     ``table``: the table the pass's keys belong to; None for several tables (each key to its
     own, as :meth:`~daskhps.distributed.WorkerShards.split` says).
@@ -62,8 +61,8 @@ class PassKeysWork:
 class RankPassResult:
     """What one rank's :func:`~daskhps.training.worker.train_pass` returns.
 
-    ``lifecycle_seconds``: its ``admit`` (when it admits) and ``count`` seconds, outside
-    ``seconds`` (the batches' own); ``admission``: the keys it admitted and held back.
+    ``lifecycle_seconds``: its ``admit`` seconds when it admits, outside ``seconds`` (the
+    batches' own); ``admission``: the keys it admitted and held back.
     """
 
     rank: int
@@ -116,9 +115,8 @@ class PassRecord:
     ) -> PassRecord:
         """The training part of a pass's record, from every rank's result (losses are the
         ranks' sums over the global batch's examples) and its staging. ``train_seconds``:
-        the training call's, of which the keys' admission and counting (each as long as its
-        slowest rank: the ranks wait for each other at the first batch and at the call's
-        end) are set apart in ``seconds``."""
+        the training call's, of which the keys' admission (as long as its slowest rank: the
+        ranks wait for each other at the first batch) is set apart in ``seconds``."""
         B, n = batches.batch_size, batches.num_examples
         lifecycle = {
             k: max(o.lifecycle_seconds.get(k, 0.0) for o in outs) for k in outs[0].lifecycle_seconds

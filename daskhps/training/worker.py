@@ -51,7 +51,7 @@ from daskhps.training.model_input import (
     pull_batch,
     sparse_input,
 )
-from daskhps.training.records import Batches, PassKeysWork, RankPassResult
+from daskhps.training.records import Batches, KeyAdmission, RankPassResult
 
 if TYPE_CHECKING:  # the config is what the driver builds the setup from
     from daskhps.config import RunConfig
@@ -277,22 +277,20 @@ def train_pass(
     host: RunHost,
     batches: Batches,
     position: int,
-    work: PassKeysWork,
+    admit: KeyAdmission,
     part: pd.DataFrame,
     keys: pd.DataFrame,
 ) -> RankPassResult:
     """Train this rank's share of every global batch of one pass (``part``: its examples;
-    ``position``: the pass's place in the run's schedule), admitting the pass's new keys
-    first and counting its keys (``keys``: this rank's owner partition) after, as ``work``
-    says."""
+    ``position``: the pass's place in the run's schedule), first admitting the pass's new
+    keys (``keys``: this rank's owner partition) when ``admit`` says so."""
     rep = _replica(host)
     setup, model, ex = rep.setup, rep.model, rep.exchange
-    shards = host.require_shards()
     lifecycle: dict[str, float] = {}
     admission: dict[str, int] = {}
-    if work.admits:  # before any lookup: a key held back gets no row in this pass
+    if admit.admits:  # before any lookup: a key held back gets no row in this pass
         t = time.perf_counter()
-        admission = shards.admit(work.table, keys)
+        admission = host.require_shards().admit(admit.table, keys)
         lifecycle["admit"] = time.perf_counter() - t
     B, n, nb = batches.batch_size, batches.num_examples, batches.num_batches
     data = WorkerExamples.from_frame(part, setup.schema, B, nb)
@@ -326,9 +324,6 @@ def train_pass(
         losses.append(value)
         if host.rank == 0:
             report_batches(setup.run_id, b + 1, nb)  # the driver's progress bar
-    t = time.perf_counter()
-    shards.record_seen(work.table, keys)  # the keys are still pinned: this moves no row
-    lifecycle["count"] = time.perf_counter() - t
     return RankPassResult(
         rank=host.require_rank(),
         examples=data.num_examples,

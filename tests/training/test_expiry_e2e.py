@@ -134,8 +134,8 @@ def test_rows_unseen_for_ttl_days_leave_the_table(
 ) -> None:
     """ttl_days 2 and min_count 2 on two pipelined workers: rows and pending counts equal
     the day-by-day model's; an expired key reads its initial value. Admission, counting and
-    expiry ride in calls the pass makes anyway (its training, its release), so they add no
-    call of their own."""
+    expiry ride in calls each pass makes anyway (its training, its release), so they add
+    no call of their own."""
     from distributed import Client, get_task_stream
 
     cfg = _config(
@@ -153,10 +153,10 @@ def test_rows_unseen_for_ttl_days_leave_the_table(
     keys = pd.Series([str(t["key"]) for t in stream.data])  # daskhps-<what>-<rank>-<ns>
     calls = keys[keys.str.startswith("daskhps-")].str.split("-").str[1:-2].str.join("-")
     passes = len(result.passes)
-    assert (calls == "train-pass").sum() == 2 * passes  # admit + batches + count, each rank
-    assert not calls.isin(["admit-keys", "count-keys", "expire-rows"]).any()
-    assert (calls == "expire-rows-and-unpin").sum() == 2 * DAYS  # one per rank a day
-    assert (calls == "unpin").sum() == 2 * (passes - DAYS)
+    assert (calls == "train-pass").sum() == 2 * passes  # admit + batches, on each rank
+    assert (calls == "end-pass").sum() == 2 * passes  # count + expire + unpin
+    assert not calls.isin(["admit-keys", "count-keys", "expire-rows", "unpin"]).any()
+    assert sum("expiry" in line for line in result.passes) == DAYS  # one end of a day each
     want = _model(logs, ttl=2, min_count=2, max_rows=None, shards=cfg.passes.plan.num_shards)
     assert want[2] > 0
     _check(cfg, 2, result, want)
