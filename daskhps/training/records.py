@@ -61,8 +61,8 @@ class KeyAdmission:
 class RankPassResult:
     """What one rank's :func:`~daskhps.training.worker.train_pass` returns.
 
-    ``lifecycle_seconds``: its ``admit`` seconds when it admits, outside ``seconds`` (the
-    batches' own); ``admission``: the keys it admitted and held back.
+    ``admit_s``: the seconds its admission took, outside ``seconds`` (the batches' own);
+    None where the run admits every key. ``admission``: the keys it admitted and held back.
     """
 
     rank: int
@@ -71,7 +71,7 @@ class RankPassResult:
     batch_loss_sums: list[float]
     seconds: dict[str, float]
     network: RankTraffic = field(default_factory=RankTraffic)
-    lifecycle_seconds: dict[str, float] = field(default_factory=dict)
+    admit_s: float | None = None
     admission: dict[str, int] = field(default_factory=dict)
 
 
@@ -118,10 +118,9 @@ class PassRecord:
         the training call's, of which the keys' admission (as long as its slowest rank: the
         ranks wait for each other at the first batch) is set apart in ``seconds``."""
         B, n = batches.batch_size, batches.num_examples
-        lifecycle = {
-            k: max(o.lifecycle_seconds.get(k, 0.0) for o in outs) for k in outs[0].lifecycle_seconds
-        }
-        train = max(train_seconds - sum(lifecycle.values()), 0.0)
+        admits = outs[0].admit_s is not None
+        admit = max(o.admit_s or 0.0 for o in outs)
+        train = max(train_seconds - admit, 0.0)
         admission = {k: sum(o.admission[k] for o in outs) for k in outs[0].admission}
         return cls(
             pass_number=pass_number,
@@ -137,7 +136,7 @@ class PassRecord:
             staged_from=staged_from,
             worker_seconds={k: max(o.seconds.get(k, 0.0) for o in outs) for k in outs[0].seconds},
             network=network_record([o.network for o in outs]),
-            seconds={"train": train, **lifecycle},
+            seconds={"train": train, "admit": admit} if admits else {"train": train},
             admission=admission,
         )
 

@@ -286,12 +286,12 @@ def train_pass(
     keys (``keys``: this rank's owner partition) when ``admit`` says so."""
     rep = _replica(host)
     setup, model, ex = rep.setup, rep.model, rep.exchange
-    lifecycle: dict[str, float] = {}
+    admit_s: float | None = None
     admission: dict[str, int] = {}
     if admit.admits:  # before any lookup: a key held back gets no row in this pass
         t = time.perf_counter()
         admission = host.require_shards().admit(admit.table, keys)
-        lifecycle["admit"] = time.perf_counter() - t
+        admit_s = time.perf_counter() - t
     B, n, nb = batches.batch_size, batches.num_examples, batches.num_batches
     data = WorkerExamples.from_frame(part, setup.schema, B, nb)
     comm = host.require_comm()
@@ -331,7 +331,7 @@ def train_pass(
         batch_loss_sums=losses,
         seconds=dict(times),
         network=_pass_traffic(host, rep, seen, position, nb),
-        lifecycle_seconds=lifecycle,
+        admit_s=admit_s,
         admission=admission,
     )
 
