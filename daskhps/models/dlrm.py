@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.autograd.function import once_differentiable
 
 from daskhps.models.base import CTRModel, InputLayout
 from daskhps.models.layers import (
@@ -30,21 +33,45 @@ def dot_interaction(vectors: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         ``float[B, n, D]``.
     pairs:
         ``int64[2, P]`` row and column indices into the ``n x n`` Gram matrix, e.g. the strict
-        upper triangle ``torch.triu_indices(n, n, offset=1)``.
+        upper triangle ``torch.triu_indices(n, n, offset=1)``; no pair twice.
 
     Returns
     -------
     torch.Tensor
         ``float[B, P]``: ``out[b, p] = vectors[b, pairs[0, p]] . vectors[b, pairs[1, p]]``.
     """
-    # One batched matmul then a gather beats P separate products; the Gram matrix is small
-    # (n = fields + 1, a few dozen) next to the MLPs. The gather is one index_select over the
-    # flattened matrix: a third of the time of indexing with the two index rows, whose
-    # backward is an accumulating index_put (the pairs are distinct: index_select's backward
-    # needs no accumulation order).
-    b, n, _ = vectors.shape
-    gram = torch.bmm(vectors, vectors.transpose(1, 2))
-    return gram.reshape(b, n * n).index_select(1, pairs[0] * n + pairs[1])
+    n = vectors.shape[1]
+    return _PairDots.apply(vectors, pairs[0] * n + pairs[1])
+
+
+class _PairDots(torch.autograd.Function):
+    """The picked entries of each example's Gram matrix ``X X^T``, with a backward of one
+    batched matmul where autograd's takes two.
+
+    One batched matmul then a gather beats P separate products; the Gram matrix is small
+    (n = fields + 1, a few dozen) next to the MLPs, but its products are most of a DLRM
+    step on a CPU. The gather is one index_select over the flattened matrix: a third of the
+    time of indexing with the two index rows. Autograd would differentiate ``bmm(X, X^T)`` as
+    two products, ``G X`` and ``G^T X``; both operands are the same ``X``, so
+    ``(G + G^T) X`` is the same gradient in one (the diagonal, if picked, counts twice, as
+    ``d(x.x)/dx = 2x`` wants).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, vectors: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        b, n, _ = vectors.shape
+        ctx.save_for_backward(vectors, flat)
+        gram = torch.bmm(vectors, vectors.transpose(1, 2))
+        return gram.reshape(b, n * n).index_select(1, flat)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        vectors, flat = ctx.saved_tensors
+        b, n, _ = vectors.shape
+        # Each picked entry once (the pairs are distinct), so a copy, not an accumulation.
+        picked = grad.new_zeros(b, n * n).index_copy_(1, flat, grad).view(b, n, n)
+        return torch.bmm(picked + picked.transpose(1, 2), vectors), None
 
 
 class DLRM(CTRModel):

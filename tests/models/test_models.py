@@ -86,6 +86,37 @@ def test_dot_interaction_matches_naive_loop() -> None:
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("offset", [1, 0])  # the strict upper triangle, and with the diagonal
+def test_dot_interaction_gradient_is_autograds_of_the_naive_products(offset: int) -> None:
+    # The backward is written by hand ((G + G^T) X, one product); check it against autograd
+    # through the plain products, and numerically in double precision.
+    gen = torch.Generator().manual_seed(1)
+    n = 5
+    pairs = torch.triu_indices(n, n, offset=offset)
+    vectors = torch.randn(7, n, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(7, pairs.shape[1], generator=gen, dtype=torch.float64)
+    (dot_interaction(vectors, pairs) * weights).sum().backward()
+    got = vectors.grad
+    vectors.grad = None
+    naive = (vectors[:, pairs[0]] * vectors[:, pairs[1]]).sum(2)
+    (naive * weights).sum().backward()
+    torch.testing.assert_close(got, vectors.grad)
+    assert torch.autograd.gradcheck(
+        lambda v: dot_interaction(v, pairs), (vectors.detach().requires_grad_(),)
+    )
+
+
+def test_dot_interaction_takes_any_distinct_pairs_in_any_order() -> None:
+    gen = torch.Generator().manual_seed(2)
+    n = 4
+    everything = torch.tensor(list(itertools.product(range(n), repeat=2))).T
+    pairs = everything[:, torch.randperm(n * n, generator=gen)[:9]]  # lower, upper, diagonal
+    vectors = torch.randn(3, n, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: dot_interaction(v, pairs), (vectors,))
+    want = (vectors[:, pairs[0]] * vectors[:, pairs[1]]).sum(2)
+    torch.testing.assert_close(dot_interaction(vectors, pairs), want)
+
+
 def test_dlrm_forward_matches_reference() -> None:
     torch.manual_seed(0)
     model = DLRM.build(num_dense=4, num_fields=3, embedding_dim=D)
