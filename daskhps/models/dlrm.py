@@ -41,7 +41,12 @@ def dot_interaction(vectors: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         ``float[B, P]``: ``out[b, p] = vectors[b, pairs[0, p]] . vectors[b, pairs[1, p]]``.
     """
     n = vectors.shape[1]
-    return _PairDots.apply(vectors, pairs[0] * n + pairs[1])
+    flat = pairs[0] * n + pairs[1]
+    if vectors.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
+        return _PairDots.apply(vectors, flat)
+    # Scoring, and an export's trace (TorchScript cannot save a Python autograd function):
+    # the same forward, in plain operations.
+    return _PairDots.pick(vectors, flat)
 
 
 class _PairDots(torch.autograd.Function):
@@ -58,11 +63,16 @@ class _PairDots(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, vectors: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    def pick(vectors: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """The forward: the entries ``flat`` (row * n + column) of each Gram matrix."""
         b, n, _ = vectors.shape
-        ctx.save_for_backward(vectors, flat)
         gram = torch.bmm(vectors, vectors.transpose(1, 2))
         return gram.reshape(b, n * n).index_select(1, flat)
+
+    @staticmethod
+    def forward(ctx: Any, vectors: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(vectors, flat)
+        return _PairDots.pick(vectors, flat)
 
     @staticmethod
     @once_differentiable
