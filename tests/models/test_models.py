@@ -17,7 +17,7 @@ from torch import nn
 from daskhps.errors import ConfigError, DataError
 from daskhps.models import BUILTIN_MODELS, DLRM, DCNv2, DeepFM, WideDeep, build_model, model_options
 from daskhps.models.deepfm import fm_interaction
-from daskhps.models.dlrm import dot_interaction
+from daskhps.models.dlrm import ONE_PRODUCT_FROM_WIDTH, dot_interaction
 from daskhps.models.layers import ACTIVATIONS, Activation
 
 NAMES = sorted(BUILTIN_MODELS)
@@ -88,16 +88,24 @@ def test_dot_interaction_matches_naive_loop() -> None:
     torch.testing.assert_close(got, want)
 
 
+WIDE = ONE_PRODUCT_FROM_WIDTH  # vectors this wide take the hand-written backward
+
+
+@pytest.mark.parametrize("width", [3, WIDE])  # autograd's backward, then the hand-written one
 @pytest.mark.parametrize("offset", [1, 0])  # the strict upper triangle, and with the diagonal
-def test_dot_interaction_gradient_is_autograds_of_the_naive_products(offset: int) -> None:
-    # The backward is written by hand ((G + G^T) X, one product); check it against autograd
-    # through the plain products, and numerically in double precision.
+def test_dot_interaction_gradient_is_autograds_of_the_naive_products(
+    offset: int, width: int
+) -> None:
+    # Wide vectors' backward is written by hand ((G + G^T) X, one product); check it against
+    # autograd through the plain products, and numerically in double precision.
     gen = torch.Generator().manual_seed(1)
     n = 5
     pairs = torch.triu_indices(n, n, offset=offset)
-    vectors = torch.randn(7, n, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    vectors = torch.randn(7, n, width, generator=gen, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(7, pairs.shape[1], generator=gen, dtype=torch.float64)
-    (dot_interaction(vectors, pairs) * weights).sum().backward()
+    out = dot_interaction(vectors, pairs)
+    assert ("PairDots" in type(out.grad_fn).__name__) == (width >= WIDE)
+    (out * weights).sum().backward()
     got = vectors.grad
     vectors.grad = None
     naive = (vectors[:, pairs[0]] * vectors[:, pairs[1]]).sum(2)
@@ -113,7 +121,7 @@ def test_dot_interaction_takes_any_distinct_pairs_in_any_order() -> None:
     n = 4
     everything = torch.tensor(list(itertools.product(range(n), repeat=2))).T
     pairs = everything[:, torch.randperm(n * n, generator=gen)[:9]]  # lower, upper, diagonal
-    vectors = torch.randn(3, n, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    vectors = torch.randn(3, n, WIDE, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: dot_interaction(v, pairs), (vectors,))
     want = (vectors[:, pairs[0]] * vectors[:, pairs[1]]).sum(2)
     torch.testing.assert_close(dot_interaction(vectors, pairs), want)
@@ -123,8 +131,10 @@ def test_dlrm_traces_saves_and_loads_as_torchscript_with_the_same_scores() -> No
     # What `daskhps export` does: TorchScript cannot save a Python autograd function, so a
     # trace must see the interaction's plain operations, with the same forward bit for bit.
     torch.manual_seed(0)
-    model = DLRM.build(num_dense=4, num_fields=3, embedding_dim=D)
-    dense, sparse = _inputs(model, 5, 4, 3)
+    model = DLRM.build(num_dense=4, num_fields=3, embedding_dim=WIDE)
+    gen = torch.Generator().manual_seed(0)
+    dense = torch.randn(5, 4, generator=gen)
+    sparse = torch.randn(5, 3, WIDE, generator=gen, requires_grad=True)
     with warnings.catch_warnings():  # torch.jit.trace is deprecated, and says so
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(model, (dense, sparse.detach()))
@@ -133,7 +143,6 @@ def test_dlrm_traces_saves_and_loads_as_torchscript_with_the_same_scores() -> No
     buf.seek(0)
     loaded = torch.jit.load(buf)
     trained = model(dense, sparse)  # the training path: through the hand-written backward
-    assert trained.grad_fn is not None
     with torch.no_grad():
         assert torch.equal(loaded(dense, sparse.detach()), trained.detach())
         assert torch.equal(model(dense, sparse), trained.detach())

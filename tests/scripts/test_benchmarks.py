@@ -442,3 +442,13 @@ def test_bench_follow_quick() -> None:
     assert by_name["follow.freshness.part-00002.tsv"]["version"] == "v000003"
     for figure in ("follow.memory.driver.2", "follow.memory.workers.2", "follow.disk.2"):
         assert by_name[figure]["value"] > 0 and by_name[figure]["baseline"] > 0
+
+
+def test_bench_models_quick() -> None:
+    recs = run_script("bench_models.py", "--quick")
+    shipped = [r for r in recs if r["name"].endswith("interaction as shipped")]
+    assert [r["name"].split(",")[1].strip() for r in shipped] == ["dim 16", "dim 32", "dim 64"]
+    assert all(r["unit"] == "ms" and r["value"] > 0 and r["baseline"] > 0 for r in recs)
+    (per_field,) = [r for r in recs if "per-field" in r["name"]]
+    assert per_field["baseline_name"] == "every field at dim 64"
+    assert len(per_field["dims"]) == 26 and max(per_field["dims"]) == 64
