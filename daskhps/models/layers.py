@@ -213,12 +213,23 @@ class FieldProjection(nn.Module):
         super().__init__()
         other = [(str(f), d) for f, d in enumerate(field_dims) if d != width]
         self.by_field = nn.ModuleDict({f: nn.Linear(d, width, bias=False) for f, d in other})
+        by_width: dict[int, list[int]] = {}
+        for f, d in enumerate(field_dims):
+            if d != width:
+                by_width.setdefault(d, []).append(f)
+        self._by_width = list(by_width.values())  # the narrower fields, grouped by width
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> torch.Tensor:
-        projected = [
-            self.by_field[str(f)](e) if str(f) in self.by_field else e
-            for f, e in enumerate(embeddings)
-        ]
+        # The fields of one width in one batched product: their inner dimensions are small
+        # (4 to 32), where a product runs far below a CPU's peak, and one product of k
+        # matrices took 0.75x the time of k separate ones (forward and backward, 21 fields
+        # at batch 4,096). The weights stay one Linear a field, so checkpoints load as before.
+        projected = list(embeddings)
+        for fields in self._by_width:
+            x = torch.stack([embeddings[f] for f in fields])  # [k, B, D_f]
+            w = torch.stack([self.by_field[str(f)].weight for f in fields])  # [k, width, D_f]
+            for f, y in zip(fields, torch.bmm(x, w.transpose(1, 2)), strict=True):
+                projected[f] = y
         return torch.stack(projected, dim=1)
 
 

@@ -196,6 +196,41 @@ def test_projected_interaction_matches_reference(
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    dims=st.lists(st.sampled_from([1, 2, 3, 6]), min_size=1, max_size=7).map(tuple),
+    batch=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_field_projection_is_each_fields_linear_with_its_gradients(
+    dims: tuple[int, ...], batch: int, seed: int
+) -> None:
+    # The fields of one width go through one batched product: the same values and gradients
+    # as each field's own Linear, field by field.
+    torch.manual_seed(seed)
+    width = 6
+    proj = FieldProjection(dims, width)
+    gen = torch.Generator().manual_seed(seed)
+    fields = [torch.randn(batch, d, generator=gen, requires_grad=True) for d in dims]
+    upstream = torch.randn(batch, len(dims), width, generator=gen)
+    (proj(fields) * upstream).sum().backward()
+    want_out = torch.stack(
+        [
+            proj.by_field[str(f)](e) if d != width else e
+            for f, (e, d) in enumerate(zip(fields, dims, strict=True))
+        ],
+        dim=1,
+    )
+    torch.testing.assert_close(proj(fields), want_out)
+    got = [e.grad for e in fields], {k: m.weight.grad for k, m in proj.by_field.items()}
+    for e in fields:
+        e.grad = None
+    proj.zero_grad()
+    (want_out * upstream).sum().backward()
+    torch.testing.assert_close(got[0], [e.grad for e in fields])
+    torch.testing.assert_close(got[1], {k: m.weight.grad for k, m in proj.by_field.items()})
+
+
 def test_split_fields_matches_slicing() -> None:
     sparse = torch.arange(2 * 17, dtype=torch.float32).view(2, 17)
     emb, wide = split_fields(sparse[:, :14], (3, 1, 4, 6))  # 3 + 1 + 4 + 6 = 14
