@@ -84,11 +84,25 @@ def _step(
     return step
 
 
-def _median_of_rounds(
-    sides: dict[str, Callable[[], None]], rounds: int, repeat: int
-) -> dict[str, float]:
-    per_round = [interleaved(sides, repeat=repeat) for _ in range(rounds)]
-    return {k: statistics.median(r[k] for r in per_round) for k in sides}
+def _compare(
+    out: Reporter,
+    name: str,
+    step: Callable[[], None],
+    baseline: Callable[[], None],
+    baseline_name: str,
+    rounds: int,
+    repeat: int,
+    **extra: object,
+) -> None:
+    """Emit ``step``'s milliseconds against ``baseline``'s: the median over the rounds of
+    each round's median, the two interleaved within a round."""
+    per_round = [
+        interleaved({"step": step, "base": baseline}, repeat=repeat) for _ in range(rounds)
+    ]
+    t = {k: statistics.median(r[k] for r in per_round) for k in ("step", "base")}
+    out.emit(
+        name, t["step"] * 1e3, "ms", baseline=t["base"] * 1e3, baseline_name=baseline_name, **extra
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,35 +120,23 @@ def main(argv: list[str] | None = None) -> None:
     shipped = dlrm.dot_interaction
     for dim, batch in ((16, small), (32, large), (64, large)):
         dims = (dim,) * 26
-        t = _median_of_rounds(
-            {
-                "shipped": _step(dims, batch, shipped),
-                "reference": _step(dims, batch, reference_interaction),
-            },
+        _compare(
+            out,
+            f"DLRM step, dim {dim}, batch {batch}, interaction as shipped",
+            _step(dims, batch, shipped),
+            _step(dims, batch, reference_interaction),
+            "the reference's interaction (bmm under autograd)",
             rounds,
             repeat,
         )
-        out.emit(
-            f"DLRM step, dim {dim}, batch {batch}, interaction as shipped",
-            t["shipped"] * 1e3,
-            "ms",
-            baseline=t["reference"] * 1e3,
-            baseline_name="the reference's interaction (bmm under autograd)",
-        )
-    t = _median_of_rounds(
-        {
-            "per-field": _step(PER_FIELD, large, shipped),
-            "one-64": _step((64,) * 26, large, shipped),
-        },
+    _compare(
+        out,
+        f"DLRM step, per-field dims, batch {large}",
+        _step(PER_FIELD, large, shipped),
+        _step((64,) * 26, large, shipped),
+        "every field at dim 64",
         rounds,
         repeat,
-    )
-    out.emit(
-        f"DLRM step, per-field dims, batch {large}",
-        t["per-field"] * 1e3,
-        "ms",
-        baseline=t["one-64"] * 1e3,
-        baseline_name="every field at dim 64",
         dims=list(PER_FIELD),
     )
     print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}", file=sys.stderr)

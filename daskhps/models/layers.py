@@ -227,10 +227,15 @@ class FieldProjection(nn.Module):
         projected = list(embeddings)
         for fields in self._by_width:
             x = torch.stack([embeddings[f] for f in fields])  # [k, B, D_f]
-            w = torch.stack([self.by_field[str(f)].weight for f in fields])  # [k, width, D_f]
+            w = torch.stack([self._weight(f) for f in fields])  # [k, width, D_f]
             for f, y in zip(fields, torch.bmm(x, w.transpose(1, 2)), strict=True):
                 projected[f] = y
         return torch.stack(projected, dim=1)
+
+    def _weight(self, field: int) -> torch.Tensor:
+        layer = self.by_field[str(field)]
+        assert isinstance(layer, nn.Linear)
+        return layer.weight
 
 
 def make_field_projection(
