@@ -26,15 +26,19 @@ start method; so do platforms without ``forkserver``.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dask
+
+from daskhps._forkserver_exit import SERVER
 
 if TYPE_CHECKING:
     from daskhps.config.cluster import ClusterConfig
@@ -45,6 +49,7 @@ __all__ = [
     "forked_workers",
     "forks_workers",
     "warm_up",
+    "warm_up_early",
     "warm_up_for",
     "worker_env",
 ]
@@ -70,12 +75,16 @@ PRELOAD = (
     "daskhps.training.placement",
     "daskhps.passes.scan",
     "daskhps.distributed.host",
+    "daskhps._forkserver_exit",  # last: see that module
 )
 
 _DASK_HASH_SEED = "6640"  # the seed a Dask nanny gives its workers
 
 _lock = threading.Lock()
 _started = False
+# Whether a run's cluster will fork from the server: False while it was only started early, on
+# the command line's guess (warm_up_early), and the run's config has not said so yet.
+_wanted = False
 
 
 def available() -> bool:
@@ -85,17 +94,35 @@ def available() -> bool:
 def warm_up() -> None:
     """Start the fork server now (once per process; later calls return at once). It imports
     :data:`PRELOAD` in the background, so the caller goes on with its own work."""
+    global _wanted
+    _start()
+    _wanted = True
+
+
+def warm_up_early() -> None:
+    """Start the fork server before this process knows that its run forks workers: ``daskhps
+    train`` guesses it from the command line, before its own seconds of imports, so that the
+    server's imports run beside them. :func:`warm_up_for` then starts it for good, or stops
+    it where the run's cluster forks nothing (an idle server holds torch's memory); so does
+    this process's exit, where the command stopped before (a bad config, say): the server
+    would go on importing, holding the command's output open, for seconds after it."""
+    if _start():
+        atexit.register(_stop_unwanted)
+
+
+def _start() -> bool:
+    """Start the server unless it runs; whether this call started it."""
     global _started
     if not available():
-        return
+        return False
     with _lock:
         if _started:
-            return
+            return False
         from multiprocessing import forkserver
 
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
-        pre_spawn = _pre_spawn_env()
+        pre_spawn = {**_pre_spawn_env(), SERVER: "1"}
         saved = {k: os.environ.get(k) for k in pre_spawn}
         os.environ.update(pre_spawn)  # read by the server's libraries as they load
         try:
@@ -108,6 +135,7 @@ def warm_up() -> None:
                 else:
                     os.environ[k] = v
         _started = True
+    return True
 
 
 @contextmanager
@@ -134,9 +162,31 @@ def forks_workers(cluster: ClusterConfig) -> bool:
 
 
 def warm_up_for(cluster: ClusterConfig) -> None:
-    """:func:`warm_up` when ``cluster`` forks its workers; called as early as a run knows."""
+    """:func:`warm_up` when ``cluster`` forks its workers, called as early as a run knows;
+    otherwise a server started early, on a guess, and not yet wanted is stopped."""
     if forks_workers(cluster):
         warm_up()
+    else:
+        _stop_unwanted()
+
+
+def _stop_unwanted() -> None:
+    global _started
+    with _lock:
+        if not _started or _wanted:
+            return
+        from multiprocessing import forkserver
+
+        # multiprocessing keeps no public handle on its server, nor a way to stop it
+        server: Any = forkserver._forkserver
+        pid = server._forkserver_pid
+        if pid is not None:
+            # Killed, not asked: it reads the request to stop only once it has imported
+            # everything, seconds from now.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            server._stop()  # closes its pipe and reaps it
+        _started = False
 
 
 def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from daskhps import _forkserver as forkserver
+from daskhps._forkserver_exit import SERVER
 from daskhps.config.cluster import ClusterConfig
 from daskhps.distributed import start_cluster
 from tests._clusters import WORKER_MEMORY
@@ -29,6 +30,8 @@ def _what_a_worker_sees() -> dict[str, Any]:
     return {
         # torch._dynamo is loaded by a torch optimizer, which no task built yet
         "preloaded": [m for m in ("torch._dynamo", "daskhps.training.holdout") if m in sys.modules],
+        # the server's own exit (daskhps._forkserver_exit), not the worker's
+        "server_mark": os.environ.get(SERVER),
         "parent": os.getppid(),
         "late": os.environ.get("DASKHPS_TEST_SET_LATE"),
         "cwd": os.getcwd(),
@@ -62,6 +65,7 @@ def test_forked_workers_start_loaded_and_see_the_drivers_environment_and_folder(
         assert worker["cwd"] == str(tmp_path)
         assert worker["omp"] == "1" and worker["torch_threads"] == 1
         assert worker["hash_seed"] == "6640"  # a Dask nanny's: strings hash alike everywhere
+        assert worker["server_mark"] is None
     assert seen[0]["hash"] == seen[1]["hash"]
 
 
