@@ -90,26 +90,44 @@ def kill_point(point: str, position: int) -> None:
         _die(point, position)
 
 
+# A task in one of these states has started: it runs, or it has run and the driver has not
+# collected its result yet.
+_STARTED = frozenset({"executing", "long-running", "memory", "error"})
+
+
 def kill_when_running(
     client: Any, key_prefix: str, workers: int, position: int
 ) -> Callable[[], None]:
-    """Arm ``mid_pass``: once a task whose key starts with ``key_prefix`` is executing on each
-    of ``workers`` workers, SIGKILL the driver (watched from a daemon thread). Returns the
-    function that disarms it (call it when the pass's tasks are done)."""
+    """Arm ``mid_pass``: once a task whose key starts with ``key_prefix``, submitted after
+    this call, has started on each of ``workers`` workers, SIGKILL the driver (watched from a
+    daemon thread): while it runs or after it, before the driver has the pass's results.
+    Watching for tasks that run at the moment of a look missed passes whose tasks ran between
+    two looks: a worker's event loop answers late while its task holds the interpreter, on a
+    loaded machine. Call this before submitting the tasks. Returns the function that disarms
+    it (call it when the pass's tasks are done)."""
     done = threading.Event()
     if not armed_at("mid_pass", position):
         return done.set
 
-    def executing(dask_worker: Any) -> int:
-        return sum(1 for ts in dask_worker.state.executing if str(ts.key).startswith(key_prefix))
+    def started(dask_worker: Any) -> list[str]:
+        return [
+            str(key)
+            for key, ts in dask_worker.state.tasks.items()
+            if str(key).startswith(key_prefix) and ts.state in _STARTED
+        ]
+
+    def look() -> dict[str, list[str]]:
+        try:
+            return client.run(started)
+        except Exception:  # the cluster is still settling: look again
+            return {}
+
+    earlier = {key for keys in look().values() for key in keys}  # an earlier pass's
 
     def watch() -> None:
         while not done.is_set():
-            try:
-                counts = client.run(executing)
-            except Exception:  # the cluster is still settling: look again
-                counts = {}
-            if sum(1 for c in counts.values() if c) >= workers:
+            now = look()
+            if sum(1 for keys in now.values() if set(keys) - earlier) >= workers:
                 _die("mid_pass", position)
             time.sleep(0.005)
 
