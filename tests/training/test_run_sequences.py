@@ -13,6 +13,9 @@ arrive, and ``predict``. After every step:
 - every published version of the retraining folder does the same, and ``CURRENT`` still names
   the newest published one.
 
+A step that changed no byte of the folders (most refusals) is checked by their digest alone:
+what a checkpoint predicts is a function of those bytes.
+
 Every step kind (and every bad input) occurs at least once per sequence, in an order drawn
 from the seed, with one more step drawn at random; a failure names the seed and the steps so
 far. The steps refused before any cluster starts (a train into a folder that holds a run, the
@@ -144,6 +147,7 @@ class RunFolders:
         self.versions: dict[str, np.ndarray] = {}  # R's published versions
         self.arrived = 0
         self.copies: dict[Path, dict[str, np.ndarray]] = {}  # copies of T: what each predicts
+        self.checked = ""  # the folders' digest when check() last predicted
         # T starts with a trained run: most rules are about not losing it
         self._train_ok()
 
@@ -182,9 +186,16 @@ class RunFolders:
         self._record_new(replaced=replaced)
 
     def check(self) -> None:
+        # A step that changed no byte under the folders (a refusal) cannot have changed a
+        # prediction: scoring is a function of those bytes. The digest is taken of every
+        # folder at once, so a checkpoint that read files of another folder would be covered.
+        digest = tree_digest(self.dir)
+        if digest == self.checked:
+            return
         self.training_checkpoints_predict_the_same()
         self.published_versions_predict_the_same()
         self.copies_predict_the_same()
+        self.checked = digest
 
     def copies_predict_the_same(self) -> None:
         for folder, expected in self.copies.items():
