@@ -75,7 +75,7 @@ PRELOAD = (
     "daskhps.training.placement",
     "daskhps.passes.scan",
     "daskhps.distributed.host",
-    "daskhps._forkserver_exit",  # last: see that module
+    "daskhps._forkserver_exit",  # the server's exit skips the interpreter's teardown
 )
 
 _DASK_HASH_SEED = "6640"  # the seed a Dask nanny gives its workers

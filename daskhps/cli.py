@@ -372,7 +372,8 @@ def _dask_warnings_only(record: logging.LogRecord) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``daskhps`` script; returns the exit status."""
+    """``daskhps ARGV`` (the script's own command line when ``argv`` is None, see
+    :func:`script`); returns the exit status."""
     script = argv is None  # a process of its own, with its imports ahead of it
     argv = sys.argv[1:] if argv is None else list(argv)
     named = COMMANDS.get(named_command(argv) or "")
